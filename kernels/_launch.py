@@ -1,0 +1,177 @@
+"""The one place that turns a device and a problem shape into Triton launch parameters.
+
+Every kernel wrapper asks this module for its block size, ``num_warps`` and grid; nothing else in
+the package hard-codes a vendor number. The limits come from the device itself:
+
+* warp size: 32 on NVIDIA, 64 on AMD Instinct (wavefront);
+* max threads per block: 1024 on both today, read from the device where torch exposes it;
+* SM / CU count: used to size persistent grids and partial-reduction buffers.
+
+``num_warps * warp_size`` never exceeds the thread limit (the known failure elsewhere:
+``num_warps=32`` on a warp-64 device is 2048 threads).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+__all__ = [
+    "DeviceLimits",
+    "RowPlan",
+    "ElementwisePlan",
+    "device_limits",
+    "row_plan",
+    "elementwise_plan",
+    "partial_rows",
+    "interpret_mode",
+    "use_triton",
+    "check_dtype_supported",
+    "MAX_FUSED_BYTES",
+]
+
+# A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
+MAX_FUSED_BYTES = 65536
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    name: str
+    warp_size: int
+    max_threads_per_block: int
+    sm_count: int
+    capability: tuple[int, int]
+    is_hip: bool
+
+    @property
+    def max_warps(self) -> int:
+        return max(1, self.max_threads_per_block // self.warp_size)
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.is_hip or self.capability >= (8, 0)
+
+
+# Used for CPU tensors under TRITON_INTERPRET=1: the interpreter runs one program at a time and ignores
+# num_warps, but the plan must still be a legal one for a real GPU.
+_CPU_LIMITS = DeviceLimits("cpu (triton interpreter)", 32, 1024, 4, (0, 0), False)
+
+
+def interpret_mode() -> bool:
+    """True when Triton kernels run on CPU tensors through Triton's interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """CUDA/ROCm tensors run Triton; CPU tensors only under the interpreter (else: reference math)."""
+    if t.device.type == "cuda":
+        return True
+    return t.device.type == "cpu" and interpret_mode()
+
+
+def _limits_from_props(props, is_hip: bool) -> DeviceLimits:
+    warp = getattr(props, "warp_size", None) or (64 if is_hip else 32)
+    max_threads = getattr(props, "max_threads_per_block", None) or 1024
+    return DeviceLimits(
+        name=props.name,
+        warp_size=int(warp),
+        max_threads_per_block=int(max_threads),
+        sm_count=int(props.multi_processor_count),
+        capability=(int(props.major), int(props.minor)),
+        is_hip=is_hip,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_limits(index: int) -> DeviceLimits:
+    return _limits_from_props(torch.cuda.get_device_properties(index), torch.version.hip is not None)
+
+
+def device_limits(device: torch.device | str | None = None) -> DeviceLimits:
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        return _CPU_LIMITS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_limits(index)
+
+
+def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
+    """Clear error instead of a Triton crash for bf16 on pre-Ampere NVIDIA GPUs."""
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"lit-liger kernels support float32, float16 and bfloat16 inputs, got {dtype}")
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        lim = device_limits(device)
+        if not lim.supports_bf16:
+            raise TypeError(
+                f"bfloat16 needs compute capability >= 8.0, but {lim.name} is sm_{lim.capability[0]}{lim.capability[1]}; "
+                "train in float16 or float32 (e.g. `--precision 16-mixed`), or disable lit-liger"
+            )
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """One program per block of rows; each row of ``n_cols`` fits in one ``BLOCK`` of registers."""
+
+    block: int
+    num_warps: int
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps  # times warp size; kept for readability in tests
+
+
+def _clamp_warps(warps: int, lim: DeviceLimits) -> int:
+    warps = max(1, min(warps, lim.max_warps))
+    # power of two, as Triton requires
+    return 1 << (warps.bit_length() - 1)
+
+
+def row_plan(n_cols: int, element_size: int, device: torch.device) -> RowPlan:
+    """Block and warps for kernels that hold one row of ``n_cols`` in registers (norms, CE rows).
+
+    The block is the next power of two >= n_cols. Warps grow with the row so each thread holds
+    ~8-16 elements (16 bytes per load for 16-bit types), capped by the device's thread limit.
+    """
+    lim = device_limits(device)
+    block = triton.next_power_of_2(max(n_cols, 1))
+    if block * element_size > MAX_FUSED_BYTES:
+        raise ValueError(
+            f"row of {n_cols} elements ({element_size} bytes each) is too wide for a fused row kernel "
+            f"(limit {MAX_FUSED_BYTES} bytes)"
+        )
+    elems_per_thread = 8 if element_size >= 4 else 16
+    warps = triton.cdiv(block, elems_per_thread * lim.warp_size)
+    return RowPlan(block=block, num_warps=_clamp_warps(warps, lim))
+
+
+@dataclass(frozen=True)
+class ElementwisePlan:
+    block: int
+    num_warps: int
+    grid: tuple[int]
+
+
+def elementwise_plan(n_elements: int, device: torch.device, block: int | None = None) -> ElementwisePlan:
+    """Flat 1-D launch for purely elementwise kernels (SwiGLU/GeGLU)."""
+    lim = device_limits(device)
+    if block is None:
+        block = 1024 if lim.warp_size == 32 else 2048
+        block = min(block, triton.next_power_of_2(max(n_elements, 1)))
+    warps = _clamp_warps(max(1, block // (8 * lim.warp_size)), lim)
+    return ElementwisePlan(block=block, num_warps=warps, grid=(triton.cdiv(max(n_elements, 1), block),))
+
+
+def partial_rows(n_rows: int, device: torch.device) -> int:
+    """Number of programs for a row kernel that also reduces a per-column gradient (dW).
+
+    A persistent grid of a few programs per SM: each program loops over rows, accumulates its
+    share of dW in fp32 registers and writes one partial row; the partials are summed on device
+    (no host sync). On the interpreter a small grid keeps CPU tests fast.
+    """
+    lim = device_limits(device)
+    per_sm = 1 if device.type != "cuda" else 4
+    return max(1, min(n_rows, lim.sm_count * per_sm))

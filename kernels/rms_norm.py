@@ -1,0 +1,217 @@
+"""RMSNorm with LitGPT's semantics, and a fused ``residual add + RMSNorm`` for LitGPT's Block.
+
+``rms_norm(x, weight, eps, offset)`` equals ``litgpt.model.RMSNorm``: the math runs in fp32,
+``weight`` is cast to fp32 and ``offset`` (``add_unit_offset`` -> 1.0, Gemma) is added to it, and
+the result is cast back to ``x.dtype``.
+
+``rms_norm_residual(x, residual, weight, eps, offset)`` returns ``(s, rms_norm(s))`` with
+``s = x + residual`` rounded to ``x.dtype`` (exactly what ``x = attn_out + x; norm_2(x)`` does),
+in one pass over memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
+from ._launch import partial_rows, row_plan, use_triton
+
+__all__ = ["rms_norm", "rms_norm_residual", "rms_norm_reference"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference (CPU path and tests' second opinion; the tests' primary reference is litgpt's RMSNorm)
+# ----------------------------------------------------------------------------------------------
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    xn = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + eps)
+    w = weight.float() + offset if offset else weight.float()
+    return (xn * w).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _rms_fwd_kernel(
+    X, R, S, Y, W, RSTD,
+    stride_x, stride_r, stride_s, stride_y,
+    n_cols, eps, offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per row. Reads x[row] (and residual[row]) and w; writes y[row], rstd[row]
+    (fp32) and, with a residual, s[row] = x + residual rounded to the input dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
+        tl.store(S + row * stride_s + cols, s, mask=mask)
+        x = s
+    x = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    y = x * rstd * w
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _rms_bwd_kernel(
+    DY, DS, X, W, RSTD, DX, DW_PARTIAL,
+    stride_dy, stride_ds, stride_x, stride_dx,
+    n_rows, n_cols, offset,
+    HAS_DS: tl.constexpr, NEED_DW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Persistent: program p handles rows p, p+P, ...; writes dx[row] and, if NEED_DW, one fp32
+    partial dW row (its rows' sum of dy * x_hat) to DW_PARTIAL[p]; the partials are summed on the
+    device afterwards. With HAS_DS the gradient of the residual-sum output is added to dx."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        row64 = tl.cast(row, tl.int64)
+        x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row64)
+        x_hat = x * rstd
+        g = dy * w
+        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+        if HAS_DS:
+            dx += tl.load(DS + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if NEED_DW:
+            dw_acc += dy * x_hat
+    if NEED_DW:
+        tl.store(DW_PARTIAL + pid * n_cols + cols, dw_acc, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile, traced through their fake implementations)
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("lit_liger::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x2 = as_rows(x)  # (N, H)
+    n_rows, n_cols = x2.shape
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if residual is not None:
+        r2 = as_rows(residual)
+        s = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    else:
+        r2 = x2
+        s = torch.empty(0, dtype=x.dtype, device=x.device)
+    if n_rows > 0:
+        plan = row_plan(n_cols, x.element_size(), x.device)
+        _rms_fwd_kernel[(n_rows,)](
+            x2, r2, s if residual is not None else y, y, weight, rstd,
+            x2.stride(0), r2.stride(0), n_cols, y.stride(0),
+            n_cols, eps, offset,
+            HAS_RESIDUAL=residual is not None, BLOCK=plan.block, num_warps=plan.num_warps,
+        )
+    shape = x.shape
+    return y.view(shape), (s.view(shape) if residual is not None else s), rstd
+
+
+@_rms_norm_fwd.register_fake
+def _(x, residual, weight, eps, offset):
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    return x.new_empty(x.shape), s, x.new_empty(n_rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("lit_liger::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd(
+    dy: torch.Tensor, ds: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    offset: float, need_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x2, dy2 = as_rows(x), as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    ds2 = as_rows(ds) if ds is not None else dy2
+    n_prog = partial_rows(n_rows, x.device)
+    dw_partial = torch.empty((n_prog, n_cols) if need_dw else (0,), dtype=torch.float32, device=x.device)
+    if n_rows > 0:
+        plan = row_plan(n_cols, x.element_size(), x.device)
+        _rms_bwd_kernel[(n_prog,)](
+            dy2, ds2, x2, weight, rstd, dx, dw_partial,
+            dy2.stride(0), ds2.stride(0), x2.stride(0), dx.stride(0),
+            n_rows, n_cols, offset,
+            HAS_DS=ds is not None, NEED_DW=need_dw, BLOCK=plan.block, num_warps=plan.num_warps,
+        )
+    if need_dw:
+        dw = dw_partial.sum(0).to(weight.dtype) if n_rows > 0 else torch.zeros_like(weight)
+    else:
+        dw = weight.new_empty(0)
+    return dx.view(x.shape), dw
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, ds, x, weight, rstd, offset, need_dw):
+    return x.new_empty(x.shape), (weight.new_empty(weight.shape) if need_dw else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, eps, offset = inputs
+    y, s, rstd = output
+    ctx.save_for_backward(s if residual is not None else x, weight, rstd)
+    ctx.offset = offset
+    ctx.has_residual = residual is not None
+
+
+def _backward(ctx, dy, ds, drstd):
+    saved, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[2]
+    dx, dw = _rms_norm_bwd(dy, ds if ctx.has_residual else None, saved, weight, rstd, ctx.offset, need_dw)
+    return dx, (dx if ctx.has_residual else None), (dw if need_dw else None), None, None
+
+
+_rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+    check_float("x", x)
+    check_float("weight", weight)
+    if weight.dim() != 1:
+        raise ValueError(f"weight must be 1-D (H,), got shape {tuple(weight.shape)}")
+    check_last_dim("x", x, weight.shape[0], "the normalized size, weight.shape[0]")
+    check_same_device(x=x, weight=weight, residual=residual)
+    if residual is not None:
+        check_float("residual", residual)
+        check_same_dtype(x=x, residual=residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """``litgpt.model.RMSNorm`` semantics: fp32 math, ``weight + offset``, output in ``x.dtype``."""
+    _check(x, weight)
+    if not use_triton(x):
+        return rms_norm_reference(x, weight, eps, offset)
+    y, _, _ = _rms_norm_fwd(x, None, weight, float(eps), float(offset))
+    return y
+
+
+def rms_norm_residual(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(s, rms_norm(s))`` with ``s = x + residual`` (in ``x.dtype``), in one kernel."""
+    _check(x, weight, residual)
+    if not use_triton(x):
+        s = x + residual
+        return s, rms_norm_reference(s, weight, eps, offset)
+    y, s, _ = _rms_norm_fwd(x, residual, weight, float(eps), float(offset))
+    return s, y

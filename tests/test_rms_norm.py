@@ -1,0 +1,130 @@
+import pytest
+import torch
+from helpers import TOL, rel_err
+from litgpt.model import RMSNorm
+
+from lit_liger.kernels import rms_norm, rms_norm_residual
+from lit_liger.kernels.rms_norm import rms_norm_reference
+
+
+def _litgpt_norm(H, offset, eps, device, dtype):
+    m = RMSNorm(H, eps=eps, add_unit_offset=bool(offset)).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(H) * 0.5 + (0.0 if offset else 1.0))
+    return m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(3, 7, 96), (1, 1, 40), (5, 130)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_matches_litgpt(shape, dtype, offset, device):
+    torch.manual_seed(0)
+    H = shape[-1]
+    m = _litgpt_norm(H, offset, 1e-5, device, dtype)
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    w = m.weight.detach().clone().requires_grad_(True)
+    ref = m(x)
+    out = rms_norm(x, w, 1e-5, offset)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert rel_err(out, ref) <= TOL[dtype]
+    dy = torch.randn_like(ref)
+    gx_ref, gw_ref = torch.autograd.grad(ref, (x, m.weight), dy)
+    gx, gw = torch.autograd.grad(out, (x, w), dy)
+    assert gw.dtype == w.dtype
+    assert rel_err(gx, gx_ref) <= TOL[dtype]
+    # the weight gradient sums over rows; compare with an fp64 reference to keep bf16 rounding of the
+    # reference itself out of the check
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y64 = rms_norm_reference(x64, w64, 1e-5, offset)
+    gw64 = torch.autograd.grad(y64, w64, dy.double())[0]
+    assert rel_err(gw, gw64) <= max(TOL[dtype], 1e-5)
+    assert rel_err(gw_ref, gw64) <= max(TOL[dtype], 1e-5)
+
+
+def test_rms_norm_non_contiguous(device):
+    torch.manual_seed(1)
+    base = torch.randn(4, 6, 2 * 72, device=device)
+    x = base[..., ::2].requires_grad_(False)  # last-dim stride 2
+    x = x.clone().requires_grad_(True)[:, ::2]  # row-strided view
+    w = torch.randn(72, device=device, requires_grad=True)
+    ref = rms_norm_reference(x, w, 1e-6)
+    out = rms_norm(x, w, 1e-6)
+    assert rel_err(out, ref) <= 1e-5
+    xt = base.transpose(0, 1)[..., :72]
+    assert rel_err(rms_norm(xt, w, 1e-6), rms_norm_reference(xt, w, 1e-6)) <= 1e-5
+    dy = torch.randn_like(out)
+    g = torch.autograd.grad(out, (x, w), dy)
+    g_ref = torch.autograd.grad(ref, (x, w), dy)
+    for a, b in zip(g, g_ref):
+        assert rel_err(a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_residual(dtype, device):
+    torch.manual_seed(2)
+    H = 80
+    m = _litgpt_norm(H, 0.0, 1e-6, device, dtype)
+    x = torch.randn(2, 9, H, device=device, dtype=dtype, requires_grad=True)
+    r = torch.randn(2, 9, H, device=device, dtype=dtype, requires_grad=True)
+    w = m.weight.detach().clone().requires_grad_(True)
+    s_ref = x + r
+    y_ref = m(s_ref)
+    s, y = rms_norm_residual(x, r, w, 1e-6)
+    # fp32: bit-exact; 16-bit: Triton's interpreter rounds fp32->bf16 by truncation, the GPU to nearest
+    assert rel_err(s, s_ref) == 0.0 if dtype == torch.float32 else rel_err(s, s_ref) <= TOL[dtype]
+    assert rel_err(y, y_ref) <= TOL[dtype]
+    ds, dy = torch.randn_like(s), torch.randn_like(y)
+    g_ref = torch.autograd.grad((s_ref, y_ref), (x, r, m.weight), (ds, dy))
+    g = torch.autograd.grad((s, y), (x, r, w), (ds, dy))
+    for a, b in zip(g, g_ref):
+        assert rel_err(a, b) <= TOL[dtype]
+    # only the normalized output used downstream
+    g_ref = torch.autograd.grad(m(x + r), (x,), dy)[0]
+    s2, y2 = rms_norm_residual(x, r, w, 1e-6)
+    assert rel_err(torch.autograd.grad(y2, (x,), dy)[0], g_ref) <= TOL[dtype]
+
+
+def test_rms_norm_frozen_weight(device):
+    x = torch.randn(3, 50, device=device, requires_grad=True)
+    w = torch.randn(50, device=device)
+    out = rms_norm(x, w)
+    (gx,) = torch.autograd.grad(out.sum(), (x,))
+    ref = rms_norm_reference(x, w, 1e-6)
+    assert rel_err(gx, torch.autograd.grad(ref.sum(), (x,))[0]) <= 1e-5
+
+
+def test_rms_norm_bad_inputs(device):
+    x = torch.randn(4, 16, device=device)
+    with pytest.raises(ValueError, match="last dimension"):
+        rms_norm(x, torch.ones(8, device=device))
+    with pytest.raises(TypeError, match="float"):
+        rms_norm(x.long(), torch.ones(16, device=device))
+    with pytest.raises(ValueError, match="2-D|1-D"):
+        rms_norm(x, torch.ones(2, 8, device=device))
+    with pytest.raises(ValueError, match="shape"):
+        rms_norm_residual(x, torch.randn(2, 16, device=device), torch.ones(16, device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        rms_norm_residual(x, x.half(), torch.ones(16, device=device))
+    if device == "cpu":
+        meta = torch.ones(16, device="meta")
+        with pytest.raises(ValueError, match="device"):
+            rms_norm(x, meta)
+
+
+def test_rms_norm_meta_device():
+    x = torch.randn(2, 5, 32, device="meta")
+    w = torch.ones(32, device="meta")
+    assert rms_norm(x, w).shape == x.shape
+    y, _, rstd = torch.ops.lit_liger.rms_norm_fwd(x, None, w, 1e-6, 0.0)
+    assert y.shape == x.shape and rstd.shape == (10,)
+
+
+def test_rms_norm_reference_path_without_interpreter(monkeypatch):
+    # CPU tensors without the interpreter take the reference math (still correct)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.randn(3, 24, requires_grad=True)
+    w = torch.randn(24)
+    m = RMSNorm(24)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    assert rel_err(rms_norm(x, w), m(x)) <= 1e-6
