@@ -1,3 +1,20 @@
-"""lit-liger: faster, leaner LitGPT training on GPUs with Triton kernels."""
+"""lit-liger: faster, leaner LitGPT training on GPUs with Triton kernels.
+
+    from lit_liger import LigerCallback, LigerConfig, apply_liger, chunked_cross_entropy
+"""
+
+from .adapter import LigerReport, apply_liger, remove_liger
+from .callback import LigerCallback
+from .config import LigerConfig
+from .loss import LigerLogits, chunked_cross_entropy
 
 __version__ = "0.1.0"
+__all__ = [
+    "LigerCallback",
+    "LigerConfig",
+    "LigerLogits",
+    "LigerReport",
+    "apply_liger",
+    "chunked_cross_entropy",
+    "remove_liger",
+]

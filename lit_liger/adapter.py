@@ -1,0 +1,345 @@
+"""``apply_liger``: the one LitGPT adapter, driven by ``Config`` flags (no per-family code).
+
+LitGPT builds 20+ model families from one ``GPT`` whose modules are chosen by ``Config`` flags
+(``norm_class_name``, ``mlp_class_name``, ``rope_n_elem``, ``norm_qk``, ``parallel_residual``,
+``final_logit_softcapping``, ``lm_head_bias``, ...). The adapter walks a model's modules and
+swaps each module's *class* for a subclass whose ``forward`` calls the Triton kernels; the same
+Parameter objects, names and ``state_dict`` keys stay, and ``isinstance(m, Block)`` (FSDP
+wrap / activation-checkpointing policies) still holds. LitGPT's LoRA and adapter subclasses are
+covered because the swap subclasses whatever class the module has.
+
+What is left alone (and why) is reported: latent attention (MLA), the KV-cache ``input_pos``
+path and sliding-window masks (LitGPT's code runs for those calls), GptNeoxMLP's GELU (already
+one elementwise kernel between two GEMMs: nothing to fuse), an lm_head with a LoRA update.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from litgpt import model as lm
+from litgpt.api import LLM
+
+from .config import LigerConfig
+from .kernels.layer_norm import layer_norm
+from .kernels.rms_norm import rms_norm, rms_norm_residual
+from .kernels.rope import rope
+from .kernels.swiglu import geglu, swiglu
+from .loss import LigerLogits, _unwrap_linear, chunked_cross_entropy
+
+__all__ = ["apply_liger", "remove_liger", "LigerReport", "is_swapped"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixins: each overrides forward only; parameters and buffers are the original module's.
+# ------------------------------------------------------------------------------------------------
+class _RMSNormMixin:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, 1.0 if self.add_unit_offset else 0.0)
+
+
+class _LayerNormMixin:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class _SwiGLUMixin:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(swiglu(self.fc_1(x), self.fc_2(x)))  # (B, T, I) -> (B, T, C)
+
+
+class _GeGLUMixin:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(geglu(self.fc_1(x), self.fc_2(x), approximate=self.config.gelu_approximate))
+
+
+class _AttentionMixin:
+    """LitGPT's CausalSelfAttention with q/k RoPE in one launch on the q/k views of the qkv output.
+
+    The KV-cache (``input_pos``) and sliding-window calls run LitGPT's forward unchanged.
+    """
+
+    def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
+        if input_pos is not None or self.apply_sliding_window_attention:
+            return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
+        cfg = self.config
+        hs, n_head, n_groups = cfg.head_size, cfg.n_head, cfg.n_query_groups
+        B, T, _ = x.size()
+        qkv = self.qkv(x)  # (B, T, (nh + 2 * ng) * hs)
+        q, k, v = qkv.split((n_head * hs, n_groups * hs, n_groups * hs), dim=-1)
+        if cfg.norm_qk and cfg.norm_qk_type == "olmo2":
+            q, k = self.norm_q(q), self.norm_k(k)
+        q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs), a strided view
+        k = k.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
+        v = v.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
+        if cfg.norm_qk and cfg.norm_qk_type == "default":
+            q, k = self.norm_q(q), self.norm_k(k)
+        # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
+        q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave)  # (B, nh, T, hs), (B, ng, T, hs)
+        if n_groups != n_head:
+            q_per_kv = n_head // n_groups
+            k = k.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+            v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+        y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
+        y = y.reshape(B, T, hs * n_head)  # (B, T, C*)
+        return self.proj(y)  # (B, T, C)
+
+
+class _BlockMixin:
+    """Non-parallel residual with an RMSNorm ``norm_2``: ``x = attn + x; norm_2(x)`` in one kernel."""
+
+    def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
+        x_normed = self.norm_1(x)
+        attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
+        attention_output = self.post_attention_norm(attention_output)
+        n2 = self.norm_2
+        if attention_output.dtype == x.dtype and attention_output.shape == x.shape:
+            offset = 1.0 if n2.add_unit_offset else 0.0
+            x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
+        else:  # mixed dtypes (autocast): keep LitGPT's promotion semantics
+            x = attention_output + x
+            x_normed = n2(x)
+        return self.post_mlp_norm(self.mlp(x_normed)) + x
+
+
+class _GPTMixin:
+    """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits."""
+
+    def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
+        if input_pos is not None or not torch.is_grad_enabled():
+            return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+        T = idx.size(1)
+        if self.max_seq_length < T:
+            raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
+        cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+        sin = self.sin[:T].unsqueeze(0)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.scale_embeddings:
+            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
+        ri = self.config.rope_indices
+        for block_idx, block in enumerate(self.transformer.h):
+            if ri is not None:
+                x = block(x, cos[..., ri[block_idx]], sin[..., ri[block_idx]], None, None, None)
+            else:
+                x = block(x, cos, sin, None, None, None)
+        x = self.transformer.ln_f(x)  # (B, T, C)
+        out = LigerLogits(x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size)
+        return [out] if lm_head_chunk_size > 0 else out
+
+
+class _LLMMixin:
+    """``litgpt.LLM``: ``logits, loss = llm(input_ids, target_ids)`` gets the fused loss."""
+
+    def forward(self, input_ids, target_ids=None, loss_fn=None):
+        logits = self.model(input_ids)
+        if target_ids is None:
+            return logits
+        loss_fn = loss_fn if loss_fn is not None else chunked_cross_entropy
+        return logits, loss_fn(logits[..., :-1, :], target_ids[..., 1:])
+
+
+# ------------------------------------------------------------------------------------------------
+# Class swapping
+# ------------------------------------------------------------------------------------------------
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _swap_class(module: nn.Module, mixin: type) -> None:
+    base = type(module)
+    if getattr(module, "_liger_orig_class", None) is not None:
+        raise RuntimeError("module already swapped")  # apply_liger restores first; never reached
+    key = (base, mixin)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        name = f"Liger{mixin.__name__.strip('_').replace('Mixin', '')}__{base.__module__.replace('.', '_')}__{base.__name__}"
+        cls = type(name, (mixin, base), {"__module__": __name__, "__qualname__": name})
+        setattr(sys.modules[__name__], name, cls)  # importable by name: pickle/deepcopy work
+        _CLASSES[key] = cls
+    module._liger_orig_class = base
+    module.__class__ = cls
+
+
+def is_swapped(module: nn.Module) -> bool:
+    return getattr(module, "_liger_orig_class", None) is not None
+
+
+def remove_liger(model: nn.Module) -> int:
+    """Restore every swapped module's original class. Returns how many were restored."""
+    n = 0
+    for m in model.modules():
+        orig = getattr(m, "_liger_orig_class", None)
+        if orig is not None:
+            m.__class__ = orig
+            del m._liger_orig_class
+            n += 1
+    return n
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class LigerReport:
+    swapped: list[tuple[str, str, str]] = field(default_factory=list)  # (path, original class, kernel)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (path, class, reason)
+
+    def add(self, path: str, module: nn.Module, what: str) -> None:
+        self.swapped.append((path or "<root>", type(module).__name__, what))
+
+    def skip(self, path: str, module: nn.Module | None, why: str) -> None:
+        self.skipped.append((path or "<root>", type(module).__name__ if module is not None else "-", why))
+
+    def count(self, kernel: str) -> int:
+        return sum(1 for _, _, k in self.swapped if k == kernel)
+
+    def paths(self, kernel: str) -> list[str]:
+        return [p for p, _, k in self.swapped if k == kernel]
+
+    def __str__(self) -> str:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for path, cls, what in self.swapped:
+            groups.setdefault(("swapped", f"{cls} -> {what}"), []).append(path)
+        for path, cls, why in self.skipped:
+            groups.setdefault(("left alone", f"{cls}: {why}"), []).append(path)
+        rows = [(a, b, str(len(p)), _abbrev(p)) for (a, b), p in groups.items()]
+        head = ("action", "module -> kernel / reason", "n", "where")
+        widths = [max(len(r[i]) for r in rows + [head]) for i in range(3)]
+        lines = [f"lit-liger: {len(self.swapped)} modules swapped, {len(self.skipped)} left alone"]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip())
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths + [0])).rstrip())
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _abbrev(paths: list[str]) -> str:
+    if len(paths) <= 2:
+        return ", ".join(paths)
+    import re
+
+    pattern = {re.sub(r"\.\d+\.", ".*.", p) for p in paths}
+    return ", ".join(sorted(pattern)) if len(pattern) <= 2 else f"{paths[0]}, ... ({len(paths)})"
+
+
+# ------------------------------------------------------------------------------------------------
+# apply_liger
+# ------------------------------------------------------------------------------------------------
+def _has_class_named(module: nn.Module, name: str) -> bool:
+    return any(c.__name__ == name for c in type(module).__mro__)
+
+
+def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = None) -> LigerReport:
+    """Swap LitGPT modules inside ``model`` for lit-liger kernels, in place. Idempotent.
+
+    ``model`` is a ``litgpt.GPT`` (also the LoRA / adapter / adapter_v2 subclasses), a
+    ``litgpt.LLM``, or any module that holds one (a LightningModule). Meta-device and GPU models
+    both work (only classes change). Calling it again first restores the original classes, then
+    applies ``config``; ``apply_liger(model, False)`` undoes everything.
+    """
+    cfg = LigerConfig.from_value(config)
+    remove_liger(model)
+    report = LigerReport()
+    gpts = [(n, m) for n, m in model.named_modules() if isinstance(m, lm.GPT)]
+    if not gpts:
+        raise TypeError(
+            f"apply_liger found no litgpt GPT inside {type(model).__name__}; pass a litgpt.GPT, litgpt.LLM "
+            "or a module that holds one (build the model first, e.g. in configure_model)"
+        )
+    if not cfg.enabled:
+        report.skip("", model, "lit-liger disabled by config")
+        return report
+    for gpt_path, gpt in gpts:
+        _apply_gpt(gpt_path, gpt, cfg, report)
+    for path, m in model.named_modules():
+        if isinstance(m, LLM) and cfg.fused_linear_cross_entropy:
+            _swap_class(m, _LLMMixin)
+            report.add(path, m, "fused loss in forward(input_ids, target_ids)")
+    return report
+
+
+def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) -> None:
+    c = gpt.config
+    pre = f"{prefix}." if prefix else ""
+    for name, m in gpt.named_modules():
+        path = pre + name if name else prefix
+        if isinstance(m, lm.RMSNorm):
+            if not cfg.rms_norm:
+                report.skip(path, m, "rms_norm switched off")
+            elif m.dim != -1:
+                report.skip(path, m, f"normalizes dim {m.dim}, not the last")
+            else:
+                _swap_class(m, _RMSNormMixin)
+                report.add(path, m, "rms_norm" + (" (unit offset)" if m.add_unit_offset else ""))
+        elif isinstance(m, nn.LayerNorm):
+            if not cfg.layer_norm:
+                report.skip(path, m, "layer_norm switched off")
+            elif len(m.normalized_shape) != 1:
+                report.skip(path, m, f"normalized_shape {m.normalized_shape} is not 1-D")
+            else:
+                _swap_class(m, _LayerNormMixin)
+                report.add(path, m, "layer_norm" + ("" if m.weight is not None else " (no affine)"))
+        elif isinstance(m, lm.LLaMAMLP):
+            if _has_class_named(m, "GemmaMLP"):
+                if cfg.geglu:
+                    _swap_class(m, _GeGLUMixin)
+                    report.add(path, m, f"geglu (gelu approximate={c.gelu_approximate!r})")
+                else:
+                    report.skip(path, m, "geglu switched off")
+            elif cfg.swiglu:
+                _swap_class(m, _SwiGLUMixin)
+                report.add(path, m, "swiglu")
+            else:
+                report.skip(path, m, "swiglu switched off")
+        elif isinstance(m, lm.GptNeoxMLP):
+            report.skip(path, m, "GELU is one elementwise kernel between two GEMMs already: nothing to fuse")
+        elif isinstance(m, lm.LLaMAMoE):
+            report.skip(path, m, "router/dispatch stays LitGPT's (each expert MLP is swapped)")
+        elif isinstance(m, lm.MultiheadLatentAttention):
+            report.skip(path, m, "latent attention (MLA) keeps LitGPT's code")
+        elif isinstance(m, lm.CausalSelfAttention):
+            if not cfg.rope:
+                report.skip(path, m, "rope switched off")
+            else:
+                _swap_class(m, _AttentionMixin)
+                what = "rope q+k one launch" + (" interleaved" if c.rope_interleave else "")
+                if c.rope_n_elem < c.head_size:
+                    what += f" (partial {c.rope_n_elem}/{c.head_size})"
+                report.add(path, m, what)
+                if m.apply_sliding_window_attention:
+                    report.skip(path, m, "sliding-window mask: LitGPT's attention forward runs for this layer")
+        elif isinstance(m, lm.Block):
+            fusable = (
+                cfg.fused_residual and cfg.rms_norm and not c.parallel_residual
+                and isinstance(m.norm_2, lm.RMSNorm) and m.norm_2.dim == -1
+            )
+            if fusable:
+                _swap_class(m, _BlockMixin)
+                report.add(path, m, "residual add + norm_2 fused (rms_norm_residual)")
+            else:
+                why = (
+                    "fused_residual switched off" if not (cfg.fused_residual and cfg.rms_norm)
+                    else "parallel residual: no add before norm_2" if c.parallel_residual
+                    else f"norm_2 is {type(m.norm_2).__name__}, fused residual needs RMSNorm"
+                )
+                report.skip(path, m, why)
+    # the fused loss
+    if not cfg.fused_linear_cross_entropy:
+        report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits")
+        return
+    try:
+        _unwrap_linear(gpt.lm_head)
+    except NotImplementedError as e:
+        report.skip(prefix, gpt, f"fused loss off: {e}")
+        return
+    _swap_class(gpt, _GPTMixin)
+    what = "fused linear cross-entropy in training"
+    if c.final_logit_softcapping is not None:
+        what += f" (softcap {c.final_logit_softcapping})"
+    if c.lm_head_bias:
+        what += " (lm_head bias)"
+    report.add(prefix, gpt, what)
+    report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")

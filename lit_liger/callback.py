@@ -1,0 +1,124 @@
+"""``LigerCallback``: lit-liger for the Lightning Trainer.
+
+Swaps after the model exists and before the strategy wraps it:
+
+* a model built in ``LightningModule.__init__`` is swapped in ``setup``;
+* a model built in ``configure_model`` (the FSDP / DeepSpeed pattern; Lightning calls that hook
+  *after* ``Callback.setup``) is swapped right after it is built: ``setup`` wraps the module's
+  ``configure_model`` so the swap runs at its end, still before the strategy wraps the model.
+
+Idempotent across fit/validate/test/predict (``apply_liger`` restores, then re-applies). The
+report is logged once, on rank zero. Optional metrics: tokens/s and peak GPU memory through
+Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.throughput import Throughput
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from .adapter import LigerReport, apply_liger
+from .config import LigerConfig
+from .kernels._launch import interpret_mode
+
+__all__ = ["LigerCallback"]
+
+
+class LigerCallback(Callback):
+    def __init__(self, config: LigerConfig | dict | bool | None = None, log_metrics: bool = True) -> None:
+        self.config = LigerConfig.from_value(config)
+        self.log_metrics = log_metrics
+        self.report: LigerReport | None = None
+        self._reported = False
+        self._warned_cpu = False
+        self._throughput: Throughput | None = None
+        self._t0 = 0.0
+        self._tokens = 0
+        self._samples = 0
+
+    # -- swapping ------------------------------------------------------------------------------------
+    def _swap(self, pl_module: LightningModule) -> bool:
+        try:
+            self.report = apply_liger(pl_module, self.config)
+        except TypeError:
+            return False  # no GPT yet: it will come from configure_model
+        if not self._reported:
+            rank_zero_info(str(self.report))
+            self._reported = True
+        return True
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not self._warned_cpu and trainer.strategy.root_device.type != "cuda" and not interpret_mode():
+            rank_zero_warn(
+                "lit-liger: no CUDA device, so the Triton kernels cannot run; the swapped model uses the "
+                "reference PyTorch path (same results, no speed-up). Set TRITON_INTERPRET=1 to run the kernels "
+                "on CPU for testing."
+            )
+            self._warned_cpu = True
+        self._swap(pl_module)
+        if not getattr(pl_module.configure_model, "_liger_wrapped", False):
+            original = pl_module.configure_model
+
+            @functools.wraps(original)
+            def configure_model(*args: Any, **kwargs: Any) -> Any:
+                out = original(*args, **kwargs)
+                if not self._swap(pl_module):
+                    raise TypeError(
+                        "LigerCallback: no litgpt GPT found in the LightningModule after configure_model; "
+                        "build a litgpt.GPT or litgpt.LLM in __init__ or configure_model"
+                    )
+                return out
+
+            configure_model._liger_wrapped = True
+            pl_module.configure_model = configure_model
+
+    # -- metrics -------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.log_metrics:
+            return
+        self._throughput = Throughput(world_size=trainer.world_size, window_size=max(2, trainer.log_every_n_steps))
+        self._t0, self._tokens, self._samples = time.perf_counter(), 0, 0
+        if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._throughput is None:
+            return
+        tokens, samples = _count(batch)
+        self._tokens += tokens
+        self._samples += samples
+        step = trainer.global_step
+        if step == 0 or step % max(1, trainer.log_every_n_steps) or trainer.logger is None:
+            return
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # only on logging steps
+        self._throughput.update(
+            time=time.perf_counter() - self._t0, batches=step, samples=self._samples, lengths=self._tokens
+        )
+        computed = self._throughput.compute()
+        metrics = {"liger/tokens_per_sec": computed[k] for k in ("device/items_per_sec", "items_per_sec") if k in computed}
+        if device.type == "cuda":
+            metrics["liger/peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        if metrics:
+            trainer.logger.log_metrics(metrics, step=step)
+
+
+def _count(batch: Any) -> tuple[int, int]:
+    """(tokens, samples) of a batch: the first integer tensor found (input ids)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dtype in (torch.int64, torch.int32):
+            return batch.numel(), batch.shape[0] if batch.dim() else 1
+        return 0, 0
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    for item in items:
+        t, s = _count(item)
+        if t:
+            return t, s
+    return 0, 0

@@ -1,0 +1,302 @@
+"""``lit-liger``: LitGPT's command line, with lit-liger's kernels on the training subcommands.
+
+    lit-liger finetune_lora checkpoints/meta-llama/Llama-3.2-1B              # kernels on (default)
+    lit-liger finetune_lora checkpoints/meta-llama/Llama-3.2-1B --liger false  # stock litgpt (A/B)
+    lit-liger finetune_full ... --liger.rope false                            # one kernel off
+    lit-liger pretrain --config configs/pretrain-tinyllama.yaml                # `liger:` in the YAML
+    lit-liger download | chat | generate | merge_lora | ...                    # litgpt's, unchanged
+    lit-liger demo | doctor | check                                            # lit-liger's own
+
+How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` mapping
+(``litgpt.__main__.PARSER_DATA``). lit-liger reuses that mapping as is, except that each training
+``setup`` is replaced by :func:`with_liger` (``setup``): a function with the same signature plus
+``liger: bool | LigerConfig``. ``--liger false`` calls litgpt's ``setup`` untouched. Otherwise the
+wrapper runs it with four names of the script's module patched for the duration of the call:
+
+* ``GPT`` -> a subclass that calls ``apply_liger(self, liger)`` at the end of ``__init__``: the model
+  is swapped where the script builds it, inside ``fabric.init_module`` and before
+  ``fabric.setup`` wraps it, for every strategy the scripts use (single device, FSDP, FSDP2).
+* ``chunked_cross_entropy`` -> ``lit_liger.chunked_cross_entropy``: the fused loss for what the
+  swapped model returns in training; LitGPT's function for real logits (validation and the
+  generation example run under ``no_grad`` and get real logits).
+* ``save_hyperparameters`` -> :func:`save_hyperparameters`: LitGPT re-parses ``sys.argv`` to write
+  ``hyperparameters.yaml``; this version knows ``--liger`` and leaves it out of the file, so stock
+  ``litgpt`` (``merge_lora``, ``--config``, resume) reads it. (Patched for ``--liger false`` too.)
+* ``measure_flops`` (pretrain) -> counts the FLOPs of the unswapped meta model: the model's math is
+  the same, and the fused loss's GEMMs are invisible to torch's FLOP counter.
+
+Multi-device: Lightning's launcher re-executes ``sys.argv`` (``lit-liger ...`` or
+``python -m lit_liger ...``) in every child process, so every rank parses ``--liger`` and patches its
+own modules; nothing is rank-0 state except printing the swap report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Union
+
+import torch
+
+from .config import LigerConfig
+
+__all__ = ["main", "parser_data", "with_liger", "save_hyperparameters", "TRAINING_COMMANDS", "LIGER_HELP"]
+
+#: litgpt subcommands that build and train a model: they gain ``--liger``.
+TRAINING_COMMANDS = ("finetune", "finetune_lora", "finetune_full", "finetune_adapter", "finetune_adapter_v2", "pretrain")
+
+#: The type of the ``liger`` parameter: ``--liger true|false`` or per kernel ``--liger.rope false``.
+LigerArg = Union[bool, LigerConfig]
+
+LIGER_HELP = (
+    "lit-liger's Triton kernels. ``true`` (default) swaps in every kernel the model's config allows; "
+    "``false`` runs stock litgpt. Per kernel: ``--liger.rope false``, ``--liger.fused_linear_cross_entropy "
+    "false``, ... or a ``liger:`` mapping in the ``--config`` file. See ``lit_liger.LigerConfig``."
+)
+
+_DESCRIPTION = (
+    "lit-liger: LitGPT's command line with Triton kernels for training. Every litgpt subcommand works "
+    "unchanged; finetune*/pretrain gain --liger (true|false, or per kernel --liger.rope false). "
+    "Extra: demo (offline A/B run), doctor (what runs natively here), check (parity on a model)."
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# The wrapper around a litgpt training `setup`
+# ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def with_liger(setup_fn: Callable) -> Callable:
+    """``setup_fn`` with an extra ``liger`` parameter; calling it trains with lit-liger's kernels.
+
+    The returned function has ``setup_fn``'s signature, annotations and docstring plus
+    ``liger: bool | LigerConfig = True`` (keyword-only), so jsonargparse builds the same
+    subcommand with one more option. Cached: one wrapper per litgpt function.
+    """
+    module = sys.modules[setup_fn.__module__]
+    sig = inspect.signature(setup_fn, eval_str=True)
+    if "liger" in sig.parameters:
+        raise TypeError(f"{setup_fn.__module__}.{setup_fn.__name__} already has a `liger` parameter")
+
+    def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
+        config = LigerConfig.from_value(liger)
+        with _patched(module, config):
+            return setup_fn(*args, **kwargs)
+
+    functools.update_wrapper(setup, setup_fn)
+    del setup.__wrapped__  # jsonargparse must read the signature below, not the original's
+    liger_param = inspect.Parameter("liger", inspect.Parameter.KEYWORD_ONLY, default=True, annotation=LigerArg)
+    setup.__signature__ = sig.replace(parameters=[*sig.parameters.values(), liger_param])
+    setup.__annotations__ = {
+        **{n: p.annotation for n, p in sig.parameters.items() if p.annotation is not inspect.Parameter.empty},
+        "liger": LigerArg,
+    }
+    if sig.return_annotation is not inspect.Signature.empty:
+        setup.__annotations__["return"] = sig.return_annotation
+    setup.__doc__ = _doc_with_liger(setup_fn.__doc__)
+    return setup
+
+
+def _doc_with_liger(doc: str | None) -> str:
+    """Append ``liger`` to the docstring's argument list (the last section of litgpt's setups)."""
+    doc = inspect.cleandoc(doc or "")
+    m = re.search(r"^(Arguments|Args|Parameters):\s*\n(\s+)\S", doc, flags=re.M)
+    indent = m.group(2) if m else "    "
+    if not m:
+        doc += "\n\nArguments:"
+    return f"{doc}\n{indent}liger: {LIGER_HELP}\n"
+
+
+class _RunState:
+    """Per-call state shared by the patched names (one training run in this process)."""
+
+    def __init__(self, config: LigerConfig) -> None:
+        self.config = config
+        self.reported = False
+
+
+@contextlib.contextmanager
+def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
+    patches: dict[str, Any] = {"save_hyperparameters": save_hyperparameters}
+    if config.enabled:
+        from . import chunked_cross_entropy
+
+        state = _RunState(config)
+        _warn_if_reference_path()
+        patches["GPT"] = _liger_gpt_class(module.GPT, state)
+        patches["chunked_cross_entropy"] = chunked_cross_entropy
+        if "measure_flops" in vars(module):
+            patches["measure_flops"] = _measure_flops_unswapped
+    missing = [name for name in patches if name not in vars(module)]
+    if missing:
+        raise RuntimeError(
+            f"lit-liger expected {missing} in {module.__name__} (litgpt {_litgpt_version()}); this litgpt "
+            "version is not supported by `lit-liger` yet: use `--liger false` or the Python API (apply_liger)"
+        )
+    saved = {name: vars(module)[name] for name in patches}
+    try:
+        for name, value in patches.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def _liger_gpt_class(base: type, state: _RunState) -> type:
+    """A subclass of the script's ``GPT`` that swaps itself right after LitGPT's ``__init__``.
+
+    A subclass (not a factory function) keeps ``isinstance(x, GPT)`` and ``GPT.from_name`` working
+    in the script. Swapping changes module classes only, so it works on the meta device (FSDP's
+    ``empty_init``) and before ``fabric.setup``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)
+        from . import apply_liger
+
+        report = apply_liger(self, state.config)
+        if not state.reported:
+            state.reported = True
+            _print_rank_zero(str(report))
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": base.__name__})
+
+
+def _measure_flops_unswapped(model: torch.nn.Module, *args: Any, **kwargs: Any) -> int:
+    """``lightning``'s ``measure_flops`` on the unswapped model (pretrain's meta-device FLOP count).
+
+    The model computes the same math either way, but torch's FLOP counter cannot see inside the
+    fused loss's custom op, so the swapped model would under-count the lm_head GEMMs and make MFU
+    look worse than it is. The meta model is built only to be counted, then deleted.
+    """
+    from lightning.fabric.utilities.throughput import measure_flops
+
+    from . import remove_liger
+
+    remove_liger(model)
+    return measure_flops(model, *args, **kwargs)
+
+
+def _print_rank_zero(text: str) -> None:
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        print(text, flush=True)
+
+
+def _warn_if_reference_path() -> None:
+    from .kernels._launch import interpret_mode
+
+    if not torch.cuda.is_available() and not interpret_mode():
+        _print_rank_zero(
+            "lit-liger: no CUDA/ROCm GPU here, the kernels run their PyTorch reference path (correct, not "
+            "faster). `lit-liger doctor` says more; TRITON_INTERPRET=1 runs the Triton code on CPU (slow, tests)."
+        )
+
+
+def _litgpt_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("litgpt")
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+# ----------------------------------------------------------------------------------------------
+# hyperparameters.yaml
+# ----------------------------------------------------------------------------------------------
+def save_hyperparameters(function: Callable, checkpoint_dir: Path, known_commands: list[str] | None = None) -> None:
+    """LitGPT's ``save_hyperparameters``, for a command line that may carry ``--liger``.
+
+    LitGPT re-parses ``sys.argv`` against the training ``setup`` to write
+    ``checkpoint_dir/hyperparameters.yaml``. Here it parses against ``with_liger(setup)`` (so
+    ``--liger`` and a ``liger:`` key in ``--config`` are known), then removes the ``liger`` entry:
+    the file is what stock litgpt would have written for the same run, and stock litgpt loads it.
+    The kernel settings are kept as a comment on the first line.
+    """
+    from litgpt.parser_config import save_hyperparameters as litgpt_save_hyperparameters
+
+    litgpt_save_hyperparameters(with_liger(function), checkpoint_dir, known_commands)
+    _drop_liger_key(Path(checkpoint_dir) / "hyperparameters.yaml")
+
+
+def _drop_liger_key(path: Path) -> None:
+    import yaml
+
+    text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict) or "liger" not in data:
+        return
+    liger = data.pop("liger")
+    # jsonargparse writes one top-level key per unindented line: drop `liger:` and its indented block
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if skipping and (line[:1] in (" ", "\t") or not line.strip()):
+            continue
+        skipping = bool(re.match(r"liger\s*:", line))
+        if not skipping:
+            out.append(line)
+    new_text = "".join(out)
+    if yaml.safe_load(new_text) != data:  # an unexpected layout: fall back to a plain dump
+        new_text = yaml.safe_dump(data, sort_keys=False)
+    header = f"# lit-liger: trained with liger={json.dumps(liger)} (left out below so that stock litgpt reads this file)\n"
+    path.write_text(header + new_text, encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------
+def parser_data() -> dict[str, Callable]:
+    """litgpt's ``{subcommand: function}`` mapping, training setups wrapped, plus lit-liger's commands."""
+    from litgpt.__main__ import PARSER_DATA, _check_commands
+
+    from .demo import demo
+    from .doctor import check, doctor
+
+    _check_commands()
+    missing = [c for c in TRAINING_COMMANDS if c not in PARSER_DATA]
+    if missing:  # pragma: no cover - a litgpt that renamed its subcommands
+        raise RuntimeError(f"litgpt {_litgpt_version()} has no subcommand(s) {missing}")
+    data = {name: (with_liger(fn) if name in TRAINING_COMMANDS else fn) for name, fn in PARSER_DATA.items()}
+    data.update(demo=demo, doctor=doctor, check=check)
+    return data
+
+
+def _set_litgpt_parsing_options() -> None:
+    """What ``litgpt.__main__.main`` sets before parsing (attribute docstrings, URLs in --config)."""
+    import jsonargparse
+
+    if hasattr(jsonargparse, "set_parsing_settings"):
+        jsonargparse.set_parsing_settings(
+            docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=True
+        )
+    else:  # pragma: no cover - jsonargparse < 4.39
+        jsonargparse.set_docstring_parse_options(attribute_docstrings=True)
+        jsonargparse.set_config_read_mode(urls_enabled=True)
+
+
+def main(args: list[str] | None = None) -> Any:
+    """Entry point of ``lit-liger`` and ``python -m lit_liger`` (``args`` defaults to ``sys.argv[1:]``)."""
+    from jsonargparse import CLI
+
+    _set_litgpt_parsing_options()
+    # as litgpt's main: a PyTorch false-positive warning (litgpt issue 1561) and TF32 matmuls
+    warnings.filterwarnings(
+        action="ignore",
+        message=r"The epoch parameter in `scheduler.step\(\)` was not necessary and is being deprecated.*",
+        category=UserWarning,
+        module=r".*torch\.optim\.lr_scheduler.*",
+    )
+    torch.set_float32_matmul_precision("high")
+    return CLI(parser_data(), args=args, description=_DESCRIPTION)
+
+
+if __name__ == "__main__":
+    main()

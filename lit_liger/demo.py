@@ -1,0 +1,2 @@
+def demo(out_dir: str = "x"):
+    """Demo."""

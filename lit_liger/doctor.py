@@ -1,0 +1,4 @@
+def doctor():
+    """Doctor."""
+def check(model: str):
+    """Check."""

@@ -1,0 +1,264 @@
+"""apply_liger on tiny configs derived from real LitGPT config names: parity with the untouched model."""
+
+import copy
+
+import pytest
+import torch
+from helpers import rel_err
+from litgpt import GPT, Config
+from litgpt.utils import chunked_cross_entropy as litgpt_ce
+
+from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy, remove_liger
+
+# name -> overrides making a 2-layer model with small dims but the family's flags intact
+FAMILIES = {
+    "Llama-3.2-1B": dict(n_embd=64, n_head=4, n_query_groups=2, intermediate_size=96),
+    "Qwen2.5-0.5B": dict(n_embd=64, n_head=4, n_query_groups=2, intermediate_size=96),  # qkv bias
+    "Qwen3-0.6B": dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=96),  # norm_qk
+    "gemma-2-2b": dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=96, sliding_window_size=None),
+    "gemma-3-1b-it": dict(n_embd=64, n_head=4, n_query_groups=1, head_size=16, intermediate_size=96, sliding_window_size=None),
+    "OLMo-2-1124-7B": dict(n_embd=64, n_head=4, n_query_groups=4, intermediate_size=96),  # olmo2 qk norm
+    "Phi-3.5-mini-instruct": dict(n_embd=48, n_head=2, n_query_groups=2, intermediate_size=80),
+    "pythia-14m": dict(n_embd=64, n_head=4, intermediate_size=128),  # LayerNorm, partial rotary, parallel residual
+    "phi-2": dict(n_embd=80, n_head=4, n_query_groups=4, intermediate_size=96),  # lm_head bias, partial rotary
+    "Mixtral-8x7B-v0.1": dict(n_embd=64, n_head=4, n_query_groups=2, intermediate_size=96, moe_intermediate_size=48, n_expert=4, n_expert_per_token=2),
+    "OLMo-1B-hf": dict(n_embd=64, n_head=4, n_query_groups=4, intermediate_size=96),  # LayerNorm without affine
+}
+
+
+def tiny_config(name: str, **extra) -> Config:
+    over = dict(n_layer=2, padded_vocab_size=160, vocab_size=150, block_size=32)
+    over.update(FAMILIES[name])
+    over.update(extra)
+    if "head_size" not in over:
+        over["head_size"] = over["n_embd"] // over["n_head"]
+    cfg = Config.from_name(name, **over)
+    if name in ("gemma-2-2b", "gemma-3-1b-it"):
+        cfg.sliding_window_indices = None
+    if name == "gemma-3-1b-it":
+        cfg.rope_indices = [0, 1]
+    return cfg
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.05 if p.dim() > 1 else torch.randn_like(p) * 0.1)
+
+
+def _pair(cfg: Config, cls=GPT):
+    torch.manual_seed(0)
+    ref = cls(cfg)
+    _randomize(ref)
+    ours = copy.deepcopy(ref)
+    return ref, ours
+
+
+def _check_parity(ref, ours, cfg, tol_loss=1e-5, tol_grad=1e-4):
+    torch.manual_seed(1)
+    B, T = 2, 12
+    x = torch.randint(0, cfg.vocab_size, (B, T))
+    y = torch.randint(0, cfg.vocab_size, (B, T))
+    y[0, :3] = -100
+    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+    out = ours(x)
+    assert isinstance(out, LigerLogits)
+    loss = chunked_cross_entropy(out, y)
+    assert rel_err(loss, loss_ref) <= tol_loss, (loss.item(), loss_ref.item())
+    loss_ref.backward()
+    loss.backward()
+    ref_params = dict(ref.named_parameters())
+    n = 0
+    for name, p in ours.named_parameters():
+        g_ref = ref_params[name].grad
+        if g_ref is None:
+            assert p.grad is None, name
+            continue
+        assert p.grad is not None, name
+        assert rel_err(p.grad, g_ref) <= tol_grad, (name, rel_err(p.grad, g_ref))
+        n += 1
+    assert n > 0
+    # no-grad (validation) path gives real logits equal to LitGPT's
+    with torch.no_grad():
+        assert rel_err(ours(x), ref(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_parity(name):
+    cfg = tiny_config(name)
+    ref, ours = _pair(cfg)
+    keys = list(ours.state_dict().keys())
+    params_before = {n: p for n, p in ours.named_parameters()}
+    report = apply_liger(ours)
+    # weights untouched: same Parameter objects, names, state_dict keys
+    assert list(ours.state_dict().keys()) == keys
+    assert all(p is params_before[n] for n, p in ours.named_parameters())
+    assert isinstance(ours.transformer.h[0], type(ref.transformer.h[0]))
+    text = str(report)
+    assert "swapped" in text
+    _check_parity(ref, ours, cfg)
+    # expected swaps from the config flags
+    if cfg.norm_class_name == "RMSNorm":
+        assert report.count("rms_norm" + (" (unit offset)" if "Gemma" in cfg.name else "")) >= 2 * cfg.n_layer + 1
+    else:
+        assert any(k.startswith("layer_norm") for _, _, k in report.swapped)
+    if cfg.mlp_class_name == "LLaMAMLP":
+        assert report.count("swiglu") == cfg.n_layer
+    if cfg.mlp_class_name == "LLaMAMoE":
+        assert report.count("swiglu") == cfg.n_layer * cfg.n_expert
+    if cfg.mlp_class_name == "GemmaMLP":
+        assert any(k.startswith("geglu") for _, _, k in report.swapped)
+    if cfg.mlp_class_name == "GptNeoxMLP":
+        assert any("GptNeoxMLP" == c for _, c, _ in report.skipped)
+    assert sum(1 for _, _, k in report.swapped if k.startswith("rope")) == cfg.n_layer
+    if cfg.parallel_residual:
+        assert not any(k.startswith("residual") for _, _, k in report.swapped)
+    elif cfg.norm_class_name == "RMSNorm":
+        assert sum(1 for _, _, k in report.swapped if k.startswith("residual")) == cfg.n_layer
+    assert any(k.startswith("fused linear cross-entropy") for _, _, k in report.swapped)
+
+
+def test_idempotent_and_config_switches():
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    r1 = apply_liger(ours)
+    r2 = apply_liger(ours)
+    assert r1.swapped == r2.swapped
+    r3 = apply_liger(ours, LigerConfig(rope=False, fused_linear_cross_entropy=False))
+    assert not any(k.startswith("rope") for _, _, k in r3.swapped)
+    assert type(ours.transformer.h[0].attn) is type(ref.transformer.h[0].attn)
+    x = torch.randint(0, 150, (1, 5))
+    assert isinstance(ours(x), torch.Tensor)  # fused loss off: real logits in training
+    apply_liger(ours, False)
+    assert type(ours) is GPT and remove_liger(ours) == 0
+
+
+def test_lora_model_parity():
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    base = tiny_config("Llama-3.2-1B")
+    cfg = LoRAConfig(**{**base.__dict__, "lora_r": 4, "lora_alpha": 8, "lora_query": True, "lora_value": True, "lora_mlp": True})
+    ref, ours = _pair(cfg, LoRAGPT)
+    mark_only_lora_as_trainable(ref)
+    mark_only_lora_as_trainable(ours)
+    report = apply_liger(ours)
+    assert report.count("swiglu") == cfg.n_layer
+    _check_parity(ref, ours, cfg)
+    assert ours.lm_head.linear.weight.grad is None  # frozen lm_head: no weight gradient
+
+
+def test_deferred_logits_fail_loudly():
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    out = ours(torch.randint(0, 150, (2, 6)))
+    assert out.shape == (2, 6, cfg.padded_vocab_size)
+    with pytest.raises(TypeError, match="LigerLogits"):
+        out.softmax(-1)
+    with pytest.raises(TypeError, match="LigerLogits"):
+        torch.cat([out, out])
+    with pytest.raises(TypeError, match="LigerLogits"):
+        out + 1
+    with pytest.raises(TypeError, match="LigerLogits"):
+        litgpt_ce(out, torch.zeros(2, 6, dtype=torch.long))  # LitGPT's own loss on the deferred object
+    with pytest.raises(TypeError, match="vocabulary"):
+        out[..., :10]
+    shifted = out[..., :-1, :]
+    assert shifted.shape == (2, 5, cfg.padded_vocab_size)
+    with pytest.raises(ValueError, match="shape"):
+        chunked_cross_entropy(out, torch.zeros(2, 5, dtype=torch.long))
+    # explicit materialization equals the model's real logits
+    with torch.no_grad():
+        assert rel_err(out.materialize(), ours(torch.randint(0, 150, (2, 6))) * 0 + out.materialize()) == 0.0
+
+
+def test_lm_head_chunked_call_like_litgpt_finetune():
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    x = torch.randint(0, 150, (2, 10))
+    y = torch.randint(0, 150, (2, 10))
+    # what litgpt/finetune/lora.py does
+    logits = ours(x, lm_head_chunk_size=4)
+    logits[-1] = logits[-1][..., :-1, :]
+    loss = chunked_cross_entropy(logits, y[..., 1:])
+    ref_logits = ref(x, lm_head_chunk_size=4)
+    ref_logits[-1] = ref_logits[-1][..., :-1, :]
+    assert rel_err(loss, litgpt_ce(ref_logits, y[..., 1:])) <= 1e-5
+
+
+def test_llm_forward_gets_fused_loss():
+    from litgpt.api import LLM
+
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    llm_ref, llm = LLM(ref), LLM(ours)
+    report = apply_liger(llm)
+    assert any("fused loss in forward" in k for _, _, k in report.swapped)
+    x = torch.randint(0, 150, (2, 9))
+    _, loss = llm(x, x)
+    _, loss_ref = llm_ref(x, x)
+    assert rel_err(loss, loss_ref) <= 1e-5
+    assert list(llm.state_dict()) == list(llm_ref.state_dict())
+
+
+def test_meta_device_and_reset_parameters():
+    cfg = tiny_config("gemma-2-2b")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    apply_liger(model)
+    out = model(torch.randint(0, 150, (1, 4), device="meta"))
+    assert isinstance(out, LigerLogits) and out.hidden.is_meta
+    model.to_empty(device="cpu")
+    model.apply(model._init_weights)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters") and m is not model:
+            m.reset_parameters()
+
+
+def test_kv_cache_generation_same_tokens():
+    from litgpt.generate.base import generate
+
+    cfg = tiny_config("Qwen3-0.6B")
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    for m in (ref, ours):
+        m.eval()
+        m.set_kv_cache(batch_size=1)
+    prompt = torch.randint(0, 150, (5,))
+    torch.manual_seed(3)
+    a = generate(ref, prompt, max_returned_tokens=12, temperature=0.0)
+    torch.manual_seed(3)
+    b = generate(ours, prompt, max_returned_tokens=12, temperature=0.0)
+    assert torch.equal(a, b)
+
+
+def test_state_dict_roundtrip_with_stock_litgpt():
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    stock = GPT(cfg)
+    stock.load_state_dict(ours.state_dict())
+    for (n1, p1), (n2, p2) in zip(stock.named_parameters(), ref.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    ours.load_state_dict(stock.state_dict())
+
+
+def test_pickle_and_deepcopy_of_swapped_model():
+    import io
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    buf = io.BytesIO()
+    torch.save(ours, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded) is type(ours)
+    assert type(copy.deepcopy(ours)) is type(ours)

@@ -1,0 +1,123 @@
+"""LigerCallback with the Lightning Trainer: models built in __init__ and in configure_model."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+from helpers import rel_err
+from lightning.pytorch.loggers import CSVLogger
+from litgpt import GPT
+from litgpt.api import LLM
+from test_adapter import _randomize, tiny_config
+
+from lit_liger import LigerCallback, LigerLogits
+from lit_liger.adapter import is_swapped
+
+
+def _data(vocab=150, n=8, T=12):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (n, T), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=2)
+
+
+class LLMModule(L.LightningModule):
+    """LitGPT's recommended Trainer usage: `_, loss = self.llm(input_ids, target_ids)`."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.llm = LLM(model)
+        self.losses = []
+
+    def training_step(self, batch, batch_idx):
+        (ids,) = batch
+        _, loss = self.llm(ids, ids)
+        self.losses.append(loss.detach())
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        (ids,) = batch
+        logits = self.llm(ids)  # no grad: real logits
+        assert isinstance(logits, torch.Tensor)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class ConfigureModelModule(L.LightningModule):
+    """The FSDP/DeepSpeed pattern: the GPT is built in configure_model (after Callback.setup)."""
+
+    def __init__(self, cfg, state):
+        super().__init__()
+        self.cfg, self.state, self.model = cfg, state, None
+        self.outputs = []
+
+    def configure_model(self):
+        if self.model is not None:
+            return
+        self.model = GPT(self.cfg)
+        self.model.load_state_dict(self.state)
+
+    def training_step(self, batch, batch_idx):
+        (ids,) = batch
+        out = self.model(ids)
+        self.outputs.append(type(out))
+        from lit_liger import chunked_cross_entropy
+
+        return chunked_cross_entropy(out[..., :-1, :], ids[..., 1:])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _trainer(tmp_path, cb, steps=3, **kw):
+    return L.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=[cb] if cb else [], logger=CSVLogger(tmp_path),
+        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path, **kw,
+    )
+
+
+def test_fit_with_llm_matches_stock(tmp_path):
+    cfg = tiny_config("Llama-3.2-1B")
+    torch.manual_seed(0)
+    base = GPT(cfg)
+    _randomize(base)
+    stock, ours = LLMModule(copy.deepcopy(base)), LLMModule(copy.deepcopy(base))
+    _trainer(tmp_path / "a", None).fit(stock, _data())
+    cb = LigerCallback()
+    _trainer(tmp_path / "b", cb, limit_val_batches=1, val_check_interval=2).fit(ours, _data(), _data())
+    assert cb.report is not None and is_swapped(ours.llm.model)
+    assert len(ours.losses) == len(stock.losses) == 3
+    for a, b in zip(ours.losses, stock.losses):
+        assert rel_err(a, b) <= 1e-4
+    # idempotent across stages: validate after fit swaps nothing twice
+    n = len(cb.report.swapped)
+    _trainer(tmp_path / "b", cb).validate(ours, _data())
+    assert len(cb.report.swapped) == n
+    # metrics reached the logger
+    import csv
+    import glob
+
+    rows = [r for f in glob.glob(str(tmp_path / "b" / "**" / "metrics.csv"), recursive=True) for r in csv.DictReader(open(f))]
+    assert any(r.get("liger/tokens_per_sec") for r in rows)
+
+
+def test_fit_with_configure_model(tmp_path):
+    cfg = tiny_config("Qwen3-0.6B")
+    torch.manual_seed(0)
+    base = GPT(cfg)
+    _randomize(base)
+    module = ConfigureModelModule(cfg, base.state_dict())
+    cb = LigerCallback(log_metrics=False)
+    _trainer(tmp_path, cb, steps=2).fit(module, _data())
+    assert is_swapped(module.model)
+    assert module.outputs and all(t is LigerLogits for t in module.outputs)
+
+
+def test_callback_warns_on_cpu_without_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cfg = tiny_config("Llama-3.2-1B")
+    module = LLMModule(GPT(cfg))
+    with pytest.warns(UserWarning, match="reference PyTorch path"):
+        _trainer(tmp_path, LigerCallback(log_metrics=False), steps=1).fit(module, _data())
