@@ -1,0 +1,251 @@
+"""SwiGLU and GeGLU, the gated activations of LitGPT's ``LLaMAMLP`` and ``GemmaMLP``.
+
+``swiglu(a, b)`` equals ``F.silu(a) * b`` (``LLaMAMLP``: ``a = fc_1(x)``, ``b = fc_2(x)``) and
+``geglu(a, b, approximate)`` equals ``F.gelu(a, approximate=approximate) * b`` (``GemmaMLP``, whose
+configs use ``gelu_approximate="tanh"``). PyTorch computes those in the input dtype; here the math
+runs in fp32 and the result is rounded once to the input dtype.
+
+One forward and one backward kernel serve the three activations through a constexpr selector. The
+forward saves only ``a`` and ``b``; the backward recomputes the activation from ``a`` in fp32, so no
+intermediate activation is ever stored.
+
+Every activation is written as ``act(a) = a * sigmoid(z(a))``:
+
+* silu:        ``z = a``;
+* gelu (tanh): ``z = 2 * sqrt(2/pi) * (a + 0.044715 a^3)``, because ``0.5 * (1 + tanh(u)) = sigmoid(2u)``;
+
+so ``act'(a) = s + a * s * (1 - s) * z'(a)`` with ``s = sigmoid(z)``, which avoids the cancellation of
+``1 - tanh^2`` near saturation. The exact gelu uses ``erf``:
+``act = 0.5 a (1 + erf(a / sqrt 2))``, ``act' = 0.5 (1 + erf(a / sqrt 2)) + a * exp(-a^2 / 2) / sqrt(2 pi)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import as_rows, check_float, check_same_device, check_same_dtype
+from ._launch import elementwise_plan, use_triton
+
+__all__ = ["swiglu", "geglu", "glu_reference", "ACTIVATIONS"]
+
+# activation name (as used by the custom ops) -> constexpr selector of the kernels
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
+_APPROXIMATE = {"tanh": "gelu_tanh", "none": "gelu"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference (CPU path and tests' second opinion; the tests' primary reference is fp64 PyTorch)
+# ----------------------------------------------------------------------------------------------
+def glu_reference(a: torch.Tensor, b: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """``act(a) * b`` in fp32, rounded once to ``a.dtype`` (``activation``: silu, gelu_tanh, gelu)."""
+    af = a.float()
+    if activation == "silu":
+        act = torch.nn.functional.silu(af)
+    elif activation == "gelu_tanh":
+        act = torch.nn.functional.gelu(af, approximate="tanh")
+    elif activation == "gelu":
+        act = torch.nn.functional.gelu(af, approximate="none")
+    else:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return (act * b.float()).to(a.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _act_and_grad(a, ACTIVATION: tl.constexpr, NEED_GRAD: tl.constexpr):
+    """fp32 ``act(a)`` and, with NEED_GRAD, ``act'(a)`` (else 0.0). Constants: 1/sqrt(2), 1/sqrt(2 pi),
+    2 sqrt(2/pi) and 3 * 0.044715."""
+    if ACTIVATION == 2:  # exact gelu
+        cdf = 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
+        act = a * cdf
+        if NEED_GRAD:
+            dact = cdf + a * tl.exp(-0.5 * a * a) * 0.3989422804014327
+        else:
+            dact = 0.0
+    else:
+        if ACTIVATION == 1:  # gelu, tanh approximation: a * sigmoid(2 u)
+            z = 1.5957691216057308 * (a + 0.044715 * a * a * a)
+            dz = 1.5957691216057308 * (1.0 + 0.134145 * a * a)
+        else:  # silu: a * sigmoid(a)
+            z = a
+            dz = 1.0
+        s = tl.sigmoid(z)
+        act = a * s
+        if NEED_GRAD:
+            dact = s + act * (1.0 - s) * dz
+        else:
+            dact = 0.0
+    return act, dact
+
+
+@triton.jit
+def _tile(pid, n_cols, n_col_blocks, BLOCK: tl.constexpr):
+    """Tile ``pid`` -> (row, first column, in-tile column offsets, mask). int64 row/column bases so
+    that ``row * stride`` and flat indices past 2**31 are safe; the per-lane offsets stay int32."""
+    pid = pid.to(tl.int64)
+    row = pid // n_col_blocks
+    col0 = (pid - row * n_col_blocks) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols - col0
+    return row, col0, offs, mask
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    A, B, Y,
+    stride_a, stride_b,
+    n_cols, n_col_blocks,
+    ACTIVATION: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per tile of BLOCK columns of one row (row = pid // n_col_blocks). Reads a and b
+    (last dim contiguous, any row stride); writes y = act(a) * b to the contiguous output. Fully
+    contiguous inputs are launched as one row of a.numel() columns (a flat 1-D grid)."""
+    row, col0, offs, mask = _tile(tl.program_id(0), n_cols, n_col_blocks, BLOCK)
+    a = tl.load(A + (row * stride_a + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + (row * stride_b + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+    act, _ = _act_and_grad(a, ACTIVATION, False)
+    tl.store(Y + (row * n_cols + col0) + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(
+    DY, A, B, DA, DB,
+    stride_dy, stride_a, stride_b,
+    n_cols, n_col_blocks,
+    ACTIVATION: tl.constexpr, NEED_DA: tl.constexpr, NEED_DB: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Same tiling as the forward. Reads dy, a (and b only if NEED_DA); recomputes act(a) in fp32;
+    writes da = dy * b * act'(a) (if NEED_DA) and db = dy * act(a) (if NEED_DB) to contiguous
+    outputs."""
+    row, col0, offs, mask = _tile(tl.program_id(0), n_cols, n_col_blocks, BLOCK)
+    dy = tl.load(DY + (row * stride_dy + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + (row * stride_a + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+    act, dact = _act_and_grad(a, ACTIVATION, NEED_DA)
+    out = row * n_cols + col0
+    if NEED_DA:
+        b = tl.load(B + (row * stride_b + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DA + out + offs, (dy * b * dact).to(DA.dtype.element_ty), mask=mask)
+    if NEED_DB:
+        tl.store(DB + out + offs, (dy * act).to(DB.dtype.element_ty), mask=mask)
+
+
+def _launch_shape(rows: list[torch.Tensor]) -> tuple[int, int, list[int]]:
+    """(n_rows, n_cols, row strides) for the kernels. All-contiguous operands become one long row
+    (flat 1-D launch, no partial tile at every row end); otherwise one tile row per tensor row."""
+    n_rows, n_cols = rows[0].shape
+    if all(t.stride(0) == n_cols or n_rows == 1 for t in rows):
+        return 1, n_rows * n_cols, [n_rows * n_cols] * len(rows)
+    return n_rows, n_cols, [t.stride(0) for t in rows]
+
+
+def _plan(n_rows: int, n_cols: int, device: torch.device):
+    # Block: elementwise_plan's 1024 elements (2048 on warp-64 devices) with 4 warps = 8 elements per
+    # thread, i.e. one 16-byte load per operand per thread for 16-bit types. The op is bandwidth bound:
+    # ~16 such programs per SM keep far more bytes in flight than Little's law asks for on an H100
+    # (~15 KB per SM), and small tiles leave no long tail. Narrow rows get next_power_of_2(n_cols).
+    plan = elementwise_plan(n_cols, device)
+    n_col_blocks = triton.cdiv(n_cols, plan.block)
+    return plan, n_col_blocks, (n_rows * n_col_blocks,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile, traced through their fake implementations)
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("lit_liger::glu_fwd", mutates_args=())
+def _glu_fwd(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+    a2, b2 = as_rows(a), as_rows(b)  # (N, I), last dim contiguous, any row stride
+    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)  # contiguous
+    if a.numel() > 0:
+        n_rows, n_cols, (s_a, s_b) = _launch_shape([a2, b2])
+        plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
+        _glu_fwd_kernel[grid](
+            a2, b2, y,
+            s_a, s_b,
+            n_cols, n_col_blocks,
+            ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps,
+        )
+    return y
+
+
+@_glu_fwd.register_fake
+def _(a, b, activation):
+    return a.new_empty(a.shape)  # contiguous, as the real op
+
+
+@torch.library.custom_op("lit_liger::glu_bwd", mutates_args=())
+def _glu_bwd(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dy2, a2, b2 = as_rows(dy), as_rows(a), as_rows(b)  # (N, I)
+    da = torch.empty(a.shape if need_da else (0,), dtype=a.dtype, device=a.device)
+    db = torch.empty(b.shape if need_db else (0,), dtype=b.dtype, device=b.device)
+    if a.numel() > 0 and (need_da or need_db):
+        n_rows, n_cols, (s_dy, s_a, s_b) = _launch_shape([dy2, a2, b2])
+        plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
+        _glu_bwd_kernel[grid](
+            dy2, a2, b2, da if need_da else db, db if need_db else da,
+            s_dy, s_a, s_b,
+            n_cols, n_col_blocks,
+            ACTIVATION=ACTIVATIONS[activation], NEED_DA=need_da, NEED_DB=need_db,
+            BLOCK=plan.block, num_warps=plan.num_warps,
+        )
+    return da, db
+
+
+@_glu_bwd.register_fake
+def _(dy, a, b, activation, need_da, need_db):
+    return (a.new_empty(a.shape) if need_da else a.new_empty(0)), (b.new_empty(b.shape) if need_db else b.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, activation = inputs
+    ctx.save_for_backward(a, b)  # only the inputs: the activation is recomputed in the backward
+    ctx.activation = activation
+
+
+def _backward(ctx, dy):
+    a, b = ctx.saved_tensors
+    need_da, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    da, db = _glu_bwd(dy, a, b, ctx.activation, need_da, need_db)
+    return (da if need_da else None), (db if need_db else None), None
+
+
+_glu_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def _check(a: torch.Tensor, b: torch.Tensor) -> None:
+    check_float("a", a)
+    check_float("b", b)
+    check_same_device(a=a, b=b)
+    check_same_dtype(a=a, b=b)
+    if a.shape != b.shape:
+        raise ValueError(f"a has shape {tuple(a.shape)} but b has shape {tuple(b.shape)}; they must match")
+    if a.dim() == 0:
+        raise ValueError("a and b must have at least one dimension (..., I)")
+
+
+def _glu(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+    _check(a, b)
+    if not use_triton(a):
+        return glu_reference(a, b, activation)
+    return _glu_fwd(a, b, activation)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``F.silu(a) * b`` (``litgpt.model.LLaMAMLP``); ``a``, ``b``: ``(..., I)``, same shape and dtype."""
+    return _glu(a, b, "silu")
+
+
+def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """``F.gelu(a, approximate=approximate) * b`` (``litgpt.model.GemmaMLP``); ``approximate`` is
+    ``"tanh"`` (Gemma's ``gelu_approximate``) or ``"none"`` (exact, erf)."""
+    if not isinstance(approximate, str) or approximate not in _APPROXIMATE:
+        raise ValueError(f"approximate must be 'tanh' or 'none' (as in F.gelu), got {approximate!r}")
+    return _glu(a, b, _APPROXIMATE[approximate])

@@ -1,0 +1,90 @@
+"""``python -m lit_liger.selfcheck``: run every kernel against its reference on this machine.
+
+On a CUDA GPU the Triton kernels run natively at moderate sizes in bf16; on a CPU-only machine
+they run through Triton's interpreter (``TRITON_INTERPRET=1``, set here before the kernels are
+imported) at small sizes in fp32. References are LitGPT's own functions or plain PyTorch in fp64.
+Prints one row per op (forward and every gradient) and exits non-zero on a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def _rel(out, ref) -> float:
+    out, ref = out.detach().double(), ref.detach().double()
+    if not bool(out.isfinite().all()):
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch.nn.functional as F
+    from litgpt.model import RMSNorm, apply_rope, build_rope_cache
+
+    from lit_liger.kernels import fused_linear_cross_entropy, geglu, layer_norm, rms_norm, rope, swiglu
+    from lit_liger.kernels._launch import device_limits, interpret_mode
+
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    N, H, I, V = (4096, 2048, 5632, 32000) if cuda else (24, 96, 160, 300)
+    path = "triton (native)" if cuda else ("triton (interpreter)" if interpret_mode() else "reference (no GPU)")
+    lim = device_limits(dev)
+    print(f"lit-liger self-check on {lim.name} - {path} - {str(dtype).replace('torch.', '')}, tolerance {tol:g}")
+    torch.manual_seed(0)
+    rows = []
+
+    def check(name, fn, ref_fn, inputs):
+        t0 = time.perf_counter()
+        ins = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        ref_ins = [t.detach().clone().double().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+        out, ref = fn(*ins), ref_fn(*ref_ins)
+        outs, refs = (out if isinstance(out, tuple) else (out,)), (ref if isinstance(ref, tuple) else (ref,))
+        errs = [_rel(o, r) for o, r in zip(outs, refs)]
+        gos = [torch.randn_like(r.float()) for r in refs]
+        torch.autograd.backward([o for o in outs], [g.to(o.dtype) for o, g in zip(outs, gos)])
+        torch.autograd.backward([r for r in refs], [g.double() for g in gos])
+        gerrs = [_rel(a.grad, b.grad) for a, b in zip(ins, ref_ins) if a.is_floating_point() and b.grad is not None]
+        worst = max(errs + gerrs)
+        rows.append((name, max(errs), max(gerrs) if gerrs else 0.0, worst <= tol, time.perf_counter() - t0))
+
+    x, w, b = torch.randn(N, H, device=dev, dtype=dtype), torch.randn(H, device=dev, dtype=dtype), torch.randn(H, device=dev, dtype=dtype)
+
+    def litgpt_rms(x, w):  # litgpt.model.RMSNorm's forward, with the given weight, in fp64
+        return torch.func.functional_call(RMSNorm(w.shape[0], eps=1e-6), {"weight": w}, (x,))
+
+    check("rms_norm", lambda x, w: rms_norm(x, w, 1e-6), litgpt_rms, [x, w])
+    check("layer_norm", lambda x, w, b: layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (H,), w, b, 1e-5), [x, w, b])
+    a, g = torch.randn(N, I, device=dev, dtype=dtype), torch.randn(N, I, device=dev, dtype=dtype)
+    check("swiglu", swiglu, lambda a, g: F.silu(a) * g, [a, g])
+    check("geglu (tanh)", lambda a, g: geglu(a, g, approximate="tanh"), lambda a, g: F.gelu(a, approximate="tanh") * g, [a, g])
+    B, T, nh, ng, hs = (2, 1024, 32, 8, 64) if cuda else (2, 8, 4, 2, 16)
+    q = torch.randn(B, nh, T, hs, device=dev, dtype=dtype)
+    k = torch.randn(B, ng, T, hs, device=dev, dtype=dtype)
+    cos, sin = build_rope_cache(T, hs, device=dev)
+    cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    check("rope (q+k, GQA)", lambda q, k: rope(q, k, cos, sin), lambda q, k: (apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())), [q, k])
+    xs = torch.randn(N, H, device=dev, dtype=dtype)
+    W = torch.randn(V, H, device=dev, dtype=dtype) * H**-0.5
+    tgt = torch.randint(0, V, (N,), device=dev)
+    tgt[::7] = -100
+    check("fused_linear_cross_entropy", lambda x, W: fused_linear_cross_entropy(x, W, tgt), lambda x, W: F.cross_entropy(F.linear(x, W), tgt), [xs, W])
+
+    print(f"{'op':<28} {'fwd rel err':>12} {'grad rel err':>13}  {'ok':<4} {'s':>6}")
+    for name, fe, ge, ok, s in rows:
+        print(f"{name:<28} {fe:>12.2e} {ge:>13.2e}  {'ok' if ok else 'FAIL':<4} {s:>6.2f}")
+    failed = [r[0] for r in rows if not r[3]]
+    print("all kernels match their references" if not failed else f"FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Launch plans come from kernels/_launch.py and respect each vendor's limits.
+
+Device properties of an AMD Instinct-like GPU (warp 64), an H100-like and an older NVIDIA GPU
+(sm_70, no bf16) are mocked; every op is run under the interpreter with those limits while the
+launches are recorded, and each recorded ``num_warps * warp_size`` must fit the thread limit.
+"""
+
+import pytest
+import torch
+import triton
+import triton.runtime.interpreter as interp
+
+from lit_liger.kernels import _launch
+from lit_liger.kernels._launch import DeviceLimits
+
+AMD = DeviceLimits("AMD Instinct MI300X (mock)", 64, 1024, 304, (9, 4), True)
+H100 = DeviceLimits("NVIDIA H100 (mock)", 32, 1024, 132, (9, 0), False)
+V100 = DeviceLimits("Tesla V100 (mock)", 32, 1024, 80, (7, 0), False)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    if not _launch.interpret_mode():
+        pytest.skip("records launches through Triton's interpreter")
+    launches = []
+    orig = interp.InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        launches.append((self.fn.__name__, kwargs.get("num_warps", 4), grid, {k: v for k, v in kwargs.items() if k.isupper()}))
+        kwargs.pop("num_warps", None)
+        kwargs.pop("num_stages", None)
+        return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(interp.InterpretedFunction, "run", run)
+    return launches
+
+
+def _run_all_ops(H):
+    from lit_liger.kernels import fused_linear_cross_entropy, geglu, layer_norm, rms_norm, rope, swiglu
+
+    x = torch.randn(3, H, requires_grad=True)
+    w = torch.randn(H, requires_grad=True)
+    rms_norm(x, w).sum().backward()
+    layer_norm(x, w, torch.randn(H, requires_grad=True), 1e-5).sum().backward()
+    a, b = torch.randn(2, H, requires_grad=True), torch.randn(2, H, requires_grad=True)
+    swiglu(a, b).sum().backward()
+    geglu(a, b, approximate="tanh").sum().backward()
+    hs = min(256, H)
+    q = torch.randn(1, 4, 2, hs, requires_grad=True)
+    k = torch.randn(1, 2, 2, hs, requires_grad=True)
+    cos, sin = torch.randn(1, 2, hs), torch.randn(1, 2, hs)
+    qr, kr = rope(q, k, cos, sin)
+    (qr.sum() + kr.sum()).backward()
+    W = torch.randn(97, H, requires_grad=True)
+    fused_linear_cross_entropy(x, W, torch.tensor([1, 5, -100])).backward()
+
+
+@pytest.mark.parametrize("limits", [AMD, H100, V100], ids=lambda l: l.name.split()[0])
+def test_every_launch_fits_the_device(limits, recorded, monkeypatch):
+    monkeypatch.setattr(_launch, "_CPU_LIMITS", limits)
+    for H in (96, 8192):
+        _run_all_ops(H)
+    names = {n for n, *_ in recorded}
+    assert len(names) >= 8, names  # forward and backward kernels of every op were launched
+    for name, warps, grid, consts in recorded:
+        assert warps & (warps - 1) == 0, (name, warps)
+        assert warps * limits.warp_size <= limits.max_threads_per_block, (name, warps, limits)
+
+
+def test_plans_scale_with_warp_size():
+    # row plan under mocked limits
+    orig = _launch._CPU_LIMITS
+    try:
+        for lim in (AMD, H100):
+            _launch._CPU_LIMITS = lim
+            for n_cols in (64, 4096, 16384):
+                p = _launch.row_plan(n_cols, 2, torch.device("cpu"))
+                assert p.block >= n_cols and p.num_warps * lim.warp_size <= lim.max_threads_per_block
+                e = _launch.elementwise_plan(n_cols * 1000, torch.device("cpu"))
+                assert e.num_warps * lim.warp_size <= lim.max_threads_per_block
+                assert e.grid[0] * e.block >= n_cols * 1000
+    finally:
+        _launch._CPU_LIMITS = orig
+
+
+def test_limits_read_from_device_properties(monkeypatch):
+    class Props:  # what torch.cuda.get_device_properties returns on an MI300X (no max_threads_per_block attr)
+        name = "AMD Instinct MI300X"
+        warp_size = 64
+        multi_processor_count = 304
+        major, minor = 9, 4
+
+    lim = _launch._limits_from_props(Props(), is_hip=True)
+    assert lim.warp_size == 64 and lim.max_warps == 16 and lim.supports_bf16
+
+    class OldProps:
+        name = "Tesla V100"
+        multi_processor_count = 80
+        major, minor = 7, 0
+
+    lim = _launch._limits_from_props(OldProps(), is_hip=False)
+    assert lim.warp_size == 32 and lim.max_threads_per_block == 1024 and not lim.supports_bf16
+
+
+def test_bf16_on_old_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_launch, "device_limits", lambda device=None: V100)
+    with pytest.raises(TypeError, match="compute capability"):
+        _launch.check_dtype_supported(torch.bfloat16, torch.device("cuda", 0))
+    _launch.check_dtype_supported(torch.float16, torch.device("cuda", 0))  # fp16 is fine there
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
+        _launch.check_dtype_supported(torch.float64, torch.device("cpu"))

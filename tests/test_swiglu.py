@@ -1,0 +1,204 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TOL, rel_err
+from litgpt import Config
+from litgpt.model import GemmaMLP, LLaMAMLP
+
+from lit_liger.kernels.swiglu import geglu, glu_reference, swiglu
+
+# LitGPT's math (LLaMAMLP / GemmaMLP), taken in fp64 as the reference
+_REF = {
+    "silu": lambda a, b: F.silu(a) * b,
+    "tanh": lambda a, b: F.gelu(a, approximate="tanh") * b,
+    "none": lambda a, b: F.gelu(a, approximate="none") * b,
+}
+
+
+def _op(kind):
+    return swiglu if kind == "silu" else (lambda a, b: geglu(a, b, approximate=kind))
+
+
+def _check_fwd_bwd(kind, a, b, dy, tol):
+    """Output and the gradients of a and b against fp64 PyTorch."""
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    ref = _REF[kind](a64, b64)
+    out = _op(kind)(a, b)
+    assert out.dtype == a.dtype and out.shape == a.shape
+    assert rel_err(out, ref) <= tol
+    g = torch.autograd.grad(out, (a, b), dy)
+    g_ref = torch.autograd.grad(ref, (a64, b64), dy.double())
+    for x, x_ref, name in zip(g, g_ref, "ab"):
+        assert x.dtype == a.dtype and x.shape == a.shape, name
+        assert rel_err(x, x_ref) <= tol, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["silu", "tanh", "none"])
+@pytest.mark.parametrize("shape", [(3, 5, 77), (2, 1030), (1,)])
+def test_glu_matches_fp64(kind, shape, dtype, device):
+    torch.manual_seed(0)
+    a = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
+    b = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(shape, device=device, dtype=dtype)
+    _check_fwd_bwd(kind, a, b, dy, TOL[dtype])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's numpy exp -> inf, as on GPU
+def test_glu_extreme_inputs(device):
+    # saturated sigmoid / erf (|a| up to 60) stays finite and exact in both directions
+    a = torch.linspace(-60, 60, 241, device=device).requires_grad_()
+    b = torch.randn(241, device=device, requires_grad=True)
+    dy = torch.randn(241, device=device)
+    for kind in _REF:
+        _check_fwd_bwd(kind, a, b, dy, 1e-5)
+
+
+@pytest.mark.parametrize("kind", ["silu", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glu_inside_litgpt_mlp(kind, dtype, device):
+    # the MLP's own forward vs fc_1 / fc_2 -> our op -> proj, with the same parameters
+    torch.manual_seed(1)
+    cls = LLaMAMLP if kind == "silu" else GemmaMLP
+    config = Config(n_embd=24, n_head=4, intermediate_size=70, bias=False, gelu_approximate=kind)
+    mlp = cls(config).to(device=device, dtype=dtype)
+    x = torch.randn(2, 3, 24, device=device, dtype=dtype, requires_grad=True)
+    ref = mlp(x)
+    out = mlp.proj(_op(kind)(mlp.fc_1(x), mlp.fc_2(x)))
+    assert rel_err(out, ref) <= TOL[dtype]
+    dy = torch.randn_like(ref)
+    params = (x, mlp.fc_1.weight, mlp.fc_2.weight, mlp.proj.weight)
+    for g, g_ref in zip(torch.autograd.grad(out, params, dy), torch.autograd.grad(ref, params, dy)):
+        assert rel_err(g, g_ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("kind,I", [("silu", 45), ("none", 45), ("tanh", 1030)])
+def test_glu_non_contiguous(kind, I, device):
+    torch.manual_seed(2)
+    # the two halves of one fused fc output: last dim contiguous, row stride 2 * I (no copy needed);
+    # I = 1030 spans two column tiles per row with a ragged tail
+    fc = torch.randn(3, 4 if I < 100 else 1, 2 * I, device=device, requires_grad=True)
+    a, b = fc.chunk(2, dim=-1)
+    assert not a.is_contiguous() and a.stride(-1) == 1
+    dy = torch.randn(a.shape, device=device)
+    _check_fwd_bwd(kind, a, b, dy, 1e-5)
+    # the gradient flows back into the fused tensor
+    fc64 = fc.detach().double().requires_grad_()
+    (g_ref,) = torch.autograd.grad(_REF[kind](*fc64.chunk(2, dim=-1)), fc64, dy.double())
+    (g,) = torch.autograd.grad(_op(kind)(a, b), fc, dy)
+    assert rel_err(g, g_ref) <= 1e-5
+    # transposed views (not viewable as rows: copied) and a mix of layouts, with an expanded dy
+    at = torch.randn(7, 5, 33, device=device).transpose(0, 1).requires_grad_()
+    bt = torch.randn(5, 7, 66, device=device)[..., ::2].requires_grad_()
+    _check_fwd_bwd(kind, at, bt, torch.randn(5, 7, 33, device=device), 1e-5)
+    out = _op(kind)(at, bt)
+    g = torch.autograd.grad(out.sum(), (at, bt))
+    at64, bt64 = at.detach().double().requires_grad_(), bt.detach().double().requires_grad_()
+    g_ref = torch.autograd.grad(_REF[kind](at64, bt64).sum(), (at64, bt64))
+    for x, x_ref in zip(g, g_ref):
+        assert rel_err(x, x_ref) <= 1e-5
+
+
+def test_glu_grad_of_one_input(device):
+    torch.manual_seed(3)
+    a = torch.randn(4, 21, device=device, requires_grad=True)
+    b = torch.randn(4, 21, device=device)
+    dy = torch.randn(4, 21, device=device)
+    (ga,) = torch.autograd.grad(swiglu(a, b), (a,), dy)
+    a64 = a.detach().double().requires_grad_()
+    assert rel_err(ga, torch.autograd.grad(_REF["silu"](a64, b.double()), (a64,), dy.double())[0]) <= 1e-5
+    a2, b2 = a.detach(), b.clone().requires_grad_()
+    (gb,) = torch.autograd.grad(geglu(a2, b2), (b2,), dy)
+    assert rel_err(gb, F.gelu(a2.double(), approximate="tanh") * dy.double()) <= 1e-5
+    # no grad required at all: plain forward
+    assert not swiglu(a.detach(), b).requires_grad
+
+
+def test_glu_empty(device):
+    a = torch.randn(0, 16, device=device, requires_grad=True)
+    out = swiglu(a, torch.randn(0, 16, device=device))
+    assert out.shape == (0, 16)
+    assert torch.autograd.grad(out.sum(), a)[0].shape == (0, 16)
+
+
+def test_glu_bad_inputs(device):
+    a = torch.randn(4, 16, device=device)
+    with pytest.raises(ValueError, match="shape"):
+        swiglu(a, torch.randn(4, 15, device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        geglu(a, a.half())
+    with pytest.raises(TypeError, match="float"):
+        swiglu(a.long(), a.long())
+    with pytest.raises(TypeError, match="Tensor"):
+        swiglu(a, 2.0)
+    with pytest.raises(ValueError, match="dimension"):
+        swiglu(torch.tensor(1.0, device=device), torch.tensor(2.0, device=device))
+    for bad in ("exact", "Tanh", None, True):
+        with pytest.raises(ValueError, match="approximate"):
+            geglu(a, a, approximate=bad)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="device"):
+            swiglu(a, torch.randn(4, 16, device="meta"))
+
+
+def test_glu_meta_device():
+    a = torch.randn(2, 5, 40, device="meta")
+    b = torch.randn(2, 5, 40, device="meta")
+    assert swiglu(a, b).shape == a.shape and geglu(a, b, "none").device.type == "meta"
+    y = torch.ops.lit_liger.glu_fwd(a, b, "gelu_tanh")
+    assert y.shape == a.shape and y.is_contiguous()
+    da, db = torch.ops.lit_liger.glu_bwd(y, a, b, "silu", True, False)
+    assert da.shape == a.shape and db.numel() == 0
+
+
+def test_glu_reference_path_without_interpreter(monkeypatch):
+    # CPU tensors without the interpreter take the reference math (still correct, autograd by PyTorch)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch.manual_seed(4)
+    a = torch.randn(3, 24, requires_grad=True)
+    b = torch.randn(3, 24, requires_grad=True)
+    for kind in _REF:
+        out = _op(kind)(a, b)
+        assert out.grad_fn is not None and "lit_liger" not in type(out.grad_fn).__name__
+        assert rel_err(out, _REF[kind](a.double(), b.double())) <= 1e-6
+    assert rel_err(swiglu(a.bfloat16(), b.bfloat16()), glu_reference(a, b).bfloat16()) <= 1e-2
+    with pytest.raises(ValueError, match="activation"):
+        glu_reference(a, b, "relu")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: real sizes and torch.compile
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["silu", "tanh", "none"])
+def test_glu_gpu_real_size(kind):
+    torch.manual_seed(5)
+    fc = torch.randn(2048, 2 * 14336, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    a, b = fc.chunk(2, dim=-1)  # row-strided, no copy
+    dy = torch.randn(2048, 14336, device="cuda", dtype=torch.bfloat16)
+    _check_fwd_bwd(kind, a, b, dy, TOL[torch.bfloat16])
+    c = torch.randn(4, 1000, 11008, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    d = torch.randn_like(c, requires_grad=True)
+    _check_fwd_bwd(kind, c, d, torch.randn_like(c), TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_glu_gpu_compile_fullgraph():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+    def f(x, fc1, fc2):
+        return swiglu(x @ fc1, x @ fc2).sum() + geglu(x @ fc1, x @ fc2, "tanh").float().mean()
+
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    fc1 = torch.randn(96, 250, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    fc2 = torch.randn(96, 250, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    eager = f(x, fc1, fc2)
+    g_eager = torch.autograd.grad(eager, (fc1, fc2))
+    compiled = torch.compile(f, fullgraph=True)(x, fc1, fc2)
+    g_comp = torch.autograd.grad(compiled, (fc1, fc2))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert rel_err(compiled, eager) <= 1e-2
+    for g, h in zip(g_comp, g_eager):
+        assert rel_err(g, h) <= 1e-2
