@@ -1,6 +1,21 @@
-"""Triton kernels of lit-liger (installed as ``lit_liger.kernels``). Imports torch and triton only."""
+"""Triton kernels of lit-liger (installed as ``lit_liger.kernels``). Imports torch and triton only.
+
+Each op lives in one file: Triton forward/backward kernels, a ``torch.library`` custom op with a
+fake (meta) implementation and registered autograd, the reference PyTorch math used on CPU, and
+the functional API below. Launch parameters come from ``_launch.py``.
+"""
 
 from ._launch import device_limits, use_triton
+from .layer_norm import layer_norm
 from .rms_norm import rms_norm, rms_norm_residual
+from .rope import rope
+from .swiglu import geglu, swiglu
 
-__all__ = ["device_limits", "use_triton", "rms_norm", "rms_norm_residual"]
+__all__ = ["device_limits", "use_triton", "rms_norm", "rms_norm_residual", "layer_norm", "rope", "swiglu", "geglu"]
+
+try:  # written alongside; keep the package importable while it lands
+    from .fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: F401
+
+    __all__.append("fused_linear_cross_entropy")
+except ImportError:  # pragma: no cover
+    pass

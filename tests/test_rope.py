@@ -1,0 +1,261 @@
+import pytest
+import torch
+from helpers import TOL, rel_err
+from litgpt.model import apply_rope, apply_rope_interleave, batched_index_select, build_rope_cache
+
+from lit_liger.kernels.rope import rope, rope_reference
+
+
+def _litgpt_qk(B, T, nh, ng, hs, device, dtype):
+    """q, k exactly as LitGPT's CausalSelfAttention.forward makes them: qkv.split + view + transpose."""
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=device, dtype=dtype, requires_grad=True)
+    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs), non-contiguous
+    k = k.view(B, T, ng, hs).transpose(1, 2)  # (B, ng, T, hs), non-contiguous
+    return qkv, q, k
+
+
+def _litgpt_rope(q, k, cos, sin, interleave):
+    """What CausalSelfAttention.forward does: apply_rope on the first n elements, cat the tail."""
+    n = cos.size(-1)
+    f = apply_rope_interleave if interleave else apply_rope
+    q_roped, k_roped = f(q[..., :n], cos, sin), f(k[..., :n], cos, sin)
+    return torch.cat((q_roped, q[..., n:]), dim=-1), torch.cat((k_roped, k[..., n:]), dim=-1)
+
+
+def _cache(T, n, device, dtype=torch.float32):
+    cos, sin = build_rope_cache(T, n, device=device)
+    return cos[:T].unsqueeze(0).to(dtype), sin[:T].unsqueeze(0).to(dtype)  # (1, T, n), as GPT.forward
+
+
+def _compare(q, k, cos, sin, interleave, tol, leaves=()):
+    """Forward and dq/dk of rope vs LitGPT, with non-contiguous output gradients; also the gradients
+    of ``leaves`` (e.g. the qkv tensor q and k are views of)."""
+    q_ref, k_ref = _litgpt_rope(q, k, cos, sin, interleave)
+    q_out, k_out = rope(q, k, cos, sin, interleave)
+    for out, ref, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
+        assert out.shape == x.shape and out.dtype == x.dtype and out.stride(-1) == 1
+        assert rel_err(out, ref) <= tol
+    B, nh, T, hs = q.shape
+    dq = torch.randn(B, T, nh, hs, device=q.device, dtype=q.dtype).transpose(1, 2)  # non-contiguous
+    dk = torch.randn_like(k_ref)
+    inputs = (q, k, *leaves)
+    g_ref = torch.autograd.grad((q_ref, k_ref), inputs, (dq, dk))
+    g = torch.autograd.grad((q_out, k_out), inputs, (dq, dk))
+    for a, b, x in zip(g, g_ref, inputs):
+        assert a.shape == x.shape and a.dtype == x.dtype
+        assert rel_err(a, b) <= tol
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["halves", "interleave"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "nh, ng, hs, n",
+    [
+        pytest.param(6, 2, 24, 24, id="gqa-full"),
+        pytest.param(3, 3, 24, 8, id="mha-partial"),
+        pytest.param(5, 1, 40, 10, id="mqa-pythia-quarter"),  # rope_n_elem = 0.25 * hs, n/2 = 5
+    ],
+)
+def test_rope_matches_litgpt(nh, ng, hs, n, dtype, interleave, device):
+    torch.manual_seed(0)
+    B, T = 2, 3
+    qkv, q, k = _litgpt_qk(B, T, nh, ng, hs, device, dtype)
+    cos, sin = _cache(T, n, device)  # fp32 buffers, as LitGPT keeps them
+    # the gradient also reaches qkv through LitGPT's views: q and k parts rotated back, v part zero
+    _compare(q, k, cos, sin, interleave, TOL[dtype], leaves=(qkv,))
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_rope_batched_positions(T, device):
+    # KV-cache path: cos/sin (B, T, n) from batched_index_select with per-sequence positions; T=1 is decode
+    torch.manual_seed(1)
+    B, nh, ng, hs, n = 3, 4, 2, 20, 12
+    cos_cache, sin_cache = build_rope_cache(32, n, device=device)
+    input_pos = torch.randint(0, 32, (B, T), device=device)
+    cos, sin = batched_index_select(cos_cache, 0, input_pos), batched_index_select(sin_cache, 0, input_pos)
+    assert cos.shape == (B, T, n)
+    for interleave in (False, True):
+        _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+        _compare(q, k, cos, sin, interleave, TOL[torch.float32])
+    # batch dim B given as a stride-0 broadcast of a (1, T, n) cache
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+    c1, s1 = _cache(T, n, device)
+    _compare(q, k, c1.expand(B, T, n), s1.expand(B, T, n), False, TOL[torch.float32])
+
+
+def test_rope_arbitrary_cos_sin(device):
+    # LitGPT's formula holds for any cos/sin, not only a cache whose two halves repeat (c1 != c2 here)
+    torch.manual_seed(9)
+    B, T, nh, ng, hs, n = 2, 2, 3, 1, 14, 10
+    cos, sin = torch.randn(2, B, T, n, device=device).unbind(0)
+    for interleave in (False, True):
+        _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+        _compare(q, k, cos, sin, interleave, TOL[torch.float32])
+
+
+def test_rope_fp16_cache_in_model_dtype(device):
+    # a model cast to fp16 carries fp16 cos/sin: LitGPT then computes in fp16, the kernel in fp32
+    torch.manual_seed(2)
+    B, T, nh, ng, hs, n = 2, 7, 4, 4, 16, 16
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float16)
+    cos_cache, sin_cache = build_rope_cache(16, n, device=device)
+    pos = torch.randperm(16, device=device)[: B * T].view(B, T)
+    cos = batched_index_select(cos_cache, 0, pos).half()
+    sin = batched_index_select(sin_cache, 0, pos).half()
+    _compare(q, k, cos, sin, False, TOL[torch.float16])
+
+
+def test_rope_layouts_and_inputs_untouched(device):
+    torch.manual_seed(3)
+    B, T, nh, ng, hs, n = 2, 6, 3, 1, 12, 8
+    q = torch.randn(B, nh, T, hs, device=device, requires_grad=True)  # contiguous (B, nh, T, hs)
+    k = torch.randn(B, T, ng + 1, hs, device=device).transpose(1, 2)[:, 1:]  # heads inner, offset view
+    k.requires_grad_(True)
+    cos, sin = _cache(T, n, device)
+    # non-contiguous cos/sin (stride 2 on the last dim), like a slice of a stacked local/global cache
+    cos = torch.stack((cos, cos * 0.5), dim=-1)[..., 0]
+    sin = torch.stack((sin, sin * 0.5), dim=-1)[..., 0]
+    assert cos.stride(-1) == 2
+    before = [t.detach().clone() for t in (q, k, cos, sin)]
+    q_out, k_out = rope(q, k, cos, sin)
+    for t, b in zip((q, k, cos, sin), before):
+        assert torch.equal(t, b)
+    q_ref, k_ref = _litgpt_rope(q, k, cos, sin, False)
+    assert rel_err(q_out, q_ref) <= 1e-5 and rel_err(k_out, k_ref) <= 1e-5
+    dq, dk = torch.randn_like(q_out), torch.randn_like(k_out)
+    gq, gk = torch.autograd.grad((q_out, k_out), (q, k), (dq, dk))
+    gq_ref, gk_ref = torch.autograd.grad((q_ref, k_ref), (q, k), (dq, dk))
+    assert rel_err(gq, gq_ref) <= 1e-5 and rel_err(gk, gk_ref) <= 1e-5
+    assert q_out.data_ptr() != q.data_ptr() and k_out.data_ptr() != k.data_ptr()
+
+
+def test_rope_kernel_output_layout(device):
+    # Triton path: outputs and input gradients keep the input's dim order (documented in kernels/rope.py)
+    torch.manual_seed(4)
+    B, T, nh, ng, hs = 2, 3, 2, 1, 8
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+    cos, sin = _cache(T, hs, device)
+    q_out, k_out = torch.ops.lit_liger.rope_fwd(q, k, cos, sin, False)
+    assert q_out.transpose(1, 2).is_contiguous() and k_out.transpose(1, 2).is_contiguous()
+    gq, gk = torch.autograd.grad((q_out, k_out), (q, k), (torch.randn_like(q_out), torch.randn_like(k_out)))
+    assert gq.transpose(1, 2).is_contiguous() and gk.transpose(1, 2).is_contiguous()
+    qc = torch.randn(B, nh, T, hs, device=device)
+    q_out, _ = torch.ops.lit_liger.rope_fwd(qc, k.detach(), cos, sin, False)
+    assert q_out.is_contiguous()
+
+
+def test_rope_grad_of_q_only(device):
+    torch.manual_seed(5)
+    B, T, nh, ng, hs, n = 1, 4, 2, 2, 10, 6
+    q = torch.randn(B, nh, T, hs, device=device, requires_grad=True)
+    k = torch.randn(B, ng, T, hs, device=device)  # frozen
+    cos, sin = _cache(T, n, device)
+    q_out, k_out = rope(q, k, cos, sin)
+    (gq,) = torch.autograd.grad(q_out.square().sum(), (q,))
+    q_ref, _ = _litgpt_rope(q, k, cos, sin, False)
+    (gq_ref,) = torch.autograd.grad(q_ref.square().sum(), (q,))
+    assert rel_err(gq, gq_ref) <= 1e-5
+
+
+def test_rope_meta_device():
+    B, T, nh, ng, hs, n = 2, 5, 6, 2, 16, 8
+    qkv = torch.empty(B, T, (nh + 2 * ng) * hs, device="meta")
+    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
+    cos = sin = torch.empty(1, T, n, device="meta")
+    q_out, k_out = rope(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.device.type == "meta"
+    q_out, k_out = torch.ops.lit_liger.rope_fwd(q, k, cos, sin, True)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    assert q_out.transpose(1, 2).is_contiguous()
+    dq, dk = torch.ops.lit_liger.rope_bwd(q_out, k_out, cos, sin, True, True, False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dk.is_contiguous()
+
+
+def test_rope_bad_inputs(device):
+    B, T, nh, ng, hs, n = 2, 3, 4, 2, 8, 4
+    q = torch.randn(B, nh, T, hs, device=device)
+    k = torch.randn(B, ng, T, hs, device=device)
+    cos, sin = _cache(T, n, device)
+    with pytest.raises(ValueError, match="4-D"):
+        rope(q[0], k, cos, sin)
+    with pytest.raises(ValueError, match="head size"):
+        rope(q, k[..., :6], cos, sin)
+    with pytest.raises(ValueError, match="sequence length"):
+        rope(q, k[:, :, :2], cos, sin)
+    with pytest.raises(TypeError, match="dtype"):
+        rope(q, k.half(), cos, sin)
+    with pytest.raises(TypeError, match="float"):
+        rope(q.long(), k, cos, sin)
+    with pytest.raises(TypeError, match="float"):
+        rope(q, k, cos.double(), sin)
+    with pytest.raises(ValueError, match="3-D"):
+        rope(q, k, cos[0], sin[0])
+    with pytest.raises(ValueError, match="same shape"):
+        rope(q, k, cos, sin[..., :2])
+    with pytest.raises(ValueError, match="sequence length"):
+        rope(q, k, cos[:, :2], sin[:, :2])
+    with pytest.raises(ValueError, match="batch"):
+        rope(q, k, cos.expand(3, T, n), sin.expand(3, T, n))
+    with pytest.raises(ValueError, match="even"):
+        rope(q, k, cos[..., :3], sin[..., :3])
+    c10, s10 = _cache(T, 10, device)
+    with pytest.raises(ValueError, match="<= head size"):
+        rope(q, k, c10, s10)
+    with pytest.raises(ValueError, match="require grad"):
+        rope(q, k, cos.clone().requires_grad_(), sin)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="device"):
+            rope(q, k, torch.empty(1, T, n, device="meta"), sin)
+
+
+def test_rope_reference_path_without_interpreter(monkeypatch):
+    # CPU tensors without the interpreter take the reference math (still LitGPT's result)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch.manual_seed(6)
+    _, q, k = _litgpt_qk(2, 3, 4, 2, 12, "cpu", torch.float32)
+    cos, sin = _cache(3, 8, "cpu")
+    for interleave in (False, True):
+        _compare(q, k, cos, sin, interleave, 1e-6)
+        # the reference itself equals LitGPT bit for bit
+        for a, b in zip(rope_reference(q, k, cos, sin, interleave), _litgpt_rope(q, k, cos, sin, interleave)):
+            assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: real sizes and torch.compile
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "hs, n, interleave", [(128, 128, False), (64, 64, True), (128, 32, False)], ids=["llama", "interleave", "partial"]
+)
+def test_rope_gpu_real_size(hs, n, interleave):
+    torch.manual_seed(7)
+    B, T, nh, ng = 4, 4096, 32, 8  # 16384 tokens, 32 q / 8 kv heads
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, "cuda", torch.bfloat16)
+    cos, sin = _cache(T, n, "cuda")
+    _compare(q, k, cos, sin, interleave, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_rope_gpu_torch_compile_fullgraph():
+    torch.manual_seed(8)
+    torch._dynamo.reset()
+    B, T, nh, ng, hs, n = 2, 257, 12, 4, 96, 48
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, "cuda", torch.bfloat16)
+    cos, sin = _cache(T, n, "cuda")
+
+    def f(q, k, cos, sin):
+        q_rot, k_rot = rope(q, k, cos, sin)
+        return q_rot * 2.0, k_rot + 1.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    out_c = compiled(q, k, cos, sin)
+    out_e = f(q, k, cos, sin)
+    dq, dk = torch.randn_like(out_e[0]), torch.randn_like(out_e[1])
+    g_c = torch.autograd.grad(out_c, (q, k), (dq, dk))
+    g_e = torch.autograd.grad(out_e, (q, k), (dq, dk))
+    for a, b in zip(out_c + g_c, out_e + g_e):
+        assert rel_err(a, b) <= 1e-3
+    assert not torch._dynamo.utils.counters["graph_break"]
