@@ -1,0 +1,1 @@
+"""lit-liger benchmarks: ``python -m benchmarks kernels|step|all|plot`` (see benchmarks/README.md)."""

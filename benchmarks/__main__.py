@@ -1,0 +1,76 @@
+"""``python -m benchmarks kernels|step|all|plot ...`` (run from the repository root).
+
+    kernels  per-op fwd+bwd time, extra memory, time/floor      (python -m benchmarks kernels -h)
+    step     a whole LitGPT training step per variant            (python -m benchmarks step -h)
+    all      kernels, then step, into one folder                 [--out DIR] [--quick] [--smoke] [--tiny]
+    plot     re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
+"""
+
+from __future__ import annotations
+
+from . import _common as C  # noqa: I001 - first: sets TRITON_INTERPRET on CPU before kernels are imported
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _all(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks all", description="kernels, then step, into one folder")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="step: toy-size configs (for --smoke on CPU)")
+    p.add_argument("--models", default=None, help="step: comma-separated LitGPT config names")
+    opts = p.parse_args(argv)
+    out = opts.out or C.default_out_dir(opts.smoke)
+    common = ["--out", str(out)] + (["--quick"] if opts.quick else []) + (["--smoke"] if opts.smoke else [])
+    from . import kernels, step
+
+    kernels.main(common)
+    step.main(common + (["--tiny"] if opts.tiny else []) + (["--models", opts.models] if opts.models else []))
+
+
+def _plot(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks plot", description="re-render md + PNG from the JSON")
+    p.add_argument("dir", type=Path)
+    opts = p.parse_args(argv)
+    from . import kernels, step
+
+    done = False
+    for name, module in (("kernels.json", kernels), ("step.json", step)):
+        path = opts.dir / name
+        if path.exists():
+            with open(path) as f:
+                written = module.render(json.load(f), opts.dir)
+            print("wrote " + ", ".join(str(w) for w in written))
+            done = True
+    if not done:
+        raise SystemExit(f"no kernels.json or step.json in {opts.dir}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "kernels":
+        from . import kernels
+
+        kernels.main(rest)
+    elif cmd == "step":
+        from . import step
+
+        step.main(rest)
+    elif cmd == "all":
+        _all(rest)
+    elif cmd == "plot":
+        _plot(rest)
+    else:
+        raise SystemExit(f"unknown command {cmd!r}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    main()

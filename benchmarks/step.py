@@ -1,0 +1,502 @@
+"""End-to-end benchmark: one whole LitGPT training step (forward, backward, fused AdamW).
+
+    python -m benchmarks step [--models Llama-3.2-1B,Qwen3-1.7B,gemma-2-2b] [--batch_size 4]
+                              [--seq_len 2048] [--max_batch] [--out DIR] [--quick] [--smoke --tiny]
+
+Random tokens, a LitGPT config by name, the model built in bf16 on the GPU, variants in one run:
+
+* ``eager``             -- stock LitGPT: ``chunked_cross_entropy(model(x), y)`` as ``litgpt pretrain`` does;
+* ``lit-liger``         -- ``apply_liger(model)`` then lit-liger's ``chunked_cross_entropy(model(x), y)``
+                           (in training the swapped model returns deferred logits the loss consumes);
+* ``compile``           -- ``torch.compile(model)``, loss as eager;
+* ``lit-liger+compile`` -- ``apply_liger`` then ``torch.compile``;
+* ``liger-kernel``      -- liger-kernel 0.8.5 hand-wired into the same LitGPT model where it applies
+                           (RMSNorm, SwiGLU/GeGLU, fused linear cross-entropy): the peer.
+
+Each variant starts from a fresh model (same seed, same tokens), warms up (compiles), then times
+``--steps`` steps with CUDA events: median / min / max step time, tokens/s, peak memory, MFU and the
+loss of step 1 (before any update: every variant must agree with eager).
+"""
+
+from __future__ import annotations
+
+from . import _common as C  # noqa: I001 - first: sets TRITON_INTERPRET on CPU before kernels are imported
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+DEFAULT_MODELS = ("Llama-3.2-1B", "Qwen3-1.7B", "gemma-2-2b")
+VARIANTS = ("eager", "lit-liger", "compile", "lit-liger+compile", "liger-kernel")
+ANCHOR_VARIANT = {"eager": "eager", "compile": "compile", "liger-kernel": "liger"}
+# --tiny: the named config's family (norms, MLP class, softcaps, qk-norm...) at toy size, for CPU smoke runs
+TINY = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128,
+            padded_vocab_size=512, vocab_size=512, block_size=64)
+LOSS_RTOL = 1e-2  # step-1 loss of a variant vs eager (bf16 logits vs fp32-accumulated fused loss)
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, data, FLOPs
+# ----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool) -> tuple[Any, dict]:
+    """The LitGPT config, and the overrides applied to it (recorded in the results).
+
+    Unless ``--stock_config``: a sliding window at least as long as the sequence is dropped. The
+    attention is identical (every key is inside the window), but LitGPT builds that mask with a
+    Python loop over T per layer, per step, which dominates an eager gemma-2 step and makes
+    ``torch.compile`` unroll T x n_layer assignments."""
+    from litgpt import Config
+
+    overrides = dict(TINY) if tiny else {}
+    config = Config.from_name(name, **overrides)
+    if not stock and config.sliding_window_size is not None and config.sliding_window_size >= seq_len:
+        overrides["sliding_window_size"] = None
+        config = Config.from_name(name, **overrides)
+    if config.block_size < seq_len:
+        raise ValueError(f"{name}: seq_len {seq_len} exceeds block_size {config.block_size}")
+    return config, overrides
+
+
+def build_model(config, *, seq_len: int, dtype: torch.dtype, seed: int):
+    """GPT built directly on the device in ``dtype``, LitGPT's init (normal(0, 0.02)), rope cache for T."""
+    from litgpt.model import GPT
+
+    torch.manual_seed(seed)
+    with torch.device(C.device()), _default_dtype(dtype):
+        model = GPT(config)
+        model.apply(model._init_weights)
+        model.max_seq_length = seq_len  # LitGPT's rope cache for this T (fp32, as litgpt builds it)
+    model.train()
+    return model
+
+
+def make_batch(config, B: int, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    tokens = torch.randint(0, config.vocab_size, (B, T + 1), generator=g).to(C.device())
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # input_ids, targets (B, T)
+
+
+def flops_per_step(config, n_params: int, n_embedding: int, B: int, T: int) -> int:
+    """Training FLOPs of one step, PaLM appendix B convention: 6 * (non-embedding params, lm_head
+    included) per token + 12 * n_layer * (n_head * head_size) * T per token for attention (the causal
+    half not subtracted). The embedding lookup is not a matmul and is left out."""
+    attn = 12 * config.n_layer * config.n_head * config.head_size * T
+    return (6 * (n_params - n_embedding) + attn) * B * T
+
+
+# ----------------------------------------------------------------------------------------------
+# liger-kernel hand-wired into LitGPT (the peer; not lit-liger's code)
+# ----------------------------------------------------------------------------------------------
+def final_hidden_states(model, idx: torch.Tensor) -> torch.Tensor:
+    """``GPT.forward`` for training (no KV cache, no mask) stopping before ``lm_head``: (B, T, n_embd)."""
+    cfg = model.config
+    T = idx.size(1)
+    cos = model.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+    sin = model.sin[:T].unsqueeze(0)
+    x = model.transformer.wte(idx)  # (B, T, n_embd)
+    if cfg.scale_embeddings:
+        x = x * torch.tensor(cfg.n_embd**0.5, dtype=x.dtype)
+    for i, block in enumerate(model.transformer.h):
+        if cfg.rope_indices is not None:
+            x = block(x, cos[..., cfg.rope_indices[i]], sin[..., cfg.rope_indices[i]], None, None, None)
+        else:
+            x = block(x, cos, sin, None, None, None)
+    return model.transformer.ln_f(x)  # (B, T, n_embd)
+
+
+def wire_liger_kernel(model) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], str]:
+    """Route LitGPT's RMSNorm, LLaMAMLP/GemmaMLP elementwise and lm_head+loss through liger-kernel,
+    choosing its options as liger's own HF patches do for the family. Returns ``loss_fn(x, y)``."""
+    from litgpt.model import GemmaMLP, LLaMAMLP, RMSNorm
+
+    ops = C.liger_kernel_module("liger_kernel.ops")
+    flce_mod = C.liger_kernel_module("liger_kernel.transformers.fused_linear_cross_entropy")
+    cfg = model.config
+    # A post-norm's output feeds a residual add, whose backward hands the *same* gradient tensor to
+    # both branches: liger's in-place backward (dX written over dY) would corrupt the other one, so
+    # those norms run with in_place=False (what liger does for gemma-2); so does a norm whose output
+    # is shared by attention and MLP (parallel residual).
+    not_in_place = {id(m) for b in model.transformer.h for m in (b.post_attention_norm, b.post_mlp_norm)}
+    counts = {"rms_norm": 0, "swiglu": 0, "geglu": 0}
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            in_place = id(m) not in not_in_place and not cfg.parallel_residual
+            casting = "gemma" if m.add_unit_offset else "llama"  # liger's choice for gemma / llama-likes
+            offset = 1.0 if m.add_unit_offset else 0.0
+
+            def rms_forward(self, x, _in_place=in_place, _casting=casting, _offset=offset):
+                return ops.LigerRMSNormFunction.apply(x, self.weight, self.eps, _offset, _casting, _in_place)
+
+            m.forward = types.MethodType(rms_forward, m)
+            counts["rms_norm"] += 1
+        elif isinstance(m, GemmaMLP):
+            if cfg.gelu_approximate != "tanh":  # liger's GEGLU is the tanh approximation only
+                continue
+
+            def geglu_forward(self, x):
+                return self.proj(ops.LigerGELUMulFunction.apply(self.fc_1(x), self.fc_2(x)))
+
+            m.forward = types.MethodType(geglu_forward, m)
+            counts["geglu"] += 1
+        elif type(m) is LLaMAMLP:
+
+            def swiglu_forward(self, x):
+                return self.proj(ops.LigerSiLUMulFunction.apply(self.fc_1(x), self.fc_2(x)))
+
+            m.forward = types.MethodType(swiglu_forward, m)
+            counts["swiglu"] += 1
+    flce = flce_mod.LigerFusedLinearCrossEntropyLoss(softcap=cfg.final_logit_softcapping)
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = final_hidden_states(model, x)  # (B, T, n_embd)
+        return flce(model.lm_head.weight, h.reshape(-1, h.size(-1)), y.reshape(-1), model.lm_head.bias)
+
+    notes = ", ".join(f"{k} x{v}" for k, v in counts.items() if v) + ", fused linear cross-entropy (lm_head)"
+    return loss_fn, "liger-kernel: " + notes
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants
+# ----------------------------------------------------------------------------------------------
+def make_loss_fn(variant: str, model, liger_config: dict | None = None
+                 ) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], str]:
+    """``loss_fn(x, y)`` for a variant (modifies ``model`` in place); raises ``C.Unavailable``."""
+    from litgpt.utils import chunked_cross_entropy
+
+    if variant == "eager":
+        return (lambda x, y: chunked_cross_entropy(model(x), y)), ""
+    if variant == "compile":
+        cmodel = torch.compile(model)
+        return (lambda x, y: chunked_cross_entropy(cmodel(x), y)), ""
+    if variant in ("lit-liger", "lit-liger+compile"):
+        try:
+            from lit_liger import apply_liger
+            from lit_liger import chunked_cross_entropy as liger_ce
+        except Exception as exc:  # noqa: BLE001 - being written: report, do not stop
+            raise C.Unavailable(f"missing: lit_liger.apply_liger ({type(exc).__name__}: {exc})") from exc
+        report = apply_liger(model, liger_config)  # None: LigerConfig() defaults, everything on
+        fwd = torch.compile(model) if variant == "lit-liger+compile" else model
+        return (lambda x, y: liger_ce(fwd(x), y)), str(report)
+    if variant == "liger-kernel":
+        return wire_liger_kernel(model)
+    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+
+
+def _optimizer(model) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=C.CUDA)
+
+
+def train_steps(step: Callable[[], torch.Tensor], n: int) -> list[float]:
+    """Milliseconds of each of ``n`` steps (CUDA events; perf_counter on CPU)."""
+    if not C.CUDA:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def run_one(config, variant: str, B: int, T: int, opts, *, steps: int, warmup: int) -> dict[str, Any]:
+    """Fresh model + optimizer for ``variant`` at micro-batch B: warm up, time ``steps`` steps.
+    Raises on failure (OOM included); everything it allocated is gone once it returns or raises."""
+    model = build_model(config, seq_len=T, dtype=opts.dtype, seed=opts.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_embedding = model.transformer.wte.weight.numel()
+    loss_fn, notes = make_loss_fn(variant, model, opts.liger_config)
+    optimizer = _optimizer(model)
+    x, y = make_batch(config, B, T, opts.seed)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    t0 = time.perf_counter()
+    first_loss = float(step())  # step 1: the same weights and tokens for every variant
+    for _ in range(warmup - 1):
+        step()
+    C.sync()
+    warmup_s = time.perf_counter() - t0
+    if C.CUDA:
+        torch.cuda.reset_peak_memory_stats()
+    times = train_steps(step, steps)
+    res = {
+        "step_ms": statistics.median(times), "step_ms_min": min(times), "step_ms_max": max(times),
+        "loss": first_loss, "warmup_s": warmup_s, "n_params": n_params, "n_embedding_params": n_embedding,
+        "notes": notes,
+    }
+    if C.CUDA:
+        res["peak_GiB"] = torch.cuda.max_memory_allocated() / C.GiB
+        res["peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / C.GiB
+    return res
+
+
+def _cleanup() -> None:
+    C.free_memory()
+    C.reset_compile()
+
+
+def attempt(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | None, str]:
+    """run_one, catching failures: (result or None, status). Memory is freed before it returns."""
+    res, status = None, "ok"
+    try:
+        if variant in ("compile", "lit-liger+compile", "liger-kernel") and not C.CUDA:
+            raise C.Unavailable("skipped: no CUDA")
+        res = run_one(config, variant, B, T, opts, **kw)
+    except C.Unavailable as exc:
+        status = str(exc)
+    except Exception as exc:  # noqa: BLE001 - OOM or a broken variant: record, free, carry on
+        status = C.failure_status(exc)
+    _cleanup()  # outside the except blocks: the traceback (and the model it holds) is gone by now
+    return res, status
+
+
+def find_max_batch(config, variant: str, T: int, opts) -> dict[str, Any]:
+    """Largest micro-batch that runs (doubling, then bisection), with its tokens/s and peak memory."""
+    kw = {"steps": opts.max_batch_steps, "warmup": 2}
+    good, good_res, bad = 0, None, None
+    b = 1
+    while b <= opts.max_batch_limit:
+        res, status = attempt(config, variant, b, T, opts, **kw)
+        if res is None:
+            if status != "OOM":
+                return {"max_batch_status": status}
+            bad = b
+            break
+        good, good_res = b, res
+        b *= 2
+    if bad is not None:
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            res, status = attempt(config, variant, mid, T, opts, **kw)
+            if res is None and status != "OOM":
+                return {"max_batch_status": status, "max_batch": good}
+            good, good_res, bad = (mid, res, bad) if res is not None else (good, good_res, mid)
+    out: dict[str, Any] = {"max_batch": good, "max_batch_status": "ok" if good else "OOM at 1",
+                           "max_batch_capped": bad is None}
+    if good_res:
+        out["max_batch_tok_per_s"] = good * T / (good_res["step_ms"] * 1e-3)
+        out["max_batch_peak_GiB"] = good_res.get("peak_GiB")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+COLUMNS = ["model", "B", "T", "variant", "step ms", "min", "max", "spread %", "tok/s", "x eager tok/s", "peak GiB",
+           "x eager mem", "MFU meas", "MFU nominal", "loss@1", "loss vs eager", "max B", "tok/s @max B",
+           "anchor tok/s", "status"]
+
+
+def _table_rows(result: dict) -> list[list[Any]]:
+    rows = []
+    for r in result["rows"]:
+        rows.append([r["model"], r["B"], r["T"], r["variant"], r.get("step_ms"), r.get("step_ms_min"),
+                     r.get("step_ms_max"), r.get("spread_pct"), r.get("tok_per_s"), r.get("speedup_vs_eager"),
+                     r.get("peak_GiB"), r.get("memory_vs_eager"), r.get("mfu_measured"), r.get("mfu_nominal"),
+                     r.get("loss"), r.get("loss_rel_diff_vs_eager"), r.get("max_batch"),
+                     r.get("max_batch_tok_per_s"), r.get("anchor_tok_per_s"), r["status"]])
+    return rows
+
+
+def render(result: dict, out_dir: Path) -> list[Path]:
+    env, ceil = result["environment"], result["ceilings"]
+    md = [
+        f"# Training-step benchmark: {env['device']}, {env['date']}",
+        "",
+        f"torch {env['torch']}, triton {env['triton']}, liger-kernel {env['liger_kernel']}, "
+        f"lit-liger {env['lit_liger']} ({env.get('lit_liger_commit')}), dtype {result['dtype']}, "
+        f"{result.get('settings', {}).get('optimizer', 'AdamW')}"
+        + (" — SMOKE RUN (tiny config, not a measurement)" if result.get("smoke") else ""),
+        "",
+        f"Peak bf16 rate for MFU: measured {C.fmt(ceil.get('bf16_mm_TFLOPs'))} TFLOP/s (8192³ matmul in this run), "
+        f"nominal {C.fmt(ceil.get('nominal_bf16_TFLOPs'))} TFLOP/s. FLOPs: 6·(non-embedding params)·tokens + "
+        "12·n_layer·n_head·head_size·T·tokens.",
+        "",
+        "step ms = median of the timed steps (min/max beside it); tok/s = B·T / median; peak GiB = "
+        "max_memory_allocated over the timed steps; loss@1 = loss of the first step (same weights and tokens "
+        "for every variant).",
+        "",
+        C.markdown_table(COLUMNS, _table_rows(result)),
+        "",
+    ]
+    for m, cfg in result.get("models", {}).items():
+        if cfg.get("overrides"):
+            md.append(f"- {m}: config overrides {cfg['overrides']}")
+    notes = [(r["model"], r["variant"], r["notes"]) for r in result["rows"] if r.get("notes")]
+    if notes:
+        md += ["", "## What each variant swapped", ""]
+        for model, variant, note in notes:
+            md += [f"{model} / {variant}:", "", "```", note, "```", ""]
+    path = out_dir / "step.md"
+    path.write_text("\n".join(md))
+    written = [path]
+    tput, mem = {}, {}
+    for r in result["rows"]:
+        if r["status"] == "ok":
+            panel = f"{r['model']} B={r['B']} T={r['T']}"
+            tput.setdefault(panel, {})[r["variant"]] = r["tok_per_s"]
+            if r.get("peak_GiB") is not None:
+                mem.setdefault(panel, {})[r["variant"]] = r["peak_GiB"]
+    title = f"{env['device']} — LitGPT training step, {result['dtype']}"
+    if C.bar_charts(out_dir / "step_throughput.png", tput, title=title + ": tokens/s (higher is better)",
+                    ylabel="tokens/s"):
+        written.append(out_dir / "step_throughput.png")
+    if C.bar_charts(out_dir / "step_memory.png", mem, title=title + ": peak memory", ylabel="GiB"):
+        written.append(out_dir / "step_memory.png")
+    return written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated LitGPT config names")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--batch_size", type=int, default=None, help="micro-batch B (default 4; smoke 1)")
+    p.add_argument("--seq_len", type=int, default=None, help="sequence length T (default 2048; smoke 16)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 5; smoke 2)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps incl. compilation (default 3; smoke 1)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--max_batch", action="store_true", help="also find the largest micro-batch that fits per variant")
+    p.add_argument("--max_batch_limit", type=int, default=None, help="stop doubling here (default 256; smoke 4)")
+    p.add_argument("--max_batch_steps", type=int, default=3, help="timed steps at each try of --max_batch")
+    p.add_argument("--peak_tflops", type=float, default=None, help="nominal bf16 TFLOP/s for MFU (default: by name)")
+    p.add_argument("--liger_config", type=json.loads, default=None,
+                   help='lit-liger variants: LigerConfig switches as JSON, e.g. \'{"flce_mode": "lean"}\'')
+    p.add_argument("--tiny", action="store_true", help=f"shrink each config to a toy size ({TINY})")
+    p.add_argument("--stock_config", action="store_true",
+                   help="keep a sliding window that covers the whole sequence (see model_config)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: benchmarks/results/<device>-<date>/)")
+    p.add_argument("--quick", action="store_true", help="first model only, fewer steps")
+    p.add_argument("--smoke", action="store_true", help="harness test: small B/T/steps (use with --tiny on CPU)")
+    p.add_argument("--anchor", default=None,
+                   help="reference JSON to quote (default: newest ../shared/anchors/*.json; 'none' to skip)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    opts = build_parser().parse_args(argv)
+    models = [m.strip() for m in opts.models.split(",") if m.strip()]
+    variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    if "eager" in variants:  # eager first: the others' loss and ratios refer to it
+        variants.remove("eager")
+        variants.insert(0, "eager")
+    if opts.quick:
+        models = models[:1]
+    B = opts.batch_size or (1 if opts.smoke else 4)
+    T = opts.seq_len or (16 if opts.smoke else 2048)
+    steps = opts.steps or (2 if opts.smoke else 5 if opts.quick else 10)
+    warmup = max(1, opts.warmup or (1 if opts.smoke else 3))
+    opts.max_batch_limit = opts.max_batch_limit or (4 if opts.smoke else 256)
+    opts.dtype = getattr(torch, opts.dtype)
+    out_dir = opts.out or C.default_out_dir(opts.smoke)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_float32_matmul_precision("high")
+    anchor, anchor_path = C.load_anchor(opts.anchor)
+    anchor_rows = {(e["model"], e["B"], e["T"], e["variant"]): e for e in (anchor or {}).get("e2e", [])}
+
+    env = C.environment()
+    print(f"# lit-liger step benchmark on {env['device']} (torch {env['torch']}, liger-kernel {env['liger_kernel']})"
+          f" -> {out_dir}", flush=True)
+    big = 256 if opts.smoke else 8192
+    ceilings = {"bf16_mm_TFLOPs": C.matmul_TFLOPs(big, big, big, smoke=opts.smoke, quick=opts.quick),
+                "nominal_bf16_TFLOPs": opts.peak_tflops or C.nominal_bf16_TFLOPs(env["device"])}
+    print(f"# bf16 matmul {C.fmt(ceilings['bf16_mm_TFLOPs'])} TFLOP/s measured, "
+          f"{C.fmt(ceilings['nominal_bf16_TFLOPs'])} nominal", flush=True)
+    result: dict[str, Any] = {
+        "kind": "step", "environment": env, "dtype": str(opts.dtype).replace("torch.", ""), "smoke": opts.smoke,
+        "quick": opts.quick, "anchor": anchor_path, "ceilings": ceilings, "models": {}, "rows": [], "e2e": [],
+        "settings": {"B": B, "T": T, "steps": steps, "warmup": warmup, "seed": opts.seed, "tiny": opts.tiny,
+                     "optimizer": "AdamW(fused=True)" if C.CUDA else "AdamW", "max_batch": opts.max_batch,
+                     "liger_config": opts.liger_config, "stock_config": opts.stock_config},
+    }
+    json_path = out_dir / "step.json"
+    print("  ".join(COLUMNS), flush=True)
+
+    for name in models:
+        try:
+            config, overrides = model_config(name, tiny=opts.tiny, seq_len=T, stock=opts.stock_config)
+        except Exception as exc:  # noqa: BLE001 - an unknown name: record and go on
+            result["rows"].append({"model": name, "B": B, "T": T, "variant": "-", "status": C.failure_status(exc)})
+            continue
+        result["models"][name] = {"overrides": overrides, "n_layer": config.n_layer, "n_embd": config.n_embd,
+                                  "vocab": config.padded_vocab_size}
+        eager_row = None
+        for variant in variants:
+            row: dict[str, Any] = {"model": name, "B": B, "T": T, "variant": variant}
+            res, row["status"] = attempt(config, variant, B, T, opts, steps=steps, warmup=warmup)
+            if res:
+                row.update(res)
+                row["tok_per_s"] = B * T / (res["step_ms"] * 1e-3)
+                row["spread_pct"] = 100 * (res["step_ms_max"] - res["step_ms_min"]) / res["step_ms"]
+                flops = flops_per_step(config, res["n_params"], res["n_embedding_params"], B, T)
+                row["flops_per_step"] = flops
+                row["TFLOPs"] = flops / (res["step_ms"] * 1e-3) / 1e12
+                for k, peak in (("mfu_measured", ceilings["bf16_mm_TFLOPs"]),
+                                ("mfu_nominal", ceilings["nominal_bf16_TFLOPs"])):
+                    row[k] = row["TFLOPs"] / peak if peak and C.CUDA else None
+                if variant == "eager":
+                    eager_row = row
+                elif eager_row is not None:
+                    row["speedup_vs_eager"] = row["tok_per_s"] / eager_row["tok_per_s"]
+                    if row.get("peak_GiB") and eager_row.get("peak_GiB"):
+                        row["memory_vs_eager"] = row["peak_GiB"] / eager_row["peak_GiB"]
+                    diff = abs(row["loss"] - eager_row["loss"]) / max(abs(eager_row["loss"]), 1e-12)
+                    row["loss_rel_diff_vs_eager"] = diff
+                    if not math.isfinite(row["loss"]) or diff > LOSS_RTOL:
+                        row["status"] = f"LOSS MISMATCH ({row['loss']:.4f} vs eager {eager_row['loss']:.4f})"
+                ref = anchor_rows.get((name, B, T, ANCHOR_VARIANT.get(variant, "")))
+                if ref:
+                    row["anchor_tok_per_s"], row["anchor_step_ms"] = ref.get("tok_per_s"), ref.get("step_ms")
+                    row["anchor_peak_GiB"] = ref.get("peak_GiB")
+                result["e2e"].append({k: row.get(k) for k in ("model", "B", "T", "variant", "step_ms", "tok_per_s",
+                                                              "peak_GiB", "loss")})
+            if opts.max_batch and res is not None:
+                row.update(find_max_batch(config, variant, T, opts))
+            result["rows"].append(row)
+            C.write_json(json_path, result)  # after every variant: a run cut short keeps its numbers
+            print("  ".join(C.fmt(v) for v in _table_rows({"rows": [row]})[0]), flush=True)
+
+    print()
+    print(C.text_table(COLUMNS, _table_rows(result)))
+    C.write_json(json_path, result)
+    written = [json_path] + render(result, out_dir)
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
