@@ -1,0 +1,784 @@
+"""Fused linear + cross-entropy: ``cross_entropy(softcap(x @ W^T + b))`` without the N x V logits.
+
+``fused_linear_cross_entropy(x, weight, target, bias, ...)`` equals
+
+    logits = F.linear(x, weight, bias).float()                 # (N, V), never held whole here
+    logits = softcap * tanh(logits / softcap)                  # litgpt's ``do_softcapping`` (optional)
+    loss = F.cross_entropy(logits, target, ignore_index=..., reduction=..., label_smoothing=...)
+    loss += z_loss * logsumexp(logits, -1) ** 2                # over non-ignored rows, reduced like the loss
+
+The logits of one chunk at a time come from cuBLAS (``torch.mm``/``addmm`` in the input dtype,
+fp32 accumulation inside the GEMM); one Triton kernel turns a chunk of logits into the row losses
+and overwrites it in place with ``dloss/dlogits``; two more GEMMs give the input and weight
+gradients. The gradients are formed during the forward (the loss is a scalar at the end of the
+graph), so the backward only scales them by ``grad_output``. Two operating points, ``mode``:
+
+* ``"fast"`` (default): chunks of rows. Per chunk: logits ``(Nc, V)``, one kernel, ``dx_c`` and
+  ``dW += dlogits^T x_c`` into an fp32 ``(V, H)`` accumulator (cast to the weight dtype at the
+  end). 3 GEMMs in all (6·N·H·V flops); extra memory ≈ one logits chunk + the fp32 dW.
+* ``"lean"``: chunks of the vocabulary. Pass 1 computes each row's log-sum-exp online over the V
+  chunks; pass 2 recomputes each chunk's logits, turns them into dlogits, writes
+  ``dW[v0:v1] = dlogits_c^T x`` straight into the weight gradient (one complete GEMM, exact) and
+  accumulates ``dx += dlogits_c W_c`` in fp32. 4 GEMMs (8·N·H·V flops); extra memory ≈ one
+  ``(N, Vc)`` chunk + an fp32 ``(N, H)`` accumulator — no ``(V, H)`` fp32 buffer.
+
+``chunk_size`` is rows per chunk in "fast" mode and vocabulary entries per chunk in "lean" mode;
+by default it comes from the shapes and the device's free memory (``_row_chunk``/``_vocab_chunk``).
+
+No host synchronization in the hot path: the number of valid targets (the mean's divisor) stays
+a device tensor, nothing calls ``.item()``, and no Python branch depends on tensor values, so the
+op runs under CUDA graphs and ``torch.compile(fullgraph=True)`` traces it (a ``torch.library``
+custom op with a fake implementation) with the same loss.
+
+Targets outside ``[0, V)`` that are not ``ignore_index``:
+
+* CPU (interpreter or reference path): checked eagerly, ``ValueError``.
+* CUDA, by default: never read out of bounds; such a row's loss is NaN (so the reduced loss is
+  NaN and the mistake cannot pass unnoticed) and it contributes no gradient. The kernel also
+  carries a ``tl.device_assert`` that fires when Triton runs with ``TRITON_DEBUG=1``.
+* CUDA with ``LIT_LIGER_CHECK_TARGETS=1`` in the environment (or ``CHECK_TARGETS = True`` on this
+  module): checked eagerly before the launch, ``ValueError`` — one host sync per call, for
+  debugging; skipped while ``torch.compile`` traces.
+
+``reduction="none"`` returns per-row losses (0 for ignored rows). Its gradient depends on a
+per-row ``grad_output`` that is unknown in the forward, so that case stores nothing in the forward
+and recomputes the chunks in the backward (one extra logits GEMM per chunk).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
+from ._launch import row_plan, use_triton
+
+__all__ = ["fused_linear_cross_entropy", "fused_linear_cross_entropy_reference", "CHECK_TARGETS"]
+
+# Opt-in eager target check on CUDA (costs one host sync per call). CPU always checks.
+CHECK_TARGETS = os.environ.get("LIT_LIGER_CHECK_TARGETS", "0") == "1"
+
+# The kernels walk a row of logits in blocks of at most this many columns (online max / sum-exp),
+# so any V works; 4096 columns of bf16 is 8 KB per row block, 16 elements per thread at 8 warps.
+_MAX_V_BLOCK = 4096
+# Default size of the logits chunk buffer. "fast": big enough that the three GEMMs per chunk run
+# at full rate ((Nc, H) x (H, V) with Nc ~ 1024 for V = 128k in bf16). "lean": an (N, Vc) chunk;
+# Vc ~ 2048 keeps the four GEMMs efficient at N = 8192..16384.
+_FAST_CHUNK_BYTES = 256 << 20
+_LEAN_CHUNK_BYTES = 32 << 20
+# CPU tensors only reach the kernels under Triton's interpreter (tests): small chunks.
+_CPU_CHUNK_BYTES = 1 << 20
+# Rows per program under the interpreter (the GPU runs one row per program; see _kernel_plan).
+_INTERPRET_ROWS = 64
+# GEMM-friendly multiples for automatic chunk sizes on the GPU.
+_ROW_ALIGN = 128
+_VOCAB_ALIGN = 256
+
+_REDUCTIONS = ("mean", "sum", "none")
+_MODES = ("fast", "lean")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference (CPU path without the interpreter, meta tensors; plain PyTorch, logits in fp32)
+# ----------------------------------------------------------------------------------------------
+def _mean_divisor(target: torch.Tensor, ignore_index: int, num_valid_targets) -> torch.Tensor:
+    """Device fp32 scalar: the number of valid targets (local, or the caller's global count), >= 1
+    so that an all-ignored batch divides 0 by 1 instead of 0 by 0."""
+    if num_valid_targets is None:
+        n = (target != ignore_index).sum().to(torch.float32)
+    elif isinstance(num_valid_targets, torch.Tensor):
+        n = num_valid_targets.to(device=target.device, dtype=torch.float32).reshape(())
+    else:
+        n = torch.full((), float(num_valid_targets), dtype=torch.float32, device=target.device)
+    return n.clamp(min=1.0)
+
+
+def fused_linear_cross_entropy_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    softcap: float | None = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    num_valid_targets: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same semantics as ``fused_linear_cross_entropy``, holding the whole (N, V) fp32 logits."""
+    x2 = x.reshape(-1, x.shape[-1])  # (N, H)
+    t = target.reshape(-1).long()  # (N,)
+    logits = F.linear(x2, weight, bias).float()  # (N, V)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    rows = F.cross_entropy(
+        logits, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+    )  # (N,), 0 where ignored
+    if z_loss:
+        lse = torch.logsumexp(logits, dim=-1)  # (N,)
+        rows = rows + torch.where(t != ignore_index, z_loss * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return rows.reshape(target.shape)
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / _mean_divisor(t, ignore_index, num_valid_targets)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+#
+# Every kernel handles a tile of ROWS rows (1 on a GPU: a program streams one row of V logits; a
+# whole chunk under Triton's interpreter, whose cost is per operation, not per element) and walks
+# the columns in BLOCKs, so any V works. Row statistics (max, sum of exp, lse) are fp32 (ROWS,).
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _tanh(x):
+    """fp32 tanh without libdevice (Triton's interpreter lacks it): odd Taylor series near 0, where
+    the exp form would cancel, and ``(1 - e^-2|x|) / (1 + e^-2|x|)`` elsewhere (no overflow)."""
+    ax = tl.abs(x)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
+    e = tl.exp(-2.0 * ax)
+    big = (1.0 - e) / (1.0 + e)
+    big = tl.where(x < 0, -big, big)
+    return tl.where(ax < 0.25, small, big)
+
+
+@triton.jit
+def _capped(raw, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Final logits in fp32 from the GEMM's logits: ``softcap * tanh(raw / softcap)`` or ``raw``."""
+    raw = raw.to(tl.float32)
+    if HAS_SOFTCAP:
+        return softcap * _tanh(raw / softcap)
+    return raw
+
+
+@triton.jit
+def _scan_stats(row_ptr, row_mask, n_cols, softcap, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Reads ``n_cols`` logits of each row (``row_ptr`` (ROWS, 1)) block by block; returns per row
+    (max, sum of exp(z - max), sum of z), the last only with label smoothing. The max/sum pair is
+    updated online. Rows outside the tile (``row_mask`` False) read zeros and are never stored."""
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    s = tl.zeros([ROWS], tl.float32)
+    zsum = tl.zeros([ROWS], tl.float32)
+    for off in range(0, n_cols, BLOCK):
+        c = off + cols  # (BLOCK,)
+        col_ok = (c < n_cols)[None, :]  # (1, BLOCK)
+        raw = tl.load(row_ptr + c[None, :], mask=row_mask[:, None] & col_ok, other=0.0)  # (ROWS, BLOCK)
+        z = _capped(raw, softcap, HAS_SOFTCAP)
+        if HAS_SMOOTHING:
+            zsum += tl.sum(tl.where(col_ok, z, 0.0), axis=1)
+        z = tl.where(col_ok, z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=1))  # finite: every block has >= 1 column
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
+        m = m_new
+    return m, s, zsum
+
+
+@triton.jit
+def _row_loss(lse, zt, zsum, vocab, valid, in_range, label_smoothing, z_loss):
+    """``lse - (1-eps) z_t - eps/V sum_j z_j + z_loss lse^2`` per row; 0 for ignored rows, NaN for
+    a non-ignored target outside [0, V) (never read: ``zt`` is 0 there)."""
+    loss = lse - (1.0 - label_smoothing) * zt - (label_smoothing / vocab) * zsum + z_loss * lse * lse
+    loss = tl.where(in_range, loss, float("nan"))
+    return tl.where(valid, loss, 0.0)
+
+
+@triton.jit
+def _write_grad(row_ptr, row_mask, col0, n_cols, vocab, target, lse, coef, softcap, label_smoothing, z_loss,
+                HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    """Overwrites ``n_cols`` logits of each row (global columns ``col0 + c``) with
+    ``coef * (softmax * (1 + 2 z_loss lse) - (1-eps) onehot - eps/V) * dsoftcap``
+    where ``dsoftcap = 1 - tanh^2``; ``coef`` (ROWS,) is 0 for rows that get no gradient."""
+    cols = tl.arange(0, BLOCK)
+    p_coef = (coef * (1.0 + 2.0 * z_loss * lse))[:, None]  # (ROWS, 1)
+    smooth = (coef * (label_smoothing / vocab))[:, None]
+    hot = (coef * (1.0 - label_smoothing))[:, None]
+    lse = lse[:, None]
+    target = target[:, None]
+    for off in range(0, n_cols, BLOCK):
+        c = off + cols  # (BLOCK,)
+        mask = row_mask[:, None] & (c < n_cols)[None, :]  # (ROWS, BLOCK)
+        raw = tl.load(row_ptr + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            th = _tanh(raw / softcap)
+            z = softcap * th
+        else:
+            z = raw
+        g = tl.exp(z - lse) * p_coef - smooth - tl.where((col0 + c)[None, :] == target, hot, 0.0)
+        if HAS_SOFTCAP:
+            g = g * (1.0 - th * th)
+        tl.store(row_ptr + c[None, :], g.to(row_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _flce_rows_kernel(
+    LOGITS, TARGET, ROW_LOSS, SCALE,
+    n_rows, stride_row, stride_scale, n_cols, ignore_index,
+    softcap, label_smoothing, z_loss,
+    HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_GRAD: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """"fast" mode, one program per ROWS rows of an (Nc, V) logits chunk. Reads the rows and their
+    targets; pass 1 (online max/sum-exp over V in BLOCKs) gives lse and writes each row's fp32 loss
+    to ROW_LOSS; with WRITE_GRAD, pass 2 reads the rows again and overwrites them in place with
+    ``SCALE[row * stride_scale] * dloss/dlogits`` (zero for ignored rows)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+    row_mask = rows < n_rows
+    row_ptr = LOGITS + rows[:, None] * stride_row  # (ROWS, 1)
+    target = tl.load(TARGET + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    valid = target != ignore_index
+    in_range = (target >= 0) & (target < n_cols)
+    tl.device_assert(in_range | ~valid, "fused_linear_cross_entropy: target outside [0, V)")
+    m, s, zsum = _scan_stats(row_ptr, row_mask, n_cols, softcap, HAS_SOFTCAP, HAS_SMOOTHING, ROWS, BLOCK)
+    lse = m + tl.log(s)  # (ROWS,)
+    t_safe = tl.where(in_range, target, 0)
+    zt = _capped(tl.load(LOGITS + rows * stride_row + t_safe, mask=row_mask, other=0.0), softcap, HAS_SOFTCAP)
+    zt = tl.where(in_range, zt, 0.0)
+    loss = _row_loss(lse, zt, zsum, n_cols, valid, in_range, label_smoothing, z_loss)
+    tl.store(ROW_LOSS + rows, loss, mask=row_mask)
+    if WRITE_GRAD:
+        scale = tl.load(SCALE + rows * stride_scale, mask=row_mask, other=0.0)
+        coef = tl.where(valid & in_range, scale, 0.0)
+        _write_grad(row_ptr, row_mask, 0, n_cols, n_cols, target, lse, coef, softcap, label_smoothing, z_loss,
+                    HAS_SOFTCAP, BLOCK)
+
+
+@triton.jit
+def _flce_lean_stats_kernel(
+    LOGITS, TARGET, M, S, ZT, ZSUM, LSE, ROW_LOSS,
+    n_rows, stride_row, col0, n_cols, vocab, ignore_index,
+    softcap, label_smoothing, z_loss,
+    HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, LAST: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """"lean" pass 1, one program per ROWS rows of an (N, Vc) chunk holding vocabulary columns
+    [col0, col0 + n_cols). Merges the chunk's (max, sum-exp, sum z) into the rows' running fp32
+    M/S/ZSUM and picks up the target logit into ZT where the target falls in this chunk. On the
+    LAST chunk it also writes LSE and the rows' losses ROW_LOSS."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+    row_mask = rows < n_rows
+    row_ptr = LOGITS + rows[:, None] * stride_row  # (ROWS, 1)
+    target = tl.load(TARGET + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    m_c, s_c, zsum_c = _scan_stats(row_ptr, row_mask, n_cols, softcap, HAS_SOFTCAP, HAS_SMOOTHING, ROWS, BLOCK)
+    m_old = tl.load(M + rows, mask=row_mask, other=0.0)
+    m = tl.maximum(m_old, m_c)
+    s = tl.load(S + rows, mask=row_mask, other=0.0) * tl.exp(m_old - m) + s_c * tl.exp(m_c - m)
+    local = target - col0
+    hit = (local >= 0) & (local < n_cols)
+    zt_c = tl.load(LOGITS + rows * stride_row + tl.where(hit, local, 0), mask=row_mask, other=0.0)
+    zt = tl.load(ZT + rows, mask=row_mask, other=0.0) + tl.where(hit, _capped(zt_c, softcap, HAS_SOFTCAP), 0.0)
+    zsum = tl.load(ZSUM + rows, mask=row_mask, other=0.0) + zsum_c
+    tl.store(M + rows, m, mask=row_mask)
+    tl.store(S + rows, s, mask=row_mask)
+    tl.store(ZT + rows, zt, mask=row_mask)
+    tl.store(ZSUM + rows, zsum, mask=row_mask)
+    if LAST:
+        valid = target != ignore_index
+        in_range = (target >= 0) & (target < vocab)
+        tl.device_assert(in_range | ~valid, "fused_linear_cross_entropy: target outside [0, V)")
+        lse = m + tl.log(s)
+        tl.store(LSE + rows, lse, mask=row_mask)
+        loss = _row_loss(lse, zt, zsum, vocab, valid, in_range, label_smoothing, z_loss)
+        tl.store(ROW_LOSS + rows, loss, mask=row_mask)
+
+
+@triton.jit
+def _flce_lean_grad_kernel(
+    LOGITS, TARGET, LSE, SCALE,
+    n_rows, stride_row, stride_scale, col0, n_cols, vocab, ignore_index,
+    softcap, label_smoothing, z_loss,
+    HAS_SOFTCAP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """"lean" pass 2, one program per ROWS rows of an (N, Vc) chunk (columns [col0, col0 + n_cols)).
+    Reads the rows' LSE and targets and overwrites the chunk's logits in place with
+    ``SCALE[row * stride_scale] * dloss/dlogits`` (zero for ignored rows)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+    row_mask = rows < n_rows
+    target = tl.load(TARGET + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    keep = (target != ignore_index) & (target >= 0) & (target < vocab)
+    coef = tl.where(keep, tl.load(SCALE + rows * stride_scale, mask=row_mask, other=0.0), 0.0)
+    lse = tl.load(LSE + rows, mask=row_mask, other=0.0)
+    _write_grad(LOGITS + rows[:, None] * stride_row, row_mask, col0, n_cols, vocab, target, lse, coef, softcap,
+                label_smoothing, z_loss, HAS_SOFTCAP, BLOCK)
+
+
+# ----------------------------------------------------------------------------------------------
+# GEMM helpers
+# ----------------------------------------------------------------------------------------------
+_FP32_ADDMM: dict[int, bool] = {}
+
+
+def _cuda_fp32_addmm(device_index: int) -> bool:
+    """Whether this torch can run ``addmm`` of 16-bit matrices into an fp32 accumulator in place
+    (``aten::addmm.dtype_out``, torch >= 2.8 on CUDA; which ``self`` dtypes it accepts changed
+    across versions, so the exact call is tried once, and its result checked, instead of comparing
+    version numbers). The check syncs the host once per device and process, at the first call
+    (not while a CUDA graph is being captured: that call takes the fallback and asks again later)."""
+    if device_index in _FP32_ADDMM:
+        return _FP32_ADDMM[device_index]
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    dev = torch.device("cuda", device_index)
+    try:
+        acc = torch.ones(2, 2, device=dev)
+        a = torch.ones(2, 2, device=dev, dtype=torch.bfloat16)
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+        ok = bool((acc == 3.0).all())
+    except (RuntimeError, TypeError, NotImplementedError):
+        ok = False
+    _FP32_ADDMM[device_index] = ok
+    return ok
+
+
+def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` with ``acc`` in fp32 and ``a``, ``b`` in the input dtype; the product is
+    accumulated in fp32 (never rounded to 16 bits before it is added), except in the fallback for
+    CUDA builds without ``addmm.dtype_out``, where each chunk's product is rounded once."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif acc.device.type == "cuda":
+        if _cuda_fp32_addmm(acc.device.index if acc.device.index is not None else torch.cuda.current_device()):
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        else:
+            acc.add_(torch.mm(a, b))
+    else:  # CPU (interpreter tests): fp32 GEMM of the exactly upcast 16-bit operands
+        acc.addmm_(a.float(), b.float())
+
+
+def _logits_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """out (rows, cols) = x (rows, H) @ weight (cols, H)^T (+ bias (cols,)), in the input dtype."""
+    if bias is None:
+        torch.mm(x, weight.t(), out=out)
+    else:
+        torch.addmm(bias, x, weight.t(), out=out)
+
+
+def _grad_weight_gemm(out: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, accumulate: bool) -> None:
+    """dW rows: out (cols, H) (+)= dlogits (rows, cols)^T @ x (rows, H)."""
+    if accumulate:
+        _mm_accumulate(out, dlogits.t(), x)
+    else:
+        torch.mm(dlogits.t(), x, out=out)
+
+
+def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Tensor, accumulate: bool) -> None:
+    """dx rows: out (rows, H) (+)= dlogits (rows, cols) @ weight (cols, H)."""
+    if accumulate:
+        _mm_accumulate(out, dlogits, weight)
+    else:
+        torch.mm(dlogits, weight, out=out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk sizes and launch parameters
+# ----------------------------------------------------------------------------------------------
+def _chunk_budget(device: torch.device, default: int) -> int:
+    """Bytes for the logits chunk: the default, shrunk to a quarter of what the device has left
+    (driver-free memory plus what torch's caching allocator holds unused)."""
+    if device.type != "cuda":
+        return _CPU_CHUNK_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(1, min(default, (free + cached) // 4))
+
+
+def _balanced(total: int, chunk: int, align: int) -> int:
+    """Same number of chunks, equal sizes rounded up to ``align`` (no tiny tail chunk)."""
+    chunk = max(1, min(chunk, total))
+    n_chunks = triton.cdiv(total, chunk)
+    return min(total, triton.cdiv(triton.cdiv(total, n_chunks), align) * align)
+
+
+def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
+    """Rows per chunk in "fast" mode: a (rows, V) logits buffer within the budget, a multiple of
+    128 rows on the GPU (full GEMM tiles)."""
+    if chunk_size > 0:
+        return max(1, min(chunk_size, n_rows))
+    align = _ROW_ALIGN if device.type == "cuda" else 1
+    rows = _chunk_budget(device, _FAST_CHUNK_BYTES) // (vocab * element_size)
+    return _balanced(n_rows, max(align, rows // align * align), align)
+
+
+def _vocab_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
+    """Vocabulary entries per chunk in "lean" mode: an (N, Vc) logits buffer within the budget, a
+    multiple of 256 columns on the GPU."""
+    if chunk_size > 0:
+        return max(1, min(chunk_size, vocab))
+    align = _VOCAB_ALIGN if device.type == "cuda" else 1
+    cols = _chunk_budget(device, _LEAN_CHUNK_BYTES) // (max(n_rows, 1) * element_size)
+    return _balanced(vocab, max(align, cols // align * align), align)
+
+
+def _kernel_plan(n_rows: int, n_cols: int, logits: torch.Tensor) -> dict:
+    """Launch parameters of the kernels above for an (n_rows, n_cols) logits chunk.
+
+    A row is walked in blocks of ``min(n_cols, _MAX_V_BLOCK)`` columns (a power of two), warps from
+    the shared row heuristic sized for one block. Rows per program: 1 on the GPU (n_rows programs
+    stream their rows in parallel); under the interpreter a tile of up to 64 rows, since its cost is
+    per operation and a (64, BLOCK) tile costs about what one row does (``_INTERPRET_ROWS``).
+    """
+    plan = row_plan(min(n_cols, _MAX_V_BLOCK), logits.element_size(), logits.device)
+    rows = 1 if logits.device.type == "cuda" else min(triton.next_power_of_2(max(n_rows, 1)), _INTERPRET_ROWS)
+    return dict(grid=(triton.cdiv(n_rows, rows),), ROWS=rows, BLOCK=plan.block, num_warps=plan.num_warps)
+
+
+# ----------------------------------------------------------------------------------------------
+# The two operating points (plain functions; the custom ops below call them)
+# ----------------------------------------------------------------------------------------------
+def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, chunk_size,
+          need_dx, need_dw, need_db):
+    """Row chunks. Returns (row_loss (N,) fp32, dx (N, H) | empty, dW (V, H) | empty, db (V,) | empty),
+    the gradients already multiplied by ``scale`` (0-dim, or one value per row)."""
+    n_rows, hidden = x.shape
+    vocab = weight.shape[0]
+    dev = x.device
+    write_grad = need_dx or need_dw or need_db
+    row_loss = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
+    dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
+    # dW accumulates over row chunks in fp32 (in the output itself for an fp32 weight)
+    dw32 = torch.zeros((vocab, hidden) if need_dw else (0,), dtype=torch.float32, device=dev)  # (V, H)
+    db32 = torch.zeros((vocab,) if need_db else (0,), dtype=torch.float32, device=dev)  # (V,)
+    if n_rows > 0:
+        rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size)
+        buf = torch.empty((rows, vocab), dtype=x.dtype, device=dev)  # (Nc, V), reused by every chunk
+        per_row = scale.dim() == 1
+        for r0 in range(0, n_rows, rows):
+            r1 = min(r0 + rows, n_rows)
+            x_c = x[r0:r1]  # (Nc, H)
+            logits = buf[: r1 - r0]  # (Nc, V)
+            _logits_gemm(logits, x_c, weight, bias)
+            scale_c = scale[r0:r1] if per_row else scale
+            plan = _kernel_plan(r1 - r0, vocab, logits)
+            _flce_rows_kernel[plan.pop("grid")](
+                logits, target[r0:r1], row_loss[r0:r1], scale_c,
+                r1 - r0, logits.stride(0), 1 if per_row else 0, vocab, ignore_index,
+                softcap or 1.0, label_smoothing, z_loss,
+                HAS_SOFTCAP=bool(softcap), HAS_SMOOTHING=label_smoothing > 0, WRITE_GRAD=write_grad, **plan,
+            )
+            dlogits = logits  # (Nc, V), overwritten in place by the kernel
+            if need_dx:
+                _grad_input_gemm(dx[r0:r1], dlogits, weight, accumulate=False)  # (Nc, H)
+            if need_dw:
+                _grad_weight_gemm(dw32, dlogits, x_c, accumulate=True)  # (V, H) fp32
+            if need_db:
+                db32 += dlogits.sum(0, dtype=torch.float32)  # (V,)
+        del buf
+    dw = dw32.to(weight.dtype) if need_dw else weight.new_empty(0)
+    db = db32.to(bias.dtype) if need_db else weight.new_empty(0)
+    return row_loss, dx, dw, db
+
+
+def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, chunk_size,
+          need_dx, need_dw, need_db):
+    """Vocabulary chunks, two passes. Same returns as ``_fast``."""
+    n_rows, hidden = x.shape
+    vocab = weight.shape[0]
+    dev = x.device
+    row_loss = torch.zeros(n_rows, dtype=torch.float32, device=dev)  # (N,)
+    dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
+    dw = torch.empty((vocab, hidden) if need_dw else (0,), dtype=weight.dtype, device=dev)  # (V, H)
+    db = torch.empty((vocab,) if need_db else (0,), dtype=weight.dtype, device=dev)  # (V,)
+    if n_rows == 0:
+        dw.zero_()
+        db.zero_()
+        return row_loss, dx, dw, db
+    cols = _vocab_chunk(n_rows, vocab, x.element_size(), dev, chunk_size)
+    buf = torch.empty(n_rows * cols, dtype=x.dtype, device=dev)  # holds one (N, Vc) chunk
+    chunks = [(v0, min(v0 + cols, vocab)) for v0 in range(0, vocab, cols)]
+    plan = _kernel_plan(n_rows, cols, buf)
+    grid = plan.pop("grid")
+    launch = dict(HAS_SOFTCAP=bool(softcap), **plan)
+
+    # pass 1: per-row online log-sum-exp, target logit and (label smoothing) sum of logits
+    m = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)  # (N,) running max
+    s = torch.zeros(n_rows, dtype=torch.float32, device=dev)  # (N,) running sum of exp(z - m)
+    zt = torch.zeros(n_rows, dtype=torch.float32, device=dev)  # (N,) target logit
+    zsum = torch.zeros(n_rows, dtype=torch.float32, device=dev)  # (N,) sum of logits
+    lse = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
+    for i, (v0, v1) in enumerate(chunks):
+        logits = buf[: n_rows * (v1 - v0)].view(n_rows, v1 - v0)  # (N, Vc)
+        _logits_gemm(logits, x, weight[v0:v1], None if bias is None else bias[v0:v1])
+        _flce_lean_stats_kernel[grid](
+            logits, target, m, s, zt, zsum, lse, row_loss,
+            n_rows, logits.stride(0), v0, v1 - v0, vocab, ignore_index,
+            softcap or 1.0, label_smoothing, z_loss,
+            HAS_SMOOTHING=label_smoothing > 0, LAST=i == len(chunks) - 1, **launch,
+        )
+    del m, s, zt, zsum
+    if not (need_dx or need_dw or need_db):
+        return row_loss, dx, dw, db
+
+    # pass 2: recompute each chunk, turn it into dlogits, complete dW/db rows, accumulate dx
+    dx32 = dx if x.dtype == torch.float32 else torch.empty_like(dx, dtype=torch.float32)
+    dx32.zero_()  # (N, H) fp32 accumulator over the vocabulary chunks
+    per_row = scale.dim() == 1
+    for v0, v1 in chunks:
+        logits = buf[: n_rows * (v1 - v0)].view(n_rows, v1 - v0)  # (N, Vc)
+        _logits_gemm(logits, x, weight[v0:v1], None if bias is None else bias[v0:v1])
+        _flce_lean_grad_kernel[grid](
+            logits, target, lse, scale,
+            n_rows, logits.stride(0), 1 if per_row else 0, v0, v1 - v0, vocab, ignore_index,
+            softcap or 1.0, label_smoothing, z_loss, **launch,
+        )
+        dlogits = logits  # (N, Vc), overwritten in place
+        if need_dw:
+            _grad_weight_gemm(dw[v0:v1], dlogits, x, accumulate=False)  # (Vc, H), complete
+        if need_db:
+            db[v0:v1] = dlogits.sum(0, dtype=torch.float32)  # (Vc,)
+        if need_dx:
+            _grad_input_gemm(dx32, dlogits, weight[v0:v1], accumulate=True)  # (N, H) fp32
+    del buf
+    if need_dx and dx32 is not dx:
+        dx.copy_(dx32)
+    return row_loss, dx, dw, db
+
+
+def _compute(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
+             need_dx, need_dw, need_db):
+    impl = _fast if mode == "fast" else _lean
+    # the GEMMs run in the dtype the caller chose (the public function already applied autocast)
+    with torch.autocast(x.device.type, enabled=False):
+        return impl(x, weight, target.contiguous(), bias, scale, ignore_index, softcap, label_smoothing, z_loss,
+                    chunk_size, need_dx, need_dw, need_db)
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile, traced through their fake implementations)
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("lit_liger::flce_fwd", mutates_args=())
+def _flce_fwd(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    num_valid: torch.Tensor | None, num_valid_count: int, ignore_index: int, reduction: str, softcap: float,
+    label_smoothing: float, z_loss: float, mode: str, chunk_size: int,
+    need_dx: bool, need_dw: bool, need_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, H), target (N,). Returns (loss, dx, dW, db): loss is 0-dim fp32 ("mean"/"sum") or
+    (N,) fp32 ("none"); the gradients are those of the loss (grad_output 1), empty where not asked
+    for, and always empty for "none" (its backward recomputes)."""
+    if reduction == "none":
+        need_dx = need_dw = need_db = False
+    if reduction == "mean":
+        count = num_valid if num_valid is not None else (num_valid_count if num_valid_count >= 0 else None)
+        scale = 1.0 / _mean_divisor(target, ignore_index, count)  # 0-dim fp32 on the device
+    else:
+        scale = torch.ones((), dtype=torch.float32, device=x.device)
+    row_loss, dx, dw, db = _compute(
+        x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
+        need_dx, need_dw, need_db,
+    )
+    if reduction == "none":
+        loss = row_loss  # (N,)
+    elif reduction == "sum":
+        loss = row_loss.sum()
+    else:
+        loss = row_loss.sum() * scale
+    return loss, dx, dw, db
+
+
+@_flce_fwd.register_fake
+def _(x, weight, target, bias, num_valid, num_valid_count, ignore_index, reduction, softcap, label_smoothing,
+      z_loss, mode, chunk_size, need_dx, need_dw, need_db):
+    grads = reduction != "none"
+    loss = x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=torch.float32)
+    dx = x.new_empty(x.shape if need_dx and grads else (0,))
+    dw = weight.new_empty(weight.shape if need_dw and grads else (0,))
+    db = weight.new_empty((weight.shape[0],) if need_db and grads else (0,))
+    return loss, dx, dw, db
+
+
+@torch.library.custom_op("lit_liger::flce_bwd_rows", mutates_args=())
+def _flce_bwd_rows(
+    grad_rows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    bias: torch.Tensor | None, ignore_index: int, softcap: float, label_smoothing: float, z_loss: float,
+    mode: str, chunk_size: int, need_dx: bool, need_dw: bool, need_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of reduction="none": recomputes the chunks with each row's dlogits scaled by its
+    grad_rows (N,) entry. Returns (dx, dW, db), empty where not asked for."""
+    scale = grad_rows.to(torch.float32).contiguous()  # (N,)
+    _, dx, dw, db = _compute(
+        x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
+        need_dx, need_dw, need_db,
+    )
+    return dx, dw, db
+
+
+@_flce_bwd_rows.register_fake
+def _(grad_rows, x, weight, target, bias, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
+      need_dx, need_dw, need_db):
+    return (
+        x.new_empty(x.shape if need_dx else (0,)),
+        weight.new_empty(weight.shape if need_dw else (0,)),
+        weight.new_empty((weight.shape[0],) if need_db else (0,)),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    (x, weight, target, bias, _nv, _nvc, ignore_index, reduction, softcap, label_smoothing, z_loss, mode,
+     chunk_size, need_dx, need_dw, need_db) = inputs
+    _, dx, dw, db = output
+    ctx.mark_non_differentiable(dx, dw, db)  # internal: the public function returns only the loss
+    ctx.reduction = reduction
+    ctx.needs = (need_dx, need_dw, need_db)
+    if reduction == "none":
+        ctx.save_for_backward(x, weight, target, bias)
+        ctx.config = (ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size)
+    else:
+        ctx.save_for_backward(dx, dw, db)
+
+
+def _backward(ctx, grad_loss, _gdx, _gdw, _gdb):
+    need_dx, need_dw, need_db = ctx.needs
+    if ctx.reduction == "none":
+        x, weight, target, bias = ctx.saved_tensors
+        dx, dw, db = _flce_bwd_rows(grad_loss, x, weight, target, bias, *ctx.config, need_dx, need_dw, need_db)
+    else:
+        dx, dw, db = ctx.saved_tensors
+        # The stored gradients belong to this graph alone: scale them in place (no second copy of
+        # dW). A second backward through the same graph then fails autograd's saved-tensor
+        # version check instead of returning wrong gradients.
+        g = grad_loss.to(torch.float32)  # 0-dim
+        if need_dx:
+            dx = dx.mul_(g)  # (N, H)
+        if need_dw:
+            dw = dw.mul_(g)  # (V, H)
+        if need_db:
+            db = db.mul_(g)  # (V,)
+    return (dx if need_dx else None, dw if need_dw else None, None, db if need_db else None) + (None,) * 12
+
+
+_flce_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoothing, z_loss, num_valid_targets,
+           mode, chunk_size) -> None:
+    check_float("x", x)
+    check_float("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (V, H), got shape {tuple(weight.shape)}")
+    check_last_dim("x", x, weight.shape[1], "the hidden size, weight.shape[1]")
+    check_same_dtype(x=x, weight=weight, bias=bias)
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype == torch.bool or target.is_floating_point() or target.is_complex():
+        raise TypeError(f"target must hold integer class indices, got {target.dtype}")
+    if tuple(target.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"target shape {tuple(target.shape)} must equal x.shape[:-1] = {tuple(x.shape[:-1])}")
+    if bias is not None:
+        check_float("bias", bias)
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must have shape (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+    check_same_device(x=x, weight=weight, target=target, bias=bias)
+    if isinstance(num_valid_targets, torch.Tensor):
+        if num_valid_targets.numel() != 1:
+            raise ValueError(f"num_valid_targets must be a scalar, got shape {tuple(num_valid_targets.shape)}")
+        check_same_device(x=x, num_valid_targets=num_valid_targets)
+    elif num_valid_targets is not None and (
+        isinstance(num_valid_targets, bool) or not isinstance(num_valid_targets, int) or num_valid_targets < 0
+    ):
+        raise ValueError(f"num_valid_targets must be a non-negative int or a tensor, got {num_valid_targets!r}")
+    if num_valid_targets is not None and reduction != "mean":
+        raise ValueError(f"num_valid_targets is the divisor of reduction='mean'; it means nothing for {reduction!r}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be None or > 0, got {softcap!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    if not z_loss >= 0.0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def _check_target_values(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """Eager (host-syncing) check: every target is in [0, V) or is ignore_index."""
+    bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        value = int(target[tuple(where)])
+        raise ValueError(
+            f"target[{', '.join(map(str, where))}] = {value} is outside [0, {vocab}) and is not "
+            f"ignore_index={ignore_index}; {int(bad.sum())} target(s) are out of range"
+        )
+
+
+def _autocast(x, weight, bias):
+    """Inside ``torch.autocast`` the lm_head GEMM runs in the autocast dtype, as ``F.linear`` would."""
+    dev = x.device.type if isinstance(x, torch.Tensor) else None
+    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
+        dtype = torch.get_autocast_dtype(dev)
+
+        def cast(t):
+            return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+        x, weight, bias = cast(x), cast(weight), cast(bias)
+    return x, weight, bias
+
+
+def fused_linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    softcap: float | None = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    num_valid_targets: int | torch.Tensor | None = None,
+    mode: str = "fast",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """``F.cross_entropy(softcap(F.linear(x, weight, bias)).float(), target, ...)`` (+ z-loss)
+    without materializing the (N, V) logits.
+
+    x ``(..., H)``, weight ``(V, H)``, target ``(...)`` integer, bias ``(V,)``. The loss is fp32.
+    ``num_valid_targets`` (int or device scalar tensor; gradient accumulation / data parallel)
+    replaces the local count of non-ignored targets as the divisor of ``reduction="mean"``; an
+    all-ignored batch gives 0 and zero gradients. ``mode``: "fast" (row chunks, fp32 dW
+    accumulator) or "lean" (vocabulary chunks, one more GEMM, no (V, H) buffer). ``chunk_size``:
+    rows per chunk ("fast") or vocabulary entries per chunk ("lean"); default from shapes and free
+    memory. Gradients are computed only for the inputs that require them.
+    """
+    x, weight, bias = _autocast(x, weight, bias)
+    _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoothing, z_loss, num_valid_targets,
+           mode, chunk_size)
+    vocab = weight.shape[0]
+    if not use_triton(x):
+        if x.device.type != "meta":
+            _check_target_values(target, vocab, ignore_index)
+        return fused_linear_cross_entropy_reference(
+            x, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+            label_smoothing=label_smoothing, z_loss=z_loss, num_valid_targets=num_valid_targets,
+        )
+    if (x.device.type == "cpu" or CHECK_TARGETS) and not torch.compiler.is_compiling():
+        _check_target_values(target, vocab, ignore_index)
+    grad = torch.is_grad_enabled()
+    need_dx = grad and x.requires_grad
+    need_dw = grad and weight.requires_grad
+    need_db = grad and bias is not None and bias.requires_grad
+    nv_tensor = num_valid_targets if isinstance(num_valid_targets, torch.Tensor) else None
+    nv_count = num_valid_targets if isinstance(num_valid_targets, int) else -1
+    x2 = as_rows(x)  # (N, H)
+    t = target.reshape(-1)  # (N,)
+    loss, _, _, _ = _flce_fwd(
+        x2, weight, t, bias, nv_tensor, nv_count, int(ignore_index), reduction, float(softcap or 0.0),
+        float(label_smoothing), float(z_loss), mode, int(chunk_size or 0), need_dx, need_dw, need_db,
+    )
+    return loss.reshape(target.shape) if reduction == "none" else loss
