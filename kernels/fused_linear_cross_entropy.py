@@ -68,7 +68,7 @@ _MAX_V_BLOCK = 4096
 # Default size of the logits chunk buffer. "fast": big enough that the three GEMMs per chunk run
 # at full rate ((Nc, H) x (H, V) with Nc ~ 1024 for V = 128k in bf16). "lean": an (N, Vc) chunk;
 # Vc ~ 2048 keeps the four GEMMs efficient at N = 8192..16384.
-_FAST_CHUNK_BYTES = 256 << 20
+_FAST_CHUNK_BYTES = 512 << 20  # H100 sweep (V=128256): 2-4 row chunks balance GEMM size and fp32-dW passes
 _LEAN_CHUNK_BYTES = 32 << 20
 # CPU tensors only reach the kernels under Triton's interpreter (tests): small chunks.
 _CPU_CHUNK_BYTES = 1 << 20

@@ -15,11 +15,13 @@ one elementwise kernel between two GEMMs: nothing to fuse), an lm_head with a Lo
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from litgpt import model as lm
 from litgpt.api import LLM
 
@@ -56,6 +58,19 @@ class _GeGLUMixin:
         return self.proj(geglu(self.fc_1(x), self.fc_2(x), approximate=self.config.gelu_approximate))
 
 
+def _flash_gqa_ok(attn: nn.Module, q: torch.Tensor) -> bool:
+    """SDPA's ``enable_gqa`` only stays on a fused kernel with flash attention: CUDA, 16-bit, head
+    size <= 256, flash enabled, LitGPT's plain SDPA (no attention softcapping, no adapter prefix)."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] <= 256
+        and attn.config.attention_logit_softcapping is None
+        and type(attn).scaled_dot_product_attention is lm.CausalSelfAttention.scaled_dot_product_attention
+        and torch.backends.cuda.flash_sdp_enabled()
+    )
+
+
 class _AttentionMixin:
     """LitGPT's CausalSelfAttention with q/k RoPE in one launch on the q/k views of the qkv output.
 
@@ -79,11 +94,18 @@ class _AttentionMixin:
             q, k = self.norm_q(q), self.norm_k(k)
         # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
         q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave)  # (B, nh, T, hs), (B, ng, T, hs)
-        if n_groups != n_head:
-            q_per_kv = n_head // n_groups
-            k = k.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
-            v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
-        y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
+        if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
+            # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
+            # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward
+            scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=scale, is_causal=True, enable_gqa=True)
+            y = y.transpose(1, 2)  # (B, T, nh, hs)
+        else:
+            if n_groups != n_head:
+                q_per_kv = n_head // n_groups
+                k = k.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+                v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+            y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
         y = y.reshape(B, T, hs * n_head)  # (B, T, C*)
         return self.proj(y)  # (B, T, C)
 
@@ -126,7 +148,9 @@ class _GPTMixin:
             else:
                 x = block(x, cos, sin, None, None, None)
         x = self.transformer.ln_f(x)  # (B, T, C)
-        out = LigerLogits(x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size)
+        out = LigerLogits(
+            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size, self._liger_flce_mode
+        )
         return [out] if lm_head_chunk_size > 0 else out
 
 
@@ -336,7 +360,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         report.skip(prefix, gpt, f"fused loss off: {e}")
         return
     _swap_class(gpt, _GPTMixin)
-    what = "fused linear cross-entropy in training"
+    gpt._liger_flce_mode = cfg.flce_mode
+    what = f"fused linear cross-entropy in training ({cfg.flce_mode})"
     if c.final_logit_softcapping is not None:
         what += f" (softcap {c.final_logit_softcapping})"
     if c.lm_head_bias:

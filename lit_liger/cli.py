@@ -33,6 +33,7 @@ own modules; nothing is rank-0 state except printing the swap report.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -56,8 +57,10 @@ LigerArg = Union[bool, LigerConfig]
 
 LIGER_HELP = (
     "lit-liger's Triton kernels. ``true`` (default) swaps in every kernel the model's config allows; "
-    "``false`` runs stock litgpt. Per kernel: ``--liger.rope false``, ``--liger.fused_linear_cross_entropy "
-    "false``, ... or a ``liger:`` mapping in the ``--config`` file. See ``lit_liger.LigerConfig``."
+    "``false`` runs stock litgpt. Per kernel, e.g. ``--liger.rope false``, or a ``liger:`` mapping in the "
+    "``--config`` file. Switches (true|false): "
+    + ", ".join(f.name for f in dataclasses.fields(LigerConfig) if f.name != "flce_mode")
+    + "; flce_mode (fast|lean). See ``lit_liger.LigerConfig``."
 )
 
 _DESCRIPTION = (
@@ -282,7 +285,7 @@ def _set_litgpt_parsing_options() -> None:
         jsonargparse.set_config_read_mode(urls_enabled=True)
 
 
-def main(args: list[str] | None = None) -> Any:
+def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-liger`` and ``python -m lit_liger`` (``args`` defaults to ``sys.argv[1:]``)."""
     from jsonargparse import CLI
 
@@ -295,7 +298,7 @@ def main(args: list[str] | None = None) -> Any:
         module=r".*torch\.optim\.lr_scheduler.*",
     )
     torch.set_float32_matmul_precision("high")
-    return CLI(parser_data(), args=args, description=_DESCRIPTION)
+    CLI(parser_data(), args=args, description=_DESCRIPTION)
 
 
 if __name__ == "__main__":

@@ -88,13 +88,16 @@ class LigerLogitsError(TypeError, AttributeError):
 class LigerLogits:
     """Deferred logits: ``hidden`` ``(B, T, H)`` and the ``lm_head`` that would map it to ``(B, T, V)``."""
 
-    __slots__ = ("hidden", "lm_head", "softcap", "vocab_size")
+    __slots__ = ("hidden", "lm_head", "softcap", "vocab_size", "mode")
 
-    def __init__(self, hidden: torch.Tensor, lm_head: nn.Module, softcap: float | None, vocab_size: int) -> None:
+    def __init__(
+        self, hidden: torch.Tensor, lm_head: nn.Module, softcap: float | None, vocab_size: int, mode: str = "fast"
+    ) -> None:
         self.hidden = hidden
         self.lm_head = lm_head
         self.softcap = softcap
         self.vocab_size = vocab_size
+        self.mode = mode  # fused linear cross-entropy operating point: "fast" or "lean"
 
     # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
     @property
@@ -118,7 +121,7 @@ class LigerLogits:
                 f"LigerLogits only supports indexing the leading dims with the vocabulary dim whole "
                 f"(e.g. out[..., :-1, :]); got {index!r}. " + _HELP
             )
-        return LigerLogits(self.hidden[idx[:-1]], self.lm_head, self.softcap, self.vocab_size)
+        return LigerLogits(self.hidden[idx[:-1]], self.lm_head, self.softcap, self.vocab_size, self.mode)
 
     # --- the loss ----------------------------------------------------------------------------------
     def loss(
@@ -140,7 +143,7 @@ class LigerLogits:
         return fused_linear_cross_entropy(
             self.hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
-            num_valid_targets=num_valid_targets, **kwargs,
+            num_valid_targets=num_valid_targets, **{"mode": self.mode, **kwargs},
         )
 
     def materialize(self) -> torch.Tensor:

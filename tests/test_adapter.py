@@ -261,3 +261,62 @@ def test_pickle_and_deepcopy_of_swapped_model():
     loaded = torch.load(buf, weights_only=False)
     assert type(loaded) is type(ours)
     assert type(copy.deepcopy(ours)) is type(ours)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: real sizes in bf16, and torch.compile(fullgraph=True) over a swapped model
+# ------------------------------------------------------------------------------------------------
+def _real_pair(name, n_layer=2, **over):
+    cfg = Config.from_name(name, n_layer=n_layer, **over)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = GPT(cfg).to(torch.bfloat16)
+    ref.apply(ref._init_weights)
+    ours = copy.deepcopy(ref)
+    return cfg, ref, ours
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b"])
+def test_gpu_real_size_bf16_parity(name):
+    over = {"sliding_window_size": None} if name == "gemma-2-2b" else {}
+    cfg, ref, ours = _real_pair(name, **over)
+    cfg.sliding_window_indices = None
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (2, 1024), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (2, 1024), device="cuda")
+    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+    loss = chunked_cross_entropy(ours(x), y)
+    loss_err = rel_err(loss, loss_ref)
+    loss_ref.backward()
+    loss.backward()
+    ref_params = dict(ref.named_parameters())
+    errs = {n: rel_err(p.grad, ref_params[n].grad) for n, p in ours.named_parameters() if p.grad is not None}
+    worst = max(errs, key=errs.get)
+    print(f"{name}: loss rel err {loss_err:.2e}, worst grad {worst} {errs[worst]:.2e}")
+    assert loss_err <= 1e-2
+    assert errs[worst] <= 5e-2, (worst, errs[worst])  # bf16 whole-model gradients: both sides round differently in every op
+
+
+@pytest.mark.gpu
+def test_gpu_compile_fullgraph_swapped_model():
+    cfg, ref, ours = _real_pair("Llama-3.2-1B", n_layer=2, block_size=512)
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+    y[:, :10] = -100
+
+    def step(idx, targets):
+        return chunked_cross_entropy(ours(idx), targets)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)  # raises on any graph break
+    loss_c = compiled(x, y)
+    loss_e = step(x, y)
+    assert rel_err(loss_c, loss_e) <= 1e-2
+    loss_c.backward()
+    assert all(p.grad is not None for p in ours.parameters() if p.requires_grad)
+    # the model alone (returning the deferred logits) also compiles without graph breaks
+    torch._dynamo.reset()
+    out = torch.compile(ours, fullgraph=True)(x)
+    assert isinstance(out, LigerLogits)
