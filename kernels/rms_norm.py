@@ -176,6 +176,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, ds, drstd, bwd=_rms_norm_bwd):
     saved, weight, rstd = ctx.saved_tensors
     need_dw = ctx.needs_input_grad[2]
+    if dy is None:  # only the residual sum was used downstream
+        dy = torch.zeros_like(saved)
     dx, dw = bwd(dy, ds if ctx.has_residual else None, saved, weight, rstd, ctx.offset, need_dw)
     return dx, (dx if ctx.has_residual else None), (dw if need_dw else None), None, None
 
@@ -191,6 +193,7 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset):
         out = _rms_norm_fwd_impl(x, residual, weight, eps, offset)
+        ctx.set_materialize_grads(False)  # no zero-filled grads for rstd / an unused residual sum
         _setup_context(ctx, (x, residual, weight, eps, offset), out)
         ctx.mark_non_differentiable(out[2])
         return out

@@ -223,8 +223,7 @@ def _launch(
 # ----------------------------------------------------------------------------------------------
 # Custom ops (opaque to torch.compile, traced through their fake implementations)
 # ----------------------------------------------------------------------------------------------
-@torch.library.custom_op("lit_liger::rope_fwd", mutates_args=())
-def _rope_fwd(
+def _rope_fwd_impl(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     qo = _new_like(q, _heads_inner(q))  # (B, nh, T, hs)
@@ -233,13 +232,15 @@ def _rope_fwd(
     return qo, ko
 
 
+_rope_fwd = torch.library.custom_op("lit_liger::rope_fwd", _rope_fwd_impl, mutates_args=())
+
+
 @_rope_fwd.register_fake
 def _(q, k, cos, sin, interleave):
     return _new_like(q, _heads_inner(q)), _new_like(k, _heads_inner(k))
 
 
-@torch.library.custom_op("lit_liger::rope_bwd", mutates_args=())
-def _rope_bwd(
+def _rope_bwd_impl(
     dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool,
     q_heads_inner: bool, k_heads_inner: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,6 +249,9 @@ def _rope_bwd(
     dk_in = _new_like(dk, k_heads_inner)  # (B, ng, T, hs)
     _launch(dq, dk, cos, sin, dq_in, dk_in, interleave, backward=True)
     return dq_in, dk_in
+
+
+_rope_bwd = torch.library.custom_op("lit_liger::rope_bwd", _rope_bwd_impl, mutates_args=())
 
 
 @_rope_bwd.register_fake
@@ -264,13 +268,13 @@ def _setup_context(ctx, inputs, output):
     ctx.q_shape, ctx.k_shape = q.shape, k.shape
 
 
-def _backward(ctx, dq, dk):
+def _backward(ctx, dq, dk, bwd=_rope_bwd):
     cos, sin = ctx.saved_tensors
     if dq is None:
         dq = cos.new_zeros(ctx.q_shape, dtype=dk.dtype)
     if dk is None:
         dk = cos.new_zeros(ctx.k_shape, dtype=dq.dtype)
-    dq_in, dk_in = _rope_bwd(dq, dk, cos, sin, ctx.interleave, ctx.q_heads_inner, ctx.k_heads_inner)
+    dq_in, dk_in = bwd(dq, dk, cos, sin, ctx.interleave, ctx.q_heads_inner, ctx.k_heads_inner)
     return (
         dq_in if ctx.needs_input_grad[0] else None,
         dk_in if ctx.needs_input_grad[1] else None,
@@ -281,6 +285,29 @@ def _backward(ctx, dq, dk):
 
 
 _rope_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _RopeFn(torch.autograd.Function):
+    """Eager fast path: the same kernels and autograd as the custom op, without the custom-op
+    dispatcher's per-call host overhead (tens of microseconds, comparable to the kernels
+    themselves at LitGPT sizes). ``torch.compile`` traces the custom op instead (see ``_fwd``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, interleave):
+        out = _rope_fwd_impl(q, k, cos, sin, interleave)
+        _setup_context(ctx, (q, k, cos, sin, interleave), out)
+        ctx.set_materialize_grads(False)  # _backward builds the zeros of an unused output itself
+        return out
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        return _backward(ctx, dq, dk, bwd=_rope_bwd_impl)
+
+
+def _fwd(q, k, cos, sin, interleave):
+    if torch.compiler.is_compiling():
+        return _rope_fwd(q, k, cos, sin, interleave)
+    return _RopeFn.apply(q, k, cos, sin, interleave)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,4 +357,4 @@ def rope(
     _check(q, k, cos, sin)
     if not use_triton(q):
         return rope_reference(q, k, cos, sin, bool(interleave))
-    return _rope_fwd(q, k, cos, sin, bool(interleave))
+    return _fwd(q, k, cos, sin, bool(interleave))

@@ -138,6 +138,25 @@ def test_layer_norm_bad_inputs(device):
             layer_norm(x, torch.ones(16), torch.zeros(16, device="meta"))
 
 
+def test_layer_norm_eager_path_equals_custom_op(device):
+    # eager layer_norm runs the autograd.Function fast path; torch.compile traces the custom op
+    from lit_liger.kernels.layer_norm import _fwd
+
+    torch.manual_seed(9)
+    m = _torch_norm(40, True, True, device, torch.float32)
+    x = torch.randn(3, 5, 40, device=device, requires_grad=True)
+    dy = torch.randn(3, 5, 40, device=device)
+    outs = _fwd(x, m.weight, m.bias, 1e-5)
+    assert "LayerNormFn" in type(outs[0].grad_fn).__name__
+    assert not outs[1].requires_grad and not outs[2].requires_grad  # mean, rstd
+    outs_op = torch.ops.lit_liger.layer_norm_fwd(x, m.weight, m.bias, 1e-5)
+    g = torch.autograd.grad(outs[0], (x, m.weight, m.bias), dy)
+    g_op = torch.autograd.grad(outs_op[0], (x, m.weight, m.bias), dy)
+    for a, b in zip((*outs, *g), (*outs_op, *g_op)):
+        assert torch.equal(a, b)
+    assert torch.equal(layer_norm(x, m.weight, m.bias), outs_op[0])
+
+
 def test_layer_norm_meta_device():
     x = torch.randn(2, 5, 32, device="meta")
     w, b = torch.ones(32, device="meta"), torch.zeros(32, device="meta")

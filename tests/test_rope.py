@@ -158,6 +158,23 @@ def test_rope_grad_of_q_only(device):
     assert rel_err(gq, gq_ref) <= 1e-5
 
 
+def test_rope_eager_path_equals_custom_op(device):
+    # eager rope() runs the autograd.Function fast path; torch.compile traces the custom op: same kernels
+    torch.manual_seed(9)
+    B, T, nh, ng, hs, n = 2, 3, 3, 1, 12, 8
+    qkv, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+    cos, sin = _cache(T, n, device)
+    for interleave in (False, True):
+        outs = rope(q, k, cos, sin, interleave)
+        assert "RopeFn" in type(outs[0].grad_fn).__name__
+        outs_op = torch.ops.lit_liger.rope_fwd(q, k, cos, sin, interleave)
+        dys = (torch.randn_like(outs[0]), torch.randn_like(outs[1]))
+        g = torch.autograd.grad(outs, (q, k, qkv), dys)
+        g_op = torch.autograd.grad(outs_op, (q, k, qkv), dys)
+        for a, b in zip((*outs, *g), (*outs_op, *g_op)):
+            assert a.stride() == b.stride() and torch.equal(a, b)
+
+
 def test_rope_meta_device():
     B, T, nh, ng, hs, n = 2, 5, 6, 2, 16, 8
     qkv = torch.empty(B, T, (nh + 2 * ng) * hs, device="meta")

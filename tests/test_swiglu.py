@@ -142,6 +142,22 @@ def test_glu_bad_inputs(device):
             swiglu(a, torch.randn(4, 16, device="meta"))
 
 
+def test_glu_eager_path_equals_custom_op(device):
+    # eager swiglu/geglu run the autograd.Function fast path; torch.compile traces the custom op
+    torch.manual_seed(9)
+    a = torch.randn(3, 37, device=device, requires_grad=True)
+    b = torch.randn(3, 37, device=device, requires_grad=True)
+    dy = torch.randn(3, 37, device=device)
+    for fn, activation in ((swiglu, "silu"), (lambda x, y: geglu(x, y, "tanh"), "gelu_tanh")):
+        y = fn(a, b)
+        assert "GLUFn" in type(y.grad_fn).__name__
+        y_op = torch.ops.lit_liger.glu_fwd(a, b, activation)
+        g = torch.autograd.grad(y, (a, b), dy)
+        g_op = torch.autograd.grad(y_op, (a, b), dy)
+        for u, v in zip((y, *g), (y_op, *g_op)):
+            assert torch.equal(u, v)
+
+
 def test_glu_meta_device():
     a = torch.randn(2, 5, 40, device="meta")
     b = torch.randn(2, 5, 40, device="meta")

@@ -1,0 +1,492 @@
+"""The ``lit-liger`` command line: litgpt's training scripts with ``--liger``, end to end on CPU.
+
+A tiny checkpoint (Llama-3.2-1B's config flags, 2 layers, n_embd 64, a 512-token BPE trained here
+on Python's standard library) and a JSON instruction set are made once per module. Each training
+script runs in this process through ``lit_liger.cli.main`` (``sys.argv`` set as a shell would), with
+the Triton kernels in the interpreter (conftest sets TRITON_INTERPRET=1 without a GPU):
+
+* ``--liger true`` and ``--liger false`` give the same first-step loss (fp32, tolerance 1e-4);
+* ``--liger false`` is stock litgpt (same losses bit for bit, same hyperparameters.yaml);
+* what they save loads in stock litgpt (``litgpt generate``/``generate_adapter``, ``--config
+  hyperparameters.yaml``);
+* ``--liger.rope false`` / a ``liger:`` mapping in ``--config`` reach the swap; bad values fail clearly;
+* ``doctor``, ``check`` and every YAML under configs/ (``--print_config``) work.
+
+Sizes are the smallest that still exercise everything (2 steps of 2 x 32 tokens): the Triton
+interpreter runs one program at a time, so CPU time is dominated by kernel launches.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lit_liger import cli
+from lit_liger.demo import (
+    make_checkpoint,
+    make_instruction_dataset,
+    read_metrics,
+    source_files,
+    tiny_overrides,
+    train_tokenizer,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ, MICRO_BATCH, STEPS = 32, 2, 2
+LOSS_TOL = 1e-4  # fp32 whole-model parity (lit_liger.doctor.TOLERANCE explains the number)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixtures: tokenizer, checkpoints, data (made once)
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lit_liger_cli")
+    files = source_files()
+    ckpt = root / "checkpoints" / "tiny-llama"
+    vocab = train_tokenizer(ckpt, 512, files[:40])
+    make_checkpoint(ckpt, "Llama-3.2-1B", vocab_size=vocab, n_layer=2, block_size=256, **tiny_overrides())
+    # litgpt's adapter starts at layer 2 (adapter_start_layer): it needs a 3rd layer to train anything
+    ckpt3 = root / "checkpoints" / "tiny-llama-3L"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (ckpt3 / f).parent.mkdir(parents=True, exist_ok=True)
+        (ckpt3 / f).write_bytes((ckpt / f).read_bytes())
+    make_checkpoint(ckpt3, "Llama-3.2-1B", vocab_size=vocab, n_layer=3, block_size=256, **tiny_overrides())
+    data = root / "data.json"
+    make_instruction_dataset(data, files, n=40, max_chars=1500)
+    # pretrain takes the architecture as a `model_config` mapping in a config file
+    pretrain_cfg = root / "pretrain.yaml"
+    mc = yaml.safe_load((ckpt / "model_config.yaml").read_text())
+    pretrain_cfg.write_text(yaml.safe_dump({"model_name": "tiny-llama", "model_config": mc}))
+    return {"root": root, "ckpt": ckpt, "ckpt3": ckpt3, "data": data, "pretrain_cfg": pretrain_cfg}
+
+
+def run_cli(monkeypatch, args: list[str], prog: str = "lit-liger") -> None:
+    """``lit-liger *args`` in this process (litgpt re-reads sys.argv to save hyperparameters)."""
+    monkeypatch.setattr(sys, "argv", [prog, *map(str, args)])
+    if prog == "litgpt":
+        from litgpt.__main__ import main as litgpt_main
+
+        litgpt_main()
+    else:
+        cli.main()
+
+
+def finetune_args(assets, command: str, out_dir: Path, liger: str | None, ckpt: Path | None = None) -> list:
+    args = [
+        command, ckpt or assets["ckpt"], "--out_dir", out_dir, "--precision", "32-true", "--devices", 1,
+        "--data", "JSON", "--data.json_path", assets["data"], "--data.val_split_fraction", 0.1,
+        "--data.num_workers", 0,
+        "--train.micro_batch_size", MICRO_BATCH, "--train.global_batch_size", MICRO_BATCH,
+        "--train.max_seq_length", SEQ, "--train.max_steps", STEPS, "--train.epochs", 100,
+        "--train.lr_warmup_steps", 1, "--train.save_interval", 100,
+        "--eval.interval", 100, "--eval.final_validation", "false", "--eval.max_iters", 1,
+        "--eval.max_new_tokens", 4, "--logger_name", "csv",
+    ]
+    return args + (["--liger", liger] if liger is not None else [])
+
+
+def pretrain_args(assets, out_dir: Path, liger: str) -> list:
+    return [
+        "pretrain", "--config", assets["pretrain_cfg"], "--out_dir", out_dir, "--precision", "32-true",
+        "--devices", 1, "--tokenizer_dir", assets["ckpt"],
+        "--data", "lit_liger.demo.LocalText", "--data.max_files", 3,
+        "--train.micro_batch_size", MICRO_BATCH, "--train.global_batch_size", MICRO_BATCH,
+        "--train.max_seq_length", SEQ, "--train.max_tokens", STEPS * MICRO_BATCH * SEQ,
+        "--train.lr_warmup_steps", 1, "--train.save_interval", 100,
+        "--eval.interval", 100, "--eval.max_iters", 1, "--eval.final_validation", "false",
+        "--logger_name", "csv", "--liger", liger,
+    ]
+
+
+def losses(out_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(out_dir)]
+
+
+def assert_first_losses_match(on: list[float], off: list[float]) -> None:
+    assert len(on) == len(off) == STEPS
+    rel = abs(on[0] - off[0]) / abs(off[0])
+    assert rel < LOSS_TOL, (on, off)
+    assert all(abs(a - b) / abs(b) < 10 * LOSS_TOL for a, b in zip(on, off)), (on, off)
+
+
+def hparams(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def stock_loads_hparams(monkeypatch, capsys, command: str, hparams_file: Path) -> None:
+    """Stock litgpt parses the saved hyperparameters.yaml (no `liger` key) as a --config."""
+    assert "liger" not in hparams(hparams_file)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_cli(monkeypatch, [command, "--config", hparams_file, "--print_config"], prog="litgpt")
+    assert e.value.code in (0, None)
+    assert "checkpoint_dir" in capsys.readouterr().out or command == "pretrain"
+
+
+def stock_generates(monkeypatch, capsys, args: list) -> str:
+    capsys.readouterr()
+    run_cli(monkeypatch, [*args, "--prompt", "def", "--max_new_tokens", 4, "--precision", "32-true"], prog="litgpt")
+    return capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# End-to-end training runs
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path, monkeypatch, capsys):
+    run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "on", "true"))
+    run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "off", "false"))
+    assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
+    final = tmp_path / "on" / "final"
+    stock_loads_hparams(monkeypatch, capsys, "finetune_full", final / "hyperparameters.yaml")
+    stock_generates(monkeypatch, capsys, ["generate", final])
+    # the weights differ from the start: training happened, through the fused loss's gradients
+    sd0 = torch.load(assets["ckpt"] / "lit_model.pth", weights_only=True)
+    sd1 = torch.load(final / "lit_model.pth", weights_only=True)["model"]
+    assert sd0.keys() == sd1.keys()
+    assert not torch.equal(sd0["lm_head.weight"], sd1["lm_head.weight"])
+
+
+@pytest.mark.slow
+def test_finetune_adapter_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path, monkeypatch, capsys):
+    ckpt = assets["ckpt3"]
+    run_cli(monkeypatch, finetune_args(assets, "finetune_adapter", tmp_path / "on", "true", ckpt=ckpt))
+    run_cli(monkeypatch, finetune_args(assets, "finetune_adapter", tmp_path / "off", "false", ckpt=ckpt))
+    assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
+    final = tmp_path / "on" / "final"
+    stock_loads_hparams(monkeypatch, capsys, "finetune_adapter", final / "hyperparameters.yaml")
+    # litgpt's generate_adapter reads the prompt style from the base checkpoint dir and splits its
+    # output on the Alpaca "### Response:" marker: give it the finetune's prompt_style.yaml
+    base = tmp_path / "base"
+    shutil.copytree(ckpt, base)
+    shutil.copy(final / "prompt_style.yaml", base)
+    stock_generates(monkeypatch, capsys, ["generate_adapter", base, "--adapter_path", final / "lit_model.pth.adapter"])
+
+
+@pytest.mark.slow
+def test_pretrain_liger_matches_stock(assets, tmp_path, monkeypatch, capsys):
+    # pretrain wraps the model in torch.compile. Inductor on CPU takes ~40 s per run, so compile with
+    # the "eager" backend here: dynamo still traces the swapped model (custom ops, the deferred
+    # logits it returns); code generation is tested on the GPU.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    run_cli(monkeypatch, pretrain_args(assets, tmp_path / "on", "true"))
+    out = capsys.readouterr().out
+    run_cli(monkeypatch, pretrain_args(assets, tmp_path / "off", "false"))
+    out_off = capsys.readouterr().out
+    assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
+    # the meta-device FLOP count is the unswapped model's: the same number as stock
+    flops = [line for line in out.splitlines() if line.startswith("Measured TFLOPs")]
+    assert flops and flops == [line for line in out_off.splitlines() if line.startswith("Measured TFLOPs")]
+    final = tmp_path / "on" / "final"
+    assert (final / "lit_model.pth").is_file()
+    stock_loads_hparams(monkeypatch, capsys, "pretrain", final / "hyperparameters.yaml")
+
+
+@pytest.mark.slow
+def test_demo_and_finetune_lora_match_stock_and_load_in_litgpt(tmp_path, monkeypatch, capsys):
+    """``lit-liger demo`` end to end (its two ``finetune_lora`` processes run in this one), then the
+    LoRA run's outputs: ``--liger false`` equals stock litgpt, the files load in stock litgpt."""
+    import lit_liger.demo as demo_mod
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the child entry point sets sys.argv
+
+    def in_process(cmd, env=None, **kwargs):
+        assert cmd[:3] == [sys.executable, "-m", "lit_liger.demo"] and env["TRITON_INTERPRET"] == "1"
+        demo_mod._run_and_record(cmd[3], cmd[4:])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(demo_mod.subprocess, "run", in_process)
+    s = demo_mod.demo(out_dir=tmp_path, steps=STEPS, max_seq_length=SEQ, micro_batch_size=MICRO_BATCH, device="cpu")
+    out = capsys.readouterr().out
+    assert "no GPU" in out and "tokens/s" in out and "max |loss diff|" in out
+    assert "lit-liger:" in out and "fused linear cross-entropy" in out  # the --liger true run's swap report
+    assert json.loads((tmp_path / "demo_results.json").read_text())["steps"] == STEPS
+    on, off = s["liger_true"]["losses"], s["liger_false"]["losses"]
+    assert_first_losses_match(on, off)
+
+    # stock litgpt, the same arguments without --liger: --liger false is exactly stock
+    ckpt, data = Path(s["checkpoint_dir"]), Path(s["data_path"])
+    args = demo_mod.finetune_command(ckpt, data, tmp_path / "stock", "32-true", MICRO_BATCH, SEQ, STEPS)
+    run_cli(monkeypatch, args, prog="litgpt")
+    capsys.readouterr()
+    assert losses(tmp_path / "stock") == off
+
+    final = tmp_path / "liger-true" / "final"
+    h_on, h_stock = hparams(final / "hyperparameters.yaml"), hparams(tmp_path / "stock" / "final" / "hyperparameters.yaml")
+    assert (final / "hyperparameters.yaml").read_text().startswith("# lit-liger: trained with liger=true")
+    assert {k: v for k, v in h_on.items() if k != "out_dir"} == {k: v for k, v in h_stock.items() if k != "out_dir"}
+    stock_loads_hparams(monkeypatch, capsys, "finetune_lora", final / "hyperparameters.yaml")
+    # lora's script merged the LoRA weights itself (reading hyperparameters.yaml); stock generate loads them
+    assert (final / "lit_model.pth").is_file()
+    stock_generates(monkeypatch, capsys, ["generate", final])
+
+
+# ----------------------------------------------------------------------------------------------
+# --liger parsing (no training: the script's main is replaced by one that only builds the model)
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def built_models(monkeypatch):
+    """Replace litgpt.finetune.lora.main (what fabric.launch runs) by a stub that builds the model
+    through the script's (patched) ``GPT`` and records it, plus the loss function in use."""
+    import litgpt.finetune.lora as lora
+
+    built = []
+
+    def fake_main(fabric, devices, seed, config, *args, **kwargs):
+        with fabric.init_module():
+            model = lora.GPT(config)
+        built.append({"model": model, "loss": lora.chunked_cross_entropy})
+
+    monkeypatch.setattr(lora, "main", fake_main)
+    return built
+
+
+def _lora_cli(assets, monkeypatch, tmp_path, extra: list) -> None:
+    run_cli(monkeypatch, ["finetune_lora", assets["ckpt"], "--out_dir", tmp_path, "--precision", "32-true",
+                          "--data", "JSON", "--data.json_path", assets["data"], "--data.val_split_fraction", 0.1,
+                          "--data.num_workers", 0, *extra])
+
+
+def _parse_and_build(assets, monkeypatch, tmp_path, built, extra: list) -> dict:
+    _lora_cli(assets, monkeypatch, tmp_path, extra)
+    assert len(built) == 1
+    return built.pop()
+
+
+def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
+    import litgpt.finetune.lora as lora
+    from litgpt.utils import chunked_cross_entropy as litgpt_loss
+
+    from lit_liger import chunked_cross_entropy as liger_loss
+    from lit_liger.adapter import is_swapped
+
+    def attn_norm_gpt(model):
+        blk = model.transformer.h[0]
+        return is_swapped(blk.attn), is_swapped(blk.norm_1), is_swapped(model)
+
+    # default (no flag) and --liger true: everything swapped, the fused loss in use
+    for extra in ([], ["--liger", "true"], ["--liger=true"]):
+        b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, extra)
+        assert attn_norm_gpt(b["model"]) == (True, True, True) and b["loss"] is liger_loss
+    # --liger false: nothing patched, stock classes and loss
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger", "false"])
+    assert attn_norm_gpt(b["model"]) == (False, False, False) and b["loss"] is litgpt_loss
+    assert type(b["model"]) is lora.GPT
+    # per kernel on the command line: --liger.rope false leaves RoPE (the attention) unswapped
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.rope", "false"])
+    assert attn_norm_gpt(b["model"]) == (False, True, True)
+    assert "rope switched off" in capsys.readouterr().out  # in the printed swap report
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.fused_linear_cross_entropy", "false"])
+    assert attn_norm_gpt(b["model"]) == (True, True, False)
+    # a `liger:` mapping in a --config file
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"liger": {"rope": False, "rms_norm": False}}))
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--config", cfg])
+    assert attn_norm_gpt(b["model"]) == (False, False, True)
+    cfg.write_text(yaml.safe_dump({"liger": False}))
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--config", cfg])
+    assert attn_norm_gpt(b["model"]) == (False, False, False)
+    # the script's names are restored after the call
+    assert lora.GPT.__module__ == "litgpt.lora" and lora.chunked_cross_entropy is litgpt_loss
+    from litgpt.parser_config import save_hyperparameters
+
+    assert lora.save_hyperparameters is save_hyperparameters
+
+
+def test_post_training_generate_example_same_with_and_without_liger(assets, tmp_path, monkeypatch, capsys):
+    """The finetune scripts' generation example (KV cache, no grad) runs on the swapped, fabric-wrapped
+    model and samples the same tokens as stock."""
+    import litgpt.finetune.lora as lora
+    from litgpt.tokenizer import Tokenizer
+
+    def fake_main(fabric, devices, seed, config, data, checkpoint_dir, out_dir, train, eval, *args, **kwargs):
+        tokenizer = Tokenizer(checkpoint_dir)
+        data.connect(tokenizer=tokenizer, batch_size=1, max_seq_length=256)
+        data.setup()
+        fabric.seed_everything(seed)
+        with fabric.init_module():
+            model = lora.GPT(config)
+        lora.load_checkpoint(fabric, model, checkpoint_dir / "lit_model.pth", strict=False)
+        model = fabric.setup_module(model)
+        model.max_seq_length = 256  # room for the prompt + the new tokens
+        torch.manual_seed(0)
+        lora.generate_example(fabric, model, tokenizer, eval, data)
+
+    monkeypatch.setattr(lora, "main", fake_main)
+    short = tmp_path / "short.json"  # a prompt that fits the tiny model's context
+    short.write_text(json.dumps([{"instruction": f"Name a number {i}.", "input": "", "output": str(i)} for i in range(8)]))
+    outputs = {}
+    for liger in ("true", "false"):
+        capsys.readouterr()
+        _lora_cli(assets, monkeypatch, tmp_path, ["--liger", liger, "--eval.max_new_tokens", 6,
+                                                  "--data.json_path", short])
+        out = capsys.readouterr().out
+        assert "Length of encoded instruction" not in out  # generation was not skipped
+        outputs[liger] = out.split("### Response:")[-1]
+    assert outputs["true"] == outputs["false"] and outputs["true"].strip()
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [(["--liger", "maybe"], "liger"), (["--liger.bogus", "false"], "bogus"), (["--liger.rope", "2"], "rope"),
+     (["--liger.flce_mode", "fastest"], "flce_mode")],
+)
+def test_bad_liger_values_fail_clearly(assets, tmp_path, monkeypatch, capsys, built_models, extra, needle):
+    with pytest.raises(SystemExit) as e:
+        _parse_and_build(assets, monkeypatch, tmp_path, built_models, extra)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "error" in err.lower()
+    assert not built_models
+
+
+def test_help_documents_liger(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, ["finetune_full", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--liger LIGER" in out and "--liger.rope false" in out and "stock litgpt" in out
+    assert "fused_linear_cross_entropy" in out and "flce_mode (fast|lean)" in out
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, ["--help"])
+    out = capsys.readouterr().out
+    for cmd in ("download", "chat", "generate", "merge_lora", "serve", "demo", "doctor", "check"):
+        assert cmd in out
+
+
+def test_every_litgpt_subcommand_passes_through():
+    from litgpt.__main__ import PARSER_DATA
+
+    data = cli.parser_data()
+    assert set(PARSER_DATA) <= set(data)
+    for name, fn in PARSER_DATA.items():
+        if name in cli.TRAINING_COMMANDS:
+            import inspect
+
+            params = inspect.signature(data[name]).parameters
+            assert list(params)[:-1] == list(inspect.signature(fn).parameters) and "liger" in params
+        else:
+            assert data[name] is fn
+
+
+def test_python_m_entry_point_as_lightning_relaunches_it():
+    # Lightning's subprocess launcher re-executes `python -m <__main__.__spec__.name> argv...`
+    proc = subprocess.run([sys.executable, "-m", "lit_liger.__main__", "finetune_lora", "--help"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--liger LIGER" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# hyperparameters.yaml
+# ----------------------------------------------------------------------------------------------
+def test_saved_hyperparameters_drop_liger(tmp_path, monkeypatch):
+    from litgpt.finetune.full import setup
+
+    monkeypatch.setattr(sys, "argv", ["lit-liger", "finetune_full", "ckpt", "--liger.rope", "false",
+                                      "--train.max_steps", "7"])
+    cli.save_hyperparameters(setup, tmp_path)
+    text = (tmp_path / "hyperparameters.yaml").read_text()
+    assert text.splitlines()[0].startswith("# lit-liger: trained with liger=") and '"rope": false' in text.splitlines()[0]
+    h = yaml.safe_load(text)
+    assert "liger" not in h and h["train"]["max_steps"] == 7 and h["checkpoint_dir"] == "ckpt"
+
+
+# ----------------------------------------------------------------------------------------------
+# configs/
+# ----------------------------------------------------------------------------------------------
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+def _command_for(path: Path) -> str:
+    name = path.stem
+    if "pretrain" in path.parts or name.startswith("pretrain"):
+        return "pretrain"
+    for kind in ("lora", "full", "adapter_v2", "adapter"):
+        if kind in name:
+            return f"finetune_{kind}"
+    raise AssertionError(f"cannot tell the subcommand of {path}")
+
+
+def test_configs_exist():
+    assert len(CONFIGS) >= 6, CONFIGS
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_config_parses_with_print_config(path, monkeypatch, capsys):
+    assert "liger" in yaml.safe_load(path.read_text())
+    with pytest.raises(SystemExit) as e:
+        run_cli(monkeypatch, [_command_for(path), "--config", path, "--print_config"])
+    assert e.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert "liger" in printed
+
+
+# ----------------------------------------------------------------------------------------------
+# doctor, check
+# ----------------------------------------------------------------------------------------------
+def test_doctor_runs_on_cpu(monkeypatch, capsys):
+    run_cli(monkeypatch, ["doctor"])
+    out = capsys.readouterr().out
+    for needle in ("torch", "triton", "lightning", "litgpt", "rms_norm", "rope", "fused_linear_cross_entropy"):
+        assert needle in out
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
+        assert "interpreter" in out and "MISMATCH" not in out and "FAILED" not in out
+        assert out.count("ok (rel err") == 6
+
+
+def test_check_on_cpu_passes_and_fails_on_parity(assets, monkeypatch, capsys):
+    args = ["check", "--checkpoint_dir", assets["ckpt"], "--seq_len", 16, "--batch_size", 1]
+    run_cli(monkeypatch, args)
+    out = capsys.readouterr().out
+    assert "PASS" in out and "worst rel err" in out and "lit-liger:" in out
+    with pytest.raises(SystemExit) as e:  # an impossible tolerance: parity "fails", non-zero exit
+        run_cli(monkeypatch, [*args, "--tolerance", 1e-30, "--liger.rope", "false"])
+    assert e.value.code == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "rope switched off" in out
+
+
+def test_check_random_init_by_name(monkeypatch, capsys):
+    from lit_liger.doctor import check
+
+    r = check(model="pythia-14m", n_layer=1, seq_len=8, batch_size=1, device="cpu")
+    assert r["ok"] and r["worst_grad_rel_err"] < r["tolerance"]
+    assert "layer_norm" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (skipped without CUDA)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_demo_on_gpu(tmp_path):
+    from lit_liger.demo import demo
+
+    s = demo(out_dir=tmp_path, n_layer=2, steps=8, max_seq_length=512)
+    assert s["max_loss_diff"] < 5e-2  # bf16 over 8 steps
+    assert s["liger_true"]["peak_memory_gb"] < s["liger_false"]["peak_memory_gb"]
+
+
+@pytest.mark.gpu
+def test_finetune_full_fsdp_two_gpus(assets, tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    outs = {}
+    for liger in ("true", "false"):
+        args = finetune_args(assets, "finetune_full", tmp_path / liger, liger)
+        args[args.index("--devices") + 1] = 2
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[liger] = losses(tmp_path / liger)
+    assert_first_losses_match(outs["true"], outs["false"])
