@@ -761,7 +761,7 @@ def fused_linear_cross_entropy(
            mode, chunk_size)
     vocab = weight.shape[0]
     if not use_triton(x):
-        if x.device.type != "meta":
+        if x.device.type != "meta" and not torch.compiler.is_compiling():
             _check_target_values(target, vocab, ignore_index)
         return fused_linear_cross_entropy_reference(
             x, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,

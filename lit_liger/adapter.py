@@ -58,6 +58,12 @@ class _GeGLUMixin:
         return self.proj(geglu(self.fc_1(x), self.fc_2(x), approximate=self.config.gelu_approximate))
 
 
+@torch.compiler.assume_constant_result
+def _flash_enabled() -> bool:
+    # a global switch read on the host: a constant for torch.compile (dynamo cannot trace it)
+    return torch.backends.cuda.flash_sdp_enabled()
+
+
 def _flash_gqa_ok(attn: nn.Module, q: torch.Tensor) -> bool:
     """SDPA's ``enable_gqa`` only stays on a fused kernel with flash attention: CUDA, 16-bit, head
     size <= 256, flash enabled, LitGPT's plain SDPA (no attention softcapping, no adapter prefix)."""
@@ -67,7 +73,7 @@ def _flash_gqa_ok(attn: nn.Module, q: torch.Tensor) -> bool:
         and q.shape[-1] <= 256
         and attn.config.attention_logit_softcapping is None
         and type(attn).scaled_dot_product_attention is lm.CausalSelfAttention.scaled_dot_product_attention
-        and torch.backends.cuda.flash_sdp_enabled()
+        and _flash_enabled()
     )
 
 

@@ -13,9 +13,9 @@ How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` 
 ``liger: bool | LigerConfig``. ``--liger false`` calls litgpt's ``setup`` untouched. Otherwise the
 wrapper runs it with four names of the script's module patched for the duration of the call:
 
-* ``GPT`` -> a subclass that calls ``apply_liger(self, liger)`` at the end of ``__init__``: the model
-  is swapped where the script builds it, inside ``fabric.init_module`` and before
-  ``fabric.setup`` wraps it, for every strategy the scripts use (single device, FSDP, FSDP2).
+* ``GPT`` -> a class whose call builds LitGPT's model and calls ``apply_liger`` on it: the model is
+  swapped where the script builds it, inside ``fabric.init_module`` and before ``fabric.setup`` wraps it,
+  for every strategy the scripts use (single device, FSDP, FSDP2).
 * ``chunked_cross_entropy`` -> ``lit_liger.chunked_cross_entropy``: the fused loss for what the
   swapped model returns in training; LitGPT's function for real logits (validation and the
   generation example run under ``no_grad`` and get real logits).
@@ -40,20 +40,21 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any
 
 import torch
 
 from .config import LigerConfig
 
-__all__ = ["main", "parser_data", "with_liger", "save_hyperparameters", "TRAINING_COMMANDS", "LIGER_HELP"]
+__all__ = ["LIGER_HELP", "TRAINING_COMMANDS", "main", "parser_data", "save_hyperparameters", "with_liger"]
 
 #: litgpt subcommands that build and train a model: they gain ``--liger``.
 TRAINING_COMMANDS = ("finetune", "finetune_lora", "finetune_full", "finetune_adapter", "finetune_adapter_v2", "pretrain")
 
 #: The type of the ``liger`` parameter: ``--liger true|false`` or per kernel ``--liger.rope false``.
-LigerArg = Union[bool, LigerConfig]
+LigerArg = bool | LigerConfig
 
 LIGER_HELP = (
     "lit-liger's Triton kernels. ``true`` (default) swaps in every kernel the model's config allows; "
@@ -73,7 +74,7 @@ _DESCRIPTION = (
 # ----------------------------------------------------------------------------------------------
 # The wrapper around a litgpt training `setup`
 # ----------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def with_liger(setup_fn: Callable) -> Callable:
     """``setup_fn`` with an extra ``liger`` parameter; calling it trains with lit-liger's kernels.
 
@@ -108,7 +109,7 @@ def with_liger(setup_fn: Callable) -> Callable:
 def _doc_with_liger(doc: str | None) -> str:
     """Append ``liger`` to the docstring's argument list (the last section of litgpt's setups)."""
     doc = inspect.cleandoc(doc or "")
-    m = re.search(r"^(Arguments|Args|Parameters):\s*\n(\s+)\S", doc, flags=re.M)
+    m = re.search(r"^(Arguments|Args|Parameters):\s*\n(\s+)\S", doc, flags=re.MULTILINE)
     indent = m.group(2) if m else "    "
     if not m:
         doc += "\n\nArguments:"
@@ -152,23 +153,33 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
 
 
 def _liger_gpt_class(base: type, state: _RunState) -> type:
-    """A subclass of the script's ``GPT`` that swaps itself right after LitGPT's ``__init__``.
+    """What the script's ``GPT`` name points to during the run: builds LitGPT's model, then swaps it.
 
-    A subclass (not a factory function) keeps ``isinstance(x, GPT)`` and ``GPT.from_name`` working
-    in the script. Swapping changes module classes only, so it works on the meta device (FSDP's
-    ``empty_init``) and before ``fabric.setup``.
+    Calling it (``GPT(config)``, or ``GPT.from_name(...)``) returns an instance of LitGPT's own class,
+    swapped by ``apply_liger`` exactly as a user's ``apply_liger(GPT(config))`` would be (so the model's
+    class, report and pickling are the adapter's). ``isinstance(x, GPT)`` keeps meaning "is a LitGPT
+    GPT". Swapping changes module classes only, so it works on the meta device (FSDP's
+    ``empty_init``) and before ``fabric.setup`` wraps the model.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
+    class _Meta(type(base)):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, base)
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         from . import apply_liger
 
-        report = apply_liger(self, state.config)
+        model = base(*args, **kwargs)  # not an instance of cls: Python does not call __init__ again
+        report = apply_liger(model, state.config)
         if not state.reported:
             state.reported = True
             _print_rank_zero(str(report))
+        return model
 
-    return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": base.__name__})
+    return _Meta(base.__name__, (base,), {"__new__": __new__, "__module__": base.__module__, "__qualname__": base.__qualname__})
 
 
 def _measure_flops_unswapped(model: torch.nn.Module, *args: Any, **kwargs: Any) -> int:

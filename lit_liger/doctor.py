@@ -17,15 +17,16 @@ import contextlib
 import copy
 import importlib
 import platform
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Union
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from .config import LigerConfig
 
-__all__ = ["doctor", "check", "TOLERANCE", "kernel_paths"]
+__all__ = ["TOLERANCE", "check", "doctor", "kernel_paths"]
 
 #: Whole-model tolerance of ``check`` (relative error of the loss and of each parameter gradient).
 #: Each kernel matches its reference to ~1e-5 (fp32) / ~1e-2 (bf16) on its own (DESIGN.md). Across a
@@ -66,6 +67,16 @@ def _full_fp32_matmuls() -> Iterator[None]:
         torch.set_float32_matmul_precision(prev)
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(prev)
+
+
 def _version(dist: str) -> str:
     try:
         from importlib.metadata import version
@@ -87,7 +98,7 @@ def _resolve_device(device: str) -> torch.device:
 def _table(rows: list[tuple[str, ...]], head: tuple[str, ...] | None = None) -> str:
     allrows = ([head] if head else []) + rows
     w = [max(len(r[i]) for r in allrows) for i in range(len(allrows[0]) - 1)]
-    fmt = lambda r: "  ".join([c.ljust(x) for c, x in zip(r, w)] + [r[-1]]).rstrip()  # noqa: E731
+    fmt = lambda r: "  ".join([c.ljust(x) for c, x in zip(r, w)] + [r[-1]]).rstrip()
     lines = [fmt(r) for r in allrows]
     if head:
         lines.insert(1, "  ".join("-" * x for x in w + [len(head[-1])]))
@@ -100,7 +111,7 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...] | None = None) -> 
 def _smoke_cases(device: torch.device) -> dict[str, Callable[[Any], float]]:
     """One small fwd+bwd per kernel against plain PyTorch; each returns the worst relative error."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(device).requires_grad_(True)  # noqa: E731
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device).requires_grad_(True)
 
     def compare(run: Callable, ref: Callable, inputs: list[torch.Tensor]) -> float:
         out = run(*inputs)
@@ -237,8 +248,8 @@ def doctor(device: str = "auto", run: bool = True) -> list[dict[str, Any]]:
     lines.append(_table([(r["kernel"], r["path"], r["check"] or "-", r["why"]) for r in rows],
                         head=("kernel", "path here", "check", "why")))
     if dev.type != "cuda":
-        lines += ["", "The kernels are for CUDA/ROCm GPUs. On CPU, lit-liger is correct but not faster; "
-                  "TRITON_INTERPRET=1 runs the Triton code on CPU for testing."]
+        lines += ["", ("The kernels are for CUDA/ROCm GPUs. On CPU, lit-liger is correct but not faster; "
+                       "TRITON_INTERPRET=1 runs the Triton code on CPU for testing.")]
     print("\n".join(lines))
     return rows
 
@@ -255,7 +266,7 @@ def check(
     batch_size: int = 2,
     seq_len: int = 64,
     seed: int = 0,
-    liger: Union[bool, LigerConfig] = True,
+    liger: bool | LigerConfig = True,
     tolerance: float | None = None,
 ) -> dict[str, Any]:
     """Parity of a lit-liger-swapped LitGPT model against the untouched one: loss and every gradient.
@@ -296,7 +307,7 @@ def check(
         raise ValueError(f"--seq_len {seq_len} is longer than the model's block_size {config.block_size}")
 
     torch.manual_seed(seed)
-    with torch.device(dev):
+    with torch.device(dev), _default_dtype(dt):  # built in its dtype: no fp32 copy of a large model
         ref = GPT(config)
     note = "random init"
     if checkpoint_dir is not None:

@@ -279,23 +279,31 @@ def _real_pair(name, n_layer=2, **over):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b"])
 def test_gpu_real_size_bf16_parity(name):
+    """bf16 at real widths: lit-liger's error against an fp32 copy of the model is no worse than
+    stock LitGPT's own bf16 error (both round differently in every op, so they are compared to the
+    fp32 truth rather than to each other)."""
     over = {"sliding_window_size": None} if name == "gemma-2-2b" else {}
     cfg, ref, ours = _real_pair(name, **over)
     cfg.sliding_window_indices = None
+    ref32 = copy.deepcopy(ref).float()
     apply_liger(ours)
     x = torch.randint(0, cfg.vocab_size, (2, 1024), device="cuda")
     y = torch.randint(0, cfg.vocab_size, (2, 1024), device="cuda")
-    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
-    loss = chunked_cross_entropy(ours(x), y)
-    loss_err = rel_err(loss, loss_ref)
-    loss_ref.backward()
-    loss.backward()
-    ref_params = dict(ref.named_parameters())
-    errs = {n: rel_err(p.grad, ref_params[n].grad) for n, p in ours.named_parameters() if p.grad is not None}
-    worst = max(errs, key=errs.get)
-    print(f"{name}: loss rel err {loss_err:.2e}, worst grad {worst} {errs[worst]:.2e}")
-    assert loss_err <= 1e-2
-    assert errs[worst] <= 5e-2, (worst, errs[worst])  # bf16 whole-model gradients: both sides round differently in every op
+    losses = {}
+    for key, m, fn in (("stock", ref, litgpt_ce), ("fp32", ref32, litgpt_ce), ("ours", ours, chunked_cross_entropy)):
+        out = m(x)
+        losses[key] = fn(out, y) if key == "ours" else fn(out, y, chunk_size=0)
+        losses[key].backward()
+    assert rel_err(losses["ours"], losses["fp32"]) <= max(2 * rel_err(losses["stock"], losses["fp32"]), 1e-3)
+    p32, pst = dict(ref32.named_parameters()), dict(ref.named_parameters())
+    worst = []
+    for n, p in ours.named_parameters():
+        e_ours, e_stock = rel_err(p.grad, p32[n].grad), rel_err(pst[n].grad, p32[n].grad)
+        worst.append((e_ours / max(e_stock, 1e-3), n, e_ours, e_stock))
+    ratio, n, e_ours, e_stock = max(worst)
+    print(f"{name}: loss err vs fp32 ours {rel_err(losses['ours'], losses['fp32']):.2e} stock "
+          f"{rel_err(losses['stock'], losses['fp32']):.2e}; worst grad {n}: ours {e_ours:.2e} stock {e_stock:.2e}")
+    assert ratio <= 2.0, (n, e_ours, e_stock)
 
 
 @pytest.mark.gpu

@@ -5,10 +5,11 @@ on Python's standard library) and a JSON instruction set are made once per modul
 script runs in this process through ``lit_liger.cli.main`` (``sys.argv`` set as a shell would), with
 the Triton kernels in the interpreter (conftest sets TRITON_INTERPRET=1 without a GPU):
 
-* ``--liger true`` and ``--liger false`` give the same first-step loss (fp32, tolerance 1e-4);
+* ``lit-liger demo`` (its two ``finetune_lora`` runs), ``finetune_full``, ``finetune_adapter`` and
+  ``pretrain``: ``--liger true`` and ``--liger false`` give the same first-step loss (fp32, 1e-4);
 * ``--liger false`` is stock litgpt (same losses bit for bit, same hyperparameters.yaml);
 * what they save loads in stock litgpt (``litgpt generate``/``generate_adapter``, ``--config
-  hyperparameters.yaml``);
+  hyperparameters.yaml``); the post-training generation example samples the same tokens;
 * ``--liger.rope false`` / a ``liger:`` mapping in ``--config`` reach the swap; bad values fail clearly;
 * ``doctor``, ``check`` and every YAML under configs/ (``--print_config``) work.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from litgpt.lora import GPT as LoraGPT
 
 from lit_liger import cli
 from lit_liger.demo import (
@@ -238,7 +241,7 @@ def test_demo_and_finetune_lora_match_stock_and_load_in_litgpt(tmp_path, monkeyp
 def built_models(monkeypatch):
     """Replace litgpt.finetune.lora.main (what fabric.launch runs) by a stub that builds the model
     through the script's (patched) ``GPT`` and records it, plus the loss function in use."""
-    import litgpt.finetune.lora as lora
+    from litgpt.finetune import lora
 
     built = []
 
@@ -264,7 +267,7 @@ def _parse_and_build(assets, monkeypatch, tmp_path, built, extra: list) -> dict:
 
 
 def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
-    import litgpt.finetune.lora as lora
+    from litgpt.finetune import lora
     from litgpt.utils import chunked_cross_entropy as litgpt_loss
 
     from lit_liger import chunked_cross_entropy as liger_loss
@@ -278,6 +281,10 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     for extra in ([], ["--liger", "true"], ["--liger=true"]):
         b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, extra)
         assert attn_norm_gpt(b["model"]) == (True, True, True) and b["loss"] is liger_loss
+    # the built model is LitGPT's LoRA GPT, swapped as apply_liger swaps any model (and it pickles)
+    assert isinstance(b["model"], LoraGPT) and type(b["model"]).__bases__[-1] is LoraGPT
+    clone = pickle.loads(pickle.dumps(b["model"]))
+    assert type(clone) is type(b["model"]) and is_swapped(clone.transformer.h[0].attn)
     # --liger false: nothing patched, stock classes and loss
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger", "false"])
     assert attn_norm_gpt(b["model"]) == (False, False, False) and b["loss"] is litgpt_loss
@@ -297,7 +304,7 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--config", cfg])
     assert attn_norm_gpt(b["model"]) == (False, False, False)
     # the script's names are restored after the call
-    assert lora.GPT.__module__ == "litgpt.lora" and lora.chunked_cross_entropy is litgpt_loss
+    assert lora.GPT is LoraGPT and lora.chunked_cross_entropy is litgpt_loss
     from litgpt.parser_config import save_hyperparameters
 
     assert lora.save_hyperparameters is save_hyperparameters
@@ -306,7 +313,7 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
 def test_post_training_generate_example_same_with_and_without_liger(assets, tmp_path, monkeypatch, capsys):
     """The finetune scripts' generation example (KV cache, no grad) runs on the swapped, fabric-wrapped
     model and samples the same tokens as stock."""
-    import litgpt.finetune.lora as lora
+    from litgpt.finetune import lora
     from litgpt.tokenizer import Tokenizer
 
     def fake_main(fabric, devices, seed, config, data, checkpoint_dir, out_dir, train, eval, *args, **kwargs):
@@ -381,7 +388,7 @@ def test_every_litgpt_subcommand_passes_through():
 def test_python_m_entry_point_as_lightning_relaunches_it():
     # Lightning's subprocess launcher re-executes `python -m <__main__.__spec__.name> argv...`
     proc = subprocess.run([sys.executable, "-m", "lit_liger.__main__", "finetune_lora", "--help"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--liger LIGER" in proc.stdout
 
@@ -486,7 +493,7 @@ def test_finetune_full_fsdp_two_gpus(assets, tmp_path):
         args[args.index("--devices") + 1] = 2
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], env=env,
-                              capture_output=True, text=True, timeout=900)
+                              capture_output=True, text=True, timeout=900, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[liger] = losses(tmp_path / liger)
     assert_first_losses_match(outs["true"], outs["false"])
