@@ -11,7 +11,7 @@ How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` 
 (``litgpt.__main__.PARSER_DATA``). lit-liger reuses that mapping as is, except that each training
 ``setup`` is replaced by :func:`with_liger` (``setup``): a function with the same signature plus
 ``liger: bool | LigerConfig``. ``--liger false`` calls litgpt's ``setup`` untouched. Otherwise the
-wrapper runs it with four names of the script's module patched for the duration of the call:
+wrapper runs it with three names of the script's module patched for the duration of the call:
 
 * ``GPT`` -> a class whose call builds LitGPT's model and calls ``apply_liger`` on it: the model is
   swapped where the script builds it, inside ``fabric.init_module`` and before ``fabric.setup`` wraps it,
@@ -22,8 +22,6 @@ wrapper runs it with four names of the script's module patched for the duration 
 * ``save_hyperparameters`` -> :func:`save_hyperparameters`: LitGPT re-parses ``sys.argv`` to write
   ``hyperparameters.yaml``; this version knows ``--liger`` and leaves it out of the file, so stock
   ``litgpt`` (``merge_lora``, ``--config``, resume) reads it. (Patched for ``--liger false`` too.)
-* ``measure_flops`` (pretrain) -> counts the FLOPs of the unswapped meta model: the model's math is
-  the same, and the fused loss's GEMMs are invisible to torch's FLOP counter.
 
 Multi-device: Lightning's launcher re-executes ``sys.argv`` (``lit-liger ...`` or
 ``python -m lit_liger ...``) in every child process, so every rank parses ``--liger`` and patches its
@@ -51,7 +49,14 @@ from .config import LigerConfig
 __all__ = ["LIGER_HELP", "TRAINING_COMMANDS", "main", "parser_data", "save_hyperparameters", "with_liger"]
 
 #: litgpt subcommands that build and train a model: they gain ``--liger``.
-TRAINING_COMMANDS = ("finetune", "finetune_lora", "finetune_full", "finetune_adapter", "finetune_adapter_v2", "pretrain")
+TRAINING_COMMANDS = (
+    "finetune",
+    "finetune_lora",
+    "finetune_full",
+    "finetune_adapter",
+    "finetune_adapter_v2",
+    "pretrain",
+)
 
 #: The type of the ``liger`` parameter: ``--liger true|false`` or per kernel ``--liger.rope false``.
 LigerArg = bool | LigerConfig
@@ -121,7 +126,7 @@ class _RunState:
 
     def __init__(self, config: LigerConfig) -> None:
         self.config = config
-        self.reported = False
+        self.reported = False  # print the swap report once (pretrain also builds a meta model to count FLOPs)
 
 
 @contextlib.contextmanager
@@ -134,8 +139,6 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         _warn_if_reference_path()
         patches["GPT"] = _liger_gpt_class(module.GPT, state)
         patches["chunked_cross_entropy"] = chunked_cross_entropy
-        if "measure_flops" in vars(module):
-            patches["measure_flops"] = _measure_flops_unswapped
     missing = [name for name in patches if name not in vars(module)]
     if missing:
         raise RuntimeError(
@@ -179,22 +182,9 @@ def _liger_gpt_class(base: type, state: _RunState) -> type:
             _print_rank_zero(str(report))
         return model
 
-    return _Meta(base.__name__, (base,), {"__new__": __new__, "__module__": base.__module__, "__qualname__": base.__qualname__})
-
-
-def _measure_flops_unswapped(model: torch.nn.Module, *args: Any, **kwargs: Any) -> int:
-    """``lightning``'s ``measure_flops`` on the unswapped model (pretrain's meta-device FLOP count).
-
-    The model computes the same math either way, but torch's FLOP counter cannot see inside the
-    fused loss's custom op, so the swapped model would under-count the lm_head GEMMs and make MFU
-    look worse than it is. The meta model is built only to be counted, then deleted.
-    """
-    from lightning.fabric.utilities.throughput import measure_flops
-
-    from . import remove_liger
-
-    remove_liger(model)
-    return measure_flops(model, *args, **kwargs)
+    return _Meta(
+        base.__name__, (base,), {"__new__": __new__, "__module__": base.__module__, "__qualname__": base.__qualname__}
+    )
 
 
 def _print_rank_zero(text: str) -> None:
@@ -260,7 +250,9 @@ def _drop_liger_key(path: Path) -> None:
     new_text = "".join(out)
     if yaml.safe_load(new_text) != data:  # an unexpected layout: fall back to a plain dump
         new_text = yaml.safe_dump(data, sort_keys=False)
-    header = f"# lit-liger: trained with liger={json.dumps(liger)} (left out below so that stock litgpt reads this file)\n"
+    header = (
+        f"# lit-liger: trained with liger={json.dumps(liger)} (left out below so that stock litgpt reads this file)\n"
+    )
     path.write_text(header + new_text, encoding="utf-8")
 
 
@@ -288,9 +280,7 @@ def _set_litgpt_parsing_options() -> None:
     import jsonargparse
 
     if hasattr(jsonargparse, "set_parsing_settings"):
-        jsonargparse.set_parsing_settings(
-            docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=True
-        )
+        jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=True)
     else:  # pragma: no cover - jsonargparse < 4.39
         jsonargparse.set_docstring_parse_options(attribute_docstrings=True)
         jsonargparse.set_config_read_mode(urls_enabled=True)

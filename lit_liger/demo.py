@@ -66,7 +66,8 @@ def source_files(limit: int | None = None) -> list[Path]:
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path(torch.__file__).parent]
     for root in roots:
         files = sorted(
-            p for p in root.rglob("*.py")
+            p
+            for p in root.rglob("*.py")
             if not ({"test", "tests", "site-packages", "idlelib"} & set(p.relative_to(root).parts))
         )
         if files:
@@ -102,7 +103,10 @@ def train_tokenizer(out_dir: Path, vocab_size: int, files: list[Path]) -> int:
 def tiny_overrides(n_embd: int = 64, n_head: int = 4, n_query_groups: int = 2) -> dict[str, Any]:
     """Config overrides that shrink a LitGPT config's widths for CPU runs (families keep their flags)."""
     return {
-        "n_embd": n_embd, "n_head": n_head, "n_query_groups": n_query_groups, "head_size": n_embd // n_head,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_query_groups": n_query_groups,
+        "head_size": n_embd // n_head,
         "intermediate_size": int(n_embd * 2.75),
     }
 
@@ -156,11 +160,13 @@ def make_instruction_dataset(path: Path, files: list[Path], n: int, min_chars: i
             if not doc or not src or not (min_chars <= len(src) <= max_chars):
                 continue
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            rows.append({
-                "instruction": f"Write the {kind} `{node.name}` of Python's `{module}` module.",
-                "input": doc.strip().split("\n\n")[0],
-                "output": src,
-            })
+            rows.append(
+                {
+                    "instruction": f"Write the {kind} `{node.name}` of Python's `{module}` module.",
+                    "input": doc.strip().split("\n\n")[0],
+                    "output": src,
+                }
+            )
             if len(rows) >= n:
                 break
         if len(rows) >= n:
@@ -197,14 +203,18 @@ class LocalText(DataModule):
 
     def connect(self, tokenizer: Any = None, batch_size: int = 1, max_seq_length: int | None = None) -> None:
         if tokenizer is None:
-            raise ValueError("LocalText needs a tokenizer: pass `--tokenizer_dir` (a checkpoint dir with tokenizer files)")
+            raise ValueError(
+                "LocalText needs a tokenizer: pass `--tokenizer_dir` (a checkpoint dir with tokenizer files)"
+            )
         self.tokenizer, self.batch_size = tokenizer, batch_size
         self.max_seq_length = max_seq_length if max_seq_length is not None else 256
 
     def setup(self, stage: str = "") -> None:
         files = sorted(Path(self.text_dir).glob(self.glob)) if self.text_dir else source_files()
-        ids: list[torch.Tensor] = [self.tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"), eos=True)
-                                   for f in files[: self.max_files]]
+        ids: list[torch.Tensor] = [
+            self.tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"), eos=True)
+            for f in files[: self.max_files]
+        ]
         flat = torch.cat(ids)
         block = self.max_seq_length + 1
         n = flat.numel() // block
@@ -215,8 +225,9 @@ class LocalText(DataModule):
         self._train, self._val = blocks[n_val:], blocks[:n_val]
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
-        return torch.utils.data.DataLoader(self._train, batch_size=self.batch_size, shuffle=True,
-                                           generator=torch.Generator().manual_seed(42))
+        return torch.utils.data.DataLoader(
+            self._train, batch_size=self.batch_size, shuffle=True, generator=torch.Generator().manual_seed(42)
+        )
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(self._val, batch_size=self.batch_size)
@@ -240,7 +251,7 @@ def _summarize(out_dir: Path, stats_path: Path, warmup: int) -> dict[str, Any]:
     stats = json.loads(stats_path.read_text()) if stats_path.is_file() else {}
     timed = rows[warmup:] if len(rows) > warmup else rows
     prev = [0.0] + [r["tokens"] for r in rows]
-    tokens = [rows[i]["tokens"] - prev[i] for i in range(len(rows))][len(rows) - len(timed):]
+    tokens = [rows[i]["tokens"] - prev[i] for i in range(len(rows))][len(rows) - len(timed) :]
     seconds = sum(r["iter_time"] for r in timed)
     return {
         "losses": [r["loss"] for r in rows],
@@ -320,7 +331,9 @@ def demo(
         make_checkpoint(ckpt, model, vocab_size=vocab, padded_vocab_size=padded, **overrides)
     if not data_path.is_file():
         n = 64 * max(steps, 8) * micro_batch_size // 8
-        make_instruction_dataset(data_path, files, n=n, min_chars=2000 if on_gpu else 0, max_chars=20000 if on_gpu else 1500)
+        make_instruction_dataset(
+            data_path, files, n=n, min_chars=2000 if on_gpu else 0, max_chars=20000 if on_gpu else 1500
+        )
     print(f"built checkpoint {ckpt} and data {data_path} in {time.perf_counter() - t0:.1f} s", flush=True)
 
     # 4: the two runs, each in a fresh process
@@ -329,7 +342,8 @@ def demo(
         run_dir = out_dir / f"liger-{liger}"
         stats = run_dir / "lit_liger_stats.json"
         args = finetune_command(ckpt, data_path, run_dir, precision, micro_batch_size, max_seq_length, steps) + [
-            "--liger", liger
+            "--liger",
+            liger,
         ]
         cmd = [sys.executable, "-m", "lit_liger.demo", str(stats), *args]
         print(f"$ lit-liger {' '.join(args)}", flush=True)
@@ -338,7 +352,9 @@ def demo(
         (run_dir / "stdout.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
         if proc.returncode != 0:
             print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
-            raise RuntimeError(f"the --liger {liger} run failed (exit {proc.returncode}); log: {run_dir / 'stdout.txt'}")
+            raise RuntimeError(
+                f"the --liger {liger} run failed (exit {proc.returncode}); log: {run_dir / 'stdout.txt'}"
+            )
         results[liger] = _summarize(run_dir, stats, warmup=min(3, steps - 1))
 
     off, on = results["false"], results["true"]
@@ -347,9 +363,14 @@ def demo(
     summary = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu (Triton interpreter)",
         "model": f"{model} shape, {n_layer} layers, random init",
-        "precision": precision, "micro_batch_size": micro_batch_size, "max_seq_length": max_seq_length, "steps": steps,
-        "checkpoint_dir": str(ckpt), "data_path": str(data_path),
-        "liger_false": off, "liger_true": on,
+        "precision": precision,
+        "micro_batch_size": micro_batch_size,
+        "max_seq_length": max_seq_length,
+        "steps": steps,
+        "checkpoint_dir": str(ckpt),
+        "data_path": str(data_path),
+        "liger_false": off,
+        "liger_true": on,
         "first_loss_diff": diffs[0] if diffs else float("nan"),
         "max_loss_diff": max(diffs) if diffs else float("nan"),
     }
@@ -359,20 +380,57 @@ def demo(
 
 
 def finetune_command(
-    checkpoint_dir: Path, data_path: Path, out_dir: Path, precision: str, micro_batch_size: int,
-    max_seq_length: int, steps: int,
+    checkpoint_dir: Path,
+    data_path: Path,
+    out_dir: Path,
+    precision: str,
+    micro_batch_size: int,
+    max_seq_length: int,
+    steps: int,
 ) -> list[str]:
     """The demo's ``finetune_lora`` arguments (without ``--liger``): one optimizer step per micro-batch
     (so each logged loss is one batch's), no periodic evaluation or checkpoints, CSV logs."""
     return [
-        "finetune_lora", str(checkpoint_dir), "--out_dir", str(out_dir), "--precision", precision, "--devices", "1",
-        "--data", "JSON", "--data.json_path", str(data_path), "--data.val_split_fraction", "0.05",
-        "--data.num_workers", "0",
-        "--train.micro_batch_size", str(micro_batch_size), "--train.global_batch_size", str(micro_batch_size),
-        "--train.max_seq_length", str(max_seq_length), "--train.max_steps", str(steps), "--train.epochs", "1000",
-        "--train.lr_warmup_steps", "1", "--train.save_interval", str(10**9),
-        "--eval.interval", str(10**9), "--eval.final_validation", "false", "--eval.max_iters", "2",
-        "--eval.max_new_tokens", "8", "--logger_name", "csv",
+        "finetune_lora",
+        str(checkpoint_dir),
+        "--out_dir",
+        str(out_dir),
+        "--precision",
+        precision,
+        "--devices",
+        "1",
+        "--data",
+        "JSON",
+        "--data.json_path",
+        str(data_path),
+        "--data.val_split_fraction",
+        "0.05",
+        "--data.num_workers",
+        "0",
+        "--train.micro_batch_size",
+        str(micro_batch_size),
+        "--train.global_batch_size",
+        str(micro_batch_size),
+        "--train.max_seq_length",
+        str(max_seq_length),
+        "--train.max_steps",
+        str(steps),
+        "--train.epochs",
+        "1000",
+        "--train.lr_warmup_steps",
+        "1",
+        "--train.save_interval",
+        str(10**9),
+        "--eval.interval",
+        str(10**9),
+        "--eval.final_validation",
+        "false",
+        "--eval.max_iters",
+        "2",
+        "--eval.max_new_tokens",
+        "8",
+        "--logger_name",
+        "csv",
     ]
 
 
@@ -387,23 +445,45 @@ def _table(s: dict[str, Any], on_gpu: bool) -> str:
         return "n/a" if (a is None or b is None or not a or math.isnan(a) or math.isnan(b)) else f"{b / a:.3g}x"
 
     rows = [
-        ("tokens/s", _fmt(off["tokens_per_s"], ",.0f"), _fmt(on["tokens_per_s"], ",.0f"),
-         ratio(off["tokens_per_s"], on["tokens_per_s"])),
-        ("peak GPU memory, training (GB)", _fmt(off["peak_memory_gb"], ".2f"), _fmt(on["peak_memory_gb"], ".2f"),
-         ratio(off["peak_memory_gb"], on["peak_memory_gb"])),
-        ("peak GPU memory, whole run (GB)", _fmt(off["peak_memory_run_gb"], ".2f"),
-         _fmt(on["peak_memory_run_gb"], ".2f"), ratio(off["peak_memory_run_gb"], on["peak_memory_run_gb"])),
-        ("first loss", _fmt(off["losses"][0], ".4f"), _fmt(on["losses"][0], ".4f"),
-         "diff " + _fmt(s["first_loss_diff"], ".2e")),
-        ("final loss", _fmt(off["losses"][-1], ".4f"), _fmt(on["losses"][-1], ".4f"),
-         "diff " + _fmt(abs(off["losses"][-1] - on["losses"][-1]), ".2e")),
+        (
+            "tokens/s",
+            _fmt(off["tokens_per_s"], ",.0f"),
+            _fmt(on["tokens_per_s"], ",.0f"),
+            ratio(off["tokens_per_s"], on["tokens_per_s"]),
+        ),
+        (
+            "peak GPU memory, training (GB)",
+            _fmt(off["peak_memory_gb"], ".2f"),
+            _fmt(on["peak_memory_gb"], ".2f"),
+            ratio(off["peak_memory_gb"], on["peak_memory_gb"]),
+        ),
+        (
+            "peak GPU memory, whole run (GB)",
+            _fmt(off["peak_memory_run_gb"], ".2f"),
+            _fmt(on["peak_memory_run_gb"], ".2f"),
+            ratio(off["peak_memory_run_gb"], on["peak_memory_run_gb"]),
+        ),
+        (
+            "first loss",
+            _fmt(off["losses"][0], ".4f"),
+            _fmt(on["losses"][0], ".4f"),
+            "diff " + _fmt(s["first_loss_diff"], ".2e"),
+        ),
+        (
+            "final loss",
+            _fmt(off["losses"][-1], ".4f"),
+            _fmt(on["losses"][-1], ".4f"),
+            "diff " + _fmt(abs(off["losses"][-1] - on["losses"][-1]), ".2e"),
+        ),
         ("max |loss diff| over steps", "", "", _fmt(s["max_loss_diff"], ".2e")),
     ]
     head = ("", "--liger false", "--liger true", "liger / stock")
     w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
     lines = [
-        (f"\nlit-liger demo: finetune_lora on {s['device']}, {s['model']}, {s['precision']}, "
-         f"{s['micro_batch_size']} x {s['max_seq_length']} tokens, {s['steps']} steps"),
+        (
+            f"\nlit-liger demo: finetune_lora on {s['device']}, {s['model']}, {s['precision']}, "
+            f"{s['micro_batch_size']} x {s['max_seq_length']} tokens, {s['steps']} steps"
+        ),
         "  ".join(h.ljust(x) for h, x in zip(head, w)),
         "  ".join("-" * x for x in w),
     ]

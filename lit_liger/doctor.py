@@ -124,33 +124,51 @@ def _smoke_cases(device: torch.device) -> dict[str, Callable[[Any], float]]:
         return max([_rel_err(a, b) for a, b in zip(outs, rs)] + [_rel_err(a, b) for a, b in zip(got, want)])
 
     def rms(k):
-        return compare(lambda x, w: k(x, w, 1e-6, 0.0),
-                       lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, [rnd(6, 40), rnd(40)])
+        return compare(
+            lambda x, w: k(x, w, 1e-6, 0.0),
+            lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+            [rnd(6, 40), rnd(40)],
+        )
 
     def ln(k):
-        return compare(lambda x, w, b: k(x, w, b, 1e-5),
-                       lambda x, w, b: F.layer_norm(x, (40,), w, b, 1e-5), [rnd(6, 40), rnd(40), rnd(40)])
+        return compare(
+            lambda x, w, b: k(x, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (40,), w, b, 1e-5),
+            [rnd(6, 40), rnd(40), rnd(40)],
+        )
 
     def rope(k):
         from litgpt.model import apply_rope
 
         cos, sin = torch.randn(1, 5, 16, generator=g).to(device), torch.randn(1, 5, 16, generator=g).to(device)
-        return compare(lambda q, kk: k(q, kk, cos, sin),
-                       lambda q, kk: (apply_rope(q, cos, sin), apply_rope(kk, cos, sin)), [rnd(2, 4, 5, 16), rnd(2, 2, 5, 16)])
+        return compare(
+            lambda q, kk: k(q, kk, cos, sin),
+            lambda q, kk: (apply_rope(q, cos, sin), apply_rope(kk, cos, sin)),
+            [rnd(2, 4, 5, 16), rnd(2, 2, 5, 16)],
+        )
 
     def swiglu(k):
         return compare(k, lambda a, b: F.silu(a) * b, [rnd(6, 40), rnd(6, 40)])
 
     def geglu(k):
-        return compare(lambda a, b: k(a, b, approximate="tanh"),
-                       lambda a, b: F.gelu(a, approximate="tanh") * b, [rnd(6, 40), rnd(6, 40)])
+        return compare(
+            lambda a, b: k(a, b, approximate="tanh"),
+            lambda a, b: F.gelu(a, approximate="tanh") * b,
+            [rnd(6, 40), rnd(6, 40)],
+        )
 
     def flce(k):
         t = torch.randint(0, 50, (12,), generator=g).to(device)
         return compare(lambda x, w: k(x, w, t), lambda x, w: F.cross_entropy(x @ w.t(), t), [rnd(12, 24), rnd(50, 24)])
 
-    return {"rms_norm": rms, "layer_norm": ln, "rope": rope, "swiglu": swiglu, "geglu": geglu,
-            "fused_linear_cross_entropy": flce}
+    return {
+        "rms_norm": rms,
+        "layer_norm": ln,
+        "rope": rope,
+        "swiglu": swiglu,
+        "geglu": geglu,
+        "fused_linear_cross_entropy": flce,
+    }
 
 
 def kernel_paths(device: torch.device | str | None = None, run: bool = True) -> list[dict[str, Any]]:
@@ -162,7 +180,10 @@ def kernel_paths(device: torch.device | str | None = None, run: bool = True) -> 
         kernels = importlib.import_module("lit_liger.kernels")
         from .kernels._launch import device_limits, interpret_mode, use_triton
     except Exception as e:  # triton missing or broken: everything is unavailable
-        return [{"kernel": k, "path": "missing", "why": f"lit_liger.kernels does not import: {e}", "check": ""} for k in _KERNELS]
+        return [
+            {"kernel": k, "path": "missing", "why": f"lit_liger.kernels does not import: {e}", "check": ""}
+            for k in _KERNELS
+        ]
 
     probe = torch.empty(0, device=device)
     native = use_triton(probe)
@@ -183,7 +204,9 @@ def kernel_paths(device: torch.device | str | None = None, run: bool = True) -> 
             try:
                 fn = getattr(importlib.import_module(f"lit_liger.kernels.{name}"), name)
             except Exception as e:
-                out.append({"kernel": name, "path": "missing", "why": f"not in this build ({type(e).__name__})", "check": ""})
+                out.append(
+                    {"kernel": name, "path": "missing", "why": f"not in this build ({type(e).__name__})", "check": ""}
+                )
                 continue
         row = {"kernel": name, "path": path, "why": why, "check": ""}
         if run and native:
@@ -216,12 +239,21 @@ def doctor(device: str = "auto", run: bool = True) -> list[dict[str, Any]]:
         info += [
             ("device", f"{lim.name} ({dev})"),
             ("backend", f"ROCm {torch.version.hip}" if lim.is_hip else f"CUDA {torch.version.cuda}"),
-            ("compute capability", f"{lim.capability[0]}.{lim.capability[1]}" + (f" ({props.gcnArchName})" if lim.is_hip and hasattr(props, "gcnArchName") else "")),
+            (
+                "compute capability",
+                f"{lim.capability[0]}.{lim.capability[1]}"
+                + (f" ({props.gcnArchName})" if lim.is_hip and hasattr(props, "gcnArchName") else ""),
+            ),
             ("warp size", str(lim.warp_size)),
             ("max threads per block", str(lim.max_threads_per_block)),
             ("multiprocessors", str(lim.sm_count)),
             ("memory", f"{props.total_memory / 2**30:.1f} GiB"),
-            ("bf16", "yes" if lim.supports_bf16 else f"no (sm_{lim.capability[0]}{lim.capability[1]} < sm_80): train in fp16/fp32"),
+            (
+                "bf16",
+                "yes"
+                if lim.supports_bf16
+                else f"no (sm_{lim.capability[0]}{lim.capability[1]} < sm_80): train in fp16/fp32",
+            ),
             ("GPUs visible", str(torch.cuda.device_count())),
         ]
     else:
@@ -229,8 +261,18 @@ def doctor(device: str = "auto", run: bool = True) -> list[dict[str, Any]]:
 
         info += [
             ("device", f"cpu ({platform.processor() or platform.machine()})"),
-            ("GPU", "none visible to torch" if not torch.cuda.is_available() else f"{torch.cuda.get_device_name(0)} (not selected)"),
-            ("TRITON_INTERPRET", "1 (Triton kernels run in the CPU interpreter)" if interpret_mode() else "unset (kernels take the reference path)"),
+            (
+                "GPU",
+                "none visible to torch"
+                if not torch.cuda.is_available()
+                else f"{torch.cuda.get_device_name(0)} (not selected)",
+            ),
+            (
+                "TRITON_INTERPRET",
+                "1 (Triton kernels run in the CPU interpreter)"
+                if interpret_mode()
+                else "unset (kernels take the reference path)",
+            ),
             ("bf16", "n/a on CPU (the reference path computes in the input dtype)"),
         ]
     info += [
@@ -245,11 +287,20 @@ def doctor(device: str = "auto", run: bool = True) -> list[dict[str, Any]]:
     lines.append(_table([(k, v) for k, v in info]))
     rows = kernel_paths(dev, run=run)
     lines += ["", "kernels"]
-    lines.append(_table([(r["kernel"], r["path"], r["check"] or "-", r["why"]) for r in rows],
-                        head=("kernel", "path here", "check", "why")))
+    lines.append(
+        _table(
+            [(r["kernel"], r["path"], r["check"] or "-", r["why"]) for r in rows],
+            head=("kernel", "path here", "check", "why"),
+        )
+    )
     if dev.type != "cuda":
-        lines += ["", ("The kernels are for CUDA/ROCm GPUs. On CPU, lit-liger is correct but not faster; "
-                       "TRITON_INTERPRET=1 runs the Triton code on CPU for testing.")]
+        lines += [
+            "",
+            (
+                "The kernels are for CUDA/ROCm GPUs. On CPU, lit-liger is correct but not faster; "
+                "TRITON_INTERPRET=1 runs the Triton code on CPU for testing."
+            ),
+        ]
     print("\n".join(lines))
     return rows
 
@@ -321,8 +372,10 @@ def check(
     ref.max_seq_length = seq_len  # rope cache for seq_len only
     swapped = copy.deepcopy(ref)
     report = apply_liger(swapped, LigerConfig.from_value(liger))
-    print(f"lit-liger check: {config.name}, {config.n_layer} layers, {note}, {dtype} on {dev}, "
-          f"batch {batch_size} x {seq_len} tokens\n")
+    print(
+        f"lit-liger check: {config.name}, {config.n_layer} layers, {note}, {dtype} on {dev}, "
+        f"batch {batch_size} x {seq_len} tokens\n"
+    )
     print(report, "\n")
 
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
@@ -350,8 +403,12 @@ def check(
     worst_name, worst = errors[0] if errors else ("-", 0.0)
     ok = loss_err <= tol and worst <= tol
     rows = [
-        ("loss", f"stock {loss_ref.item():.6f}", f"lit-liger {loss_liger.item():.6f}",
-         f"|diff| {abs(loss_liger.item() - loss_ref.item()):.2e}, rel {loss_err:.2e}"),
+        (
+            "loss",
+            f"stock {loss_ref.item():.6f}",
+            f"lit-liger {loss_liger.item():.6f}",
+            f"|diff| {abs(loss_liger.item() - loss_ref.item()):.2e}, rel {loss_err:.2e}",
+        ),
         ("gradients", f"{len(errors)} parameters", f"worst rel err {worst:.2e}", worst_name),
     ]
     rows += [("", "", f"{e:.2e}", n) for n, e in errors[1:4]]
@@ -359,8 +416,16 @@ def check(
     kernels_ran = "reference path (no GPU, TRITON_INTERPRET unset)" if not _triton_ran(x) else "Triton kernels"
     verdict = "PASS" if ok else "FAIL"
     print(f"\n{verdict}: tolerance {tol:.0e} ({dtype}; see lit_liger.doctor.TOLERANCE for why), {kernels_ran}")
-    result = {"ok": ok, "loss_ref": loss_ref.item(), "loss_liger": loss_liger.item(), "loss_rel_err": loss_err,
-              "worst_grad_rel_err": worst, "worst_param": worst_name, "tolerance": tol, "report": report}
+    result = {
+        "ok": ok,
+        "loss_ref": loss_ref.item(),
+        "loss_liger": loss_liger.item(),
+        "loss_rel_err": loss_err,
+        "worst_grad_rel_err": worst,
+        "worst_param": worst_name,
+        "tolerance": tol,
+        "report": report,
+    }
     if not ok:
         raise SystemExit(1)
     return result
