@@ -275,3 +275,64 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.
     if not isinstance(approximate, str) or approximate not in _APPROXIMATE:
         raise ValueError(f"approximate must be 'tanh' or 'none' (as in F.gelu), got {approximate!r}")
     return _glu(a, b, _APPROXIMATE[approximate])
+
+
+# ----------------------------------------------------------------------------------------------
+# GLU + down projection: the MLP's ``proj(glu(fc_1(x), fc_2(x)))`` without saving glu's output
+# ----------------------------------------------------------------------------------------------
+class _GLULinearFn(torch.autograd.Function):
+    """``F.linear(glu(a, b), weight, bias)`` that saves only ``a`` and ``b`` for backward.
+
+    A plain ``proj(glu(a, b))`` keeps the ``(N, I)`` product alive for ``proj``'s weight gradient
+    in addition to ``a`` and ``b`` (LitGPT's LLaMAMLP keeps three ``(N, I)`` tensors per layer).
+    Here the backward recomputes the product from ``a`` and ``b`` with one more pass of the forward
+    kernel (memory-bound, a few percent of the two GEMMs it sits between) and frees it right after
+    the weight gradient: one ``(N, I)`` tensor per layer fewer for the whole step.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, weight, bias, activation):
+        h = _glu_fwd_impl(a, b, activation)  # (..., I)
+        ctx.save_for_backward(a, b, weight)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        return torch.nn.functional.linear(h, weight, bias)  # (..., C)
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, weight = ctx.saved_tensors
+        need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
+        dw = dbias = None
+        if need_dw:
+            h = _glu_fwd_impl(a, b, ctx.activation)  # recomputed (..., I)
+            dw = dy2.t().mm(h.reshape(-1, h.shape[-1]))  # (C, I)
+            del h
+        if need_dbias:
+            dbias = dy2.sum(0)
+        da = db = None
+        if need_da or need_db:
+            dh = dy.matmul(weight)  # (..., I)
+            da, db = _glu_bwd_impl(dh, a, b, ctx.activation, need_da, need_db)
+            da, db = (da if need_da else None), (db if need_db else None)
+        return da, db, dw, dbias, None
+
+
+def glu_linear(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """``F.linear(act(a) * b, weight, bias)`` with ``act`` one of ``silu``, ``gelu_tanh``, ``gelu``;
+    saves only ``a`` and ``b`` for backward (see ``_GLULinearFn``). Under ``torch.compile`` (whose
+    own planner decides what to keep) and on the reference path it is the plain composition."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    _check(a, b)
+    check_float("weight", weight)
+    check_same_device(a=a, weight=weight, bias=bias)
+    if weight.dim() != 2 or weight.shape[1] != a.shape[-1]:
+        raise ValueError(f"weight shape {tuple(weight.shape)} must be (C, {a.shape[-1]}) for a, b of shape {tuple(a.shape)}")
+    if not use_triton(a) or torch.compiler.is_compiling():
+        return torch.nn.functional.linear(_glu(a, b, activation), weight, bias)
+    return _GLULinearFn.apply(a, b, weight, bias, activation)

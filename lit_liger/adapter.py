@@ -29,7 +29,7 @@ from .config import LigerConfig
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_residual
 from .kernels.rope import rope
-from .kernels.swiglu import geglu, swiglu
+from .kernels.swiglu import geglu, glu_linear, swiglu
 from .loss import LigerLogits, _unwrap_linear, chunked_cross_entropy
 
 __all__ = ["apply_liger", "remove_liger", "LigerReport", "is_swapped"]
@@ -48,14 +48,29 @@ class _LayerNormMixin:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
+def _mlp_out(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+    """``proj(act(a) * b)``: with a plain Linear ``proj`` (no LoRA, no autocast) the GLU product is
+    not kept for backward (``glu_linear`` recomputes it): one (B, T, I) tensor per layer fewer."""
+    if (
+        type(proj) is nn.Linear
+        and a.device.type in ("cuda", "cpu")
+        and proj.weight.dtype == a.dtype
+        and not torch.is_autocast_enabled(a.device.type)
+    ):
+        return glu_linear(a, b, proj.weight, proj.bias, activation)  # (B, T, C)
+    glu = swiglu(a, b) if activation == "silu" else geglu(a, b, "tanh" if activation == "gelu_tanh" else "none")
+    return proj(glu)  # (B, T, I) -> (B, T, C)
+
+
 class _SwiGLUMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(swiglu(self.fc_1(x), self.fc_2(x)))  # (B, T, I) -> (B, T, C)
+        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), "silu")  # fc_1, fc_2: (B, T, I)
 
 
 class _GeGLUMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(geglu(self.fc_1(x), self.fc_2(x), approximate=self.config.gelu_approximate))
+        act = "gelu_tanh" if self.config.gelu_approximate == "tanh" else "gelu"
+        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), act)
 
 
 @torch.compiler.assume_constant_result

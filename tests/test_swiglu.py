@@ -1,3 +1,4 @@
+import os
 import pytest
 import torch
 import torch.nn.functional as F
@@ -218,3 +219,42 @@ def test_glu_gpu_compile_fullgraph():
     assert rel_err(compiled, eager) <= 1e-2
     for g, h in zip(g_comp, g_eager):
         assert rel_err(g, h) <= 1e-2
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_glu_linear_matches_composition_and_saves_less(activation, with_bias, device):
+    from lit_liger.kernels.swiglu import glu_linear
+
+    torch.manual_seed(5)
+    a = torch.randn(3, 7, 40, device=device, requires_grad=True)
+    b = torch.randn(3, 7, 40, device=device, requires_grad=True)
+    w = torch.randn(24, 40, device=device, requires_grad=True)
+    bias = torch.randn(24, device=device, requires_grad=True) if with_bias else None
+    act = torch.nn.functional.silu if activation == "silu" else (lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    a64, b64, w64 = (t.detach().double().requires_grad_() for t in (a, b, w))
+    bias64 = bias.detach().double().requires_grad_() if with_bias else None
+    ref = torch.nn.functional.linear(act(a64) * b64, w64, bias64)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        out = glu_linear(a, b, w, bias, activation)
+    assert rel_err(out, ref) <= 1e-5
+    if device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        assert (3, 7, 40) in saved and saved.count((3, 7, 40)) == 2  # a and b only, not the product
+    dy = torch.randn_like(out)
+    inputs = [a, b, w] + ([bias] if with_bias else [])
+    inputs64 = [a64, b64, w64] + ([bias64] if with_bias else [])
+    grads = torch.autograd.grad(out, inputs, dy)
+    grads64 = torch.autograd.grad(ref, inputs64, dy.double())
+    for g, g64 in zip(grads, grads64):
+        assert rel_err(g, g64) <= 1e-5
+
+
+def test_glu_linear_bad_inputs(device):
+    from lit_liger.kernels.swiglu import glu_linear
+
+    a = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match="weight shape"):
+        glu_linear(a, a, torch.randn(3, 5, device=device))
+    with pytest.raises(ValueError, match="activation"):
+        glu_linear(a, a, torch.randn(3, 8, device=device), activation="relu")
