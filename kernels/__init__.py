@@ -9,13 +9,18 @@ from ._launch import device_limits, use_triton
 from .layer_norm import layer_norm
 from .rms_norm import rms_norm, rms_norm_residual
 from .rope import rope
-from .swiglu import geglu, swiglu
+from .fused_linear_cross_entropy import fused_linear_cross_entropy
+from .swiglu import geglu, glu_linear, swiglu
 
-__all__ = ["device_limits", "use_triton", "rms_norm", "rms_norm_residual", "layer_norm", "rope", "swiglu", "geglu"]
-
-try:  # written alongside; keep the package importable while it lands
-    from .fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: F401
-
-    __all__.append("fused_linear_cross_entropy")
-except ImportError:  # pragma: no cover
-    pass
+__all__ = [
+    "device_limits",
+    "use_triton",
+    "rms_norm",
+    "rms_norm_residual",
+    "layer_norm",
+    "rope",
+    "swiglu",
+    "geglu",
+    "glu_linear",
+    "fused_linear_cross_entropy",
+]

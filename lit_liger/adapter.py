@@ -232,10 +232,12 @@ class LigerReport:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (path, class, reason)
 
     def add(self, path: str, module: nn.Module, what: str) -> None:
-        self.swapped.append((path or "<root>", type(module).__name__, what))
+        cls = getattr(module, "_liger_orig_class", None) or type(module)  # the LitGPT class it was
+        self.swapped.append((path or "<root>", cls.__name__, what))
 
     def skip(self, path: str, module: nn.Module | None, why: str) -> None:
-        self.skipped.append((path or "<root>", type(module).__name__ if module is not None else "-", why))
+        cls = (getattr(module, "_liger_orig_class", None) or type(module)) if module is not None else None
+        self.skipped.append((path or "<root>", cls.__name__ if cls is not None else "-", why))
 
     def count(self, kernel: str) -> int:
         return sum(1 for _, _, k in self.swapped if k == kernel)
@@ -266,7 +268,7 @@ def _abbrev(paths: list[str]) -> str:
         return ", ".join(paths)
     import re
 
-    pattern = {re.sub(r"\.\d+\.", ".*.", p) for p in paths}
+    pattern = {re.sub(r"\.\d+(?=\.|$)", ".*", p) for p in paths}
     return ", ".join(sorted(pattern)) if len(pattern) <= 2 else f"{paths[0]}, ... ({len(paths)})"
 
 

@@ -79,6 +79,31 @@ _DESCRIPTION = (
 # ----------------------------------------------------------------------------------------------
 # The wrapper around a litgpt training `setup`
 # ----------------------------------------------------------------------------------------------
+def _single_process_loss(config: LigerConfig, arguments: dict) -> LigerConfig:
+    """Multi-device runs keep every kernel but LitGPT's own loss, for now.
+
+    The fused loss reads the lm_head weight after the model's forward has returned; LitGPT's
+    scripts shard with FSDP, which has resharded the root's flat parameter by then (seen on
+    2 x H200: ``finetune_full --devices 2`` fails with lit-liger's "parameter is sharded" error).
+    Until the loss runs inside the sharded forward, such runs fall back to LitGPT's loss with a
+    warning instead of failing.
+    """
+    import torch
+
+    devices, nodes = arguments.get("devices", 1), arguments.get("num_nodes", 1)
+    if isinstance(devices, str):
+        devices = torch.cuda.device_count() if devices == "auto" else len(devices.split(",")) if "," in devices else int(devices)
+    if not config.fused_linear_cross_entropy or (int(devices) <= 1 and int(nodes or 1) <= 1):
+        return config
+    from lightning.fabric.utilities import rank_zero_warn
+
+    rank_zero_warn(
+        "lit-liger: multi-device run: the fused linear cross-entropy is off (LitGPT's loss is used) because the "
+        "lm_head weight is sharded by FSDP when the loss runs; all other kernels stay on."
+    )
+    return dataclasses.replace(config, fused_linear_cross_entropy=False)
+
+
 @functools.cache
 def with_liger(setup_fn: Callable) -> Callable:
     """``setup_fn`` with an extra ``liger`` parameter; calling it trains with lit-liger's kernels.
@@ -93,7 +118,7 @@ def with_liger(setup_fn: Callable) -> Callable:
         raise TypeError(f"{setup_fn.__module__}.{setup_fn.__name__} already has a `liger` parameter")
 
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
-        config = LigerConfig.from_value(liger)
+        config = _single_process_loss(LigerConfig.from_value(liger), sig.bind_partial(*args, **kwargs).arguments)
         with _patched(module, config):
             return setup_fn(*args, **kwargs)
 

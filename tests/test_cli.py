@@ -610,6 +610,8 @@ def test_finetune_full_fsdp_two_gpus(assets, tmp_path):
     for liger in ("true", "false"):
         args = finetune_args(assets, "finetune_full", tmp_path / liger, liger)
         args[args.index("--devices") + 1] = 2
+        gbs = args.index("--train.global_batch_size") + 1
+        args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         proc = subprocess.run(
             [sys.executable, "-m", "lit_liger", *map(str, args)],
