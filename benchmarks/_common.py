@@ -145,6 +145,21 @@ def time_ms(fn: Callable[[], Any], *, quick: bool = False, smoke: bool = False) 
     return statistics.median(times)
 
 
+def gpu_kernel_ms(fn: Callable[[], Any], n: int = 10) -> float:
+    """Mean milliseconds of GPU kernel time per ``fn()`` call (torch.profiler's CUDA kernel events),
+    without the host's launch overhead that ``do_bench`` also sees."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return total_us / n / 1e3
+
+
 def is_oom(exc: BaseException) -> bool:
     oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), torch.cuda.OutOfMemoryError) if t)
     return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
