@@ -30,7 +30,7 @@ from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_residual
 from .kernels.rope import rope
 from .kernels.swiglu import geglu, glu_linear, swiglu
-from .loss import LigerLogits, _unwrap_linear, chunked_cross_entropy
+from .loss import LigerLogits, _unwrap_linear, chunked_cross_entropy, lm_head_weight_bias
 
 __all__ = ["apply_liger", "remove_liger", "LigerReport", "is_swapped"]
 
@@ -95,8 +95,25 @@ def _flash_gqa_ok(attn: nn.Module, q: torch.Tensor) -> bool:
 class _AttentionMixin:
     """LitGPT's CausalSelfAttention with q/k RoPE in one launch on the q/k views of the qkv output.
 
-    The KV-cache (``input_pos``) and sliding-window calls run LitGPT's forward unchanged.
+    With LitGPT's per-head qk-norm (``norm_qk_type="default"`` with RMSNorm ``norm_q``/``norm_k``:
+    Qwen3, Gemma-3) the norm runs in that same launch; LayerNorm qk-norms and OLMo-2's norm over
+    the whole q/k projection keep their modules. The KV-cache (``input_pos``) and sliding-window
+    calls run LitGPT's forward unchanged.
     """
+
+    def _liger_qk_norm(self) -> dict | None:
+        """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head
+        (swapped by lit-liger or not) with one eps and offset; else None (the modules run)."""
+        cfg = self.config
+        if not (cfg.norm_qk and cfg.norm_qk_type == "default") or not getattr(self, "_liger_fuse_qk_norm", True):
+            return None
+        nq, nk = self.norm_q, self.norm_k
+        if not (isinstance(nq, lm.RMSNorm) and isinstance(nk, lm.RMSNorm)):
+            return None
+        if nq.dim != -1 or nk.dim != -1 or nq.eps != nk.eps or nq.add_unit_offset != nk.add_unit_offset:
+            return None
+        offset = 1.0 if nq.add_unit_offset else 0.0
+        return {"q_weight": nq.weight, "k_weight": nk.weight, "eps": nq.eps, "offset": offset}
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if input_pos is not None or self.apply_sliding_window_attention:
@@ -111,10 +128,11 @@ class _AttentionMixin:
         q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs), a strided view
         k = k.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
         v = v.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
-        if cfg.norm_qk and cfg.norm_qk_type == "default":
+        qk_norm = self._liger_qk_norm()  # per-head RMSNorm of q and k fused into the rope launch
+        if cfg.norm_qk and cfg.norm_qk_type == "default" and qk_norm is None:
             q, k = self.norm_q(q), self.norm_k(k)
         # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
-        q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave)  # (B, nh, T, hs), (B, ng, T, hs)
+        q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave, **(qk_norm or {}))  # (B, nh|ng, T, hs)
         if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
             # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
             # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward
@@ -169,10 +187,27 @@ class _GPTMixin:
             else:
                 x = block(x, cos, sin, None, None, None)
         x = self.transformer.ln_f(x)  # (B, T, C)
+        head = _sharded_head_snapshot(self.lm_head)
         out = LigerLogits(
-            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size, self._liger_flce_mode
+            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+            self._liger_flce_mode, head,
         )
         return [out] if lm_head_chunk_size > 0 else out
+
+
+def _sharded_head_snapshot(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
+    (FSDP reshards the root's flat parameter when forward returns; ZeRO-3 releases partitions;
+    FSDP2 holds DTensors), but the loss runs after it. So in a multi-process run, take the
+    gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
+    gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
+    as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    if torch.distributed.get_world_size() <= 1:
+        return None
+    weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
+    return weight.clone(), (bias.clone() if bias is not None else None)
 
 
 class _LLMMixin:
@@ -218,7 +253,8 @@ def remove_liger(model: nn.Module) -> int:
         orig = getattr(m, "_liger_orig_class", None)
         if orig is not None:
             m.__class__ = orig
-            del m._liger_orig_class
+            for attr in [a for a in vars(m) if a.startswith("_liger_")]:
+                delattr(m, attr)
             n += 1
     return n
 
@@ -352,9 +388,12 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                 report.skip(path, m, "rope switched off")
             else:
                 _swap_class(m, _AttentionMixin)
+                m._liger_fuse_qk_norm = cfg.rms_norm  # rms_norm switched off: LitGPT's qk-norm modules run
                 what = "rope q+k one launch" + (" interleaved" if c.rope_interleave else "")
                 if c.rope_n_elem < c.head_size:
                     what += f" (partial {c.rope_n_elem}/{c.head_size})"
+                if m._liger_qk_norm() is not None:
+                    what += " + qk-norm fused"
                 report.add(path, m, what)
                 if m.apply_sliding_window_attention:
                     report.skip(path, m, "sliding-window mask: LitGPT's attention forward runs for this layer")

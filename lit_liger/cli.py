@@ -79,27 +79,29 @@ _DESCRIPTION = (
 # ----------------------------------------------------------------------------------------------
 # The wrapper around a litgpt training `setup`
 # ----------------------------------------------------------------------------------------------
-def _single_process_loss(config: LigerConfig, arguments: dict) -> LigerConfig:
-    """Multi-device runs keep every kernel but LitGPT's own loss, for now.
+def _fsdp1_loss_fallback(setup_fn: Callable, config: LigerConfig, arguments: dict) -> LigerConfig:
+    """Multi-device runs of the scripts that shard with Fabric's ``FSDPStrategy`` (FSDP1:
+    ``finetune_full``, ``finetune_adapter*``, ``pretrain``) keep every kernel but LitGPT's loss.
 
-    The fused loss reads the lm_head weight after the model's forward has returned; LitGPT's
-    scripts shard with FSDP, which has resharded the root's flat parameter by then (seen on
-    2 x H200: ``finetune_full --devices 2`` fails with lit-liger's "parameter is sharded" error).
-    Until the loss runs inside the sharded forward, such runs fall back to LitGPT's loss with a
-    warning instead of failing.
+    Seen on 2 x H200: the fused loss first met FSDP1's resharded root parameter (lit-liger now takes
+    the gathered lm_head weight inside the forward), then FSDP1's backward-state check; that path is
+    not verified on GPUs yet, so it is off there, with a warning. ``finetune_lora``
+    (``ModelParallelStrategy``, FSDP2) keeps the fused loss: verified on 2 x H200.
     """
+    if not config.fused_linear_cross_entropy or setup_fn.__module__ == "litgpt.finetune.lora":
+        return config
     import torch
 
     devices, nodes = arguments.get("devices", 1), arguments.get("num_nodes", 1)
     if isinstance(devices, str):
         devices = torch.cuda.device_count() if devices == "auto" else len(devices.split(",")) if "," in devices else int(devices)
-    if not config.fused_linear_cross_entropy or (int(devices) <= 1 and int(nodes or 1) <= 1):
+    if int(devices) * int(nodes or 1) <= 1:
         return config
     from lightning.fabric.utilities import rank_zero_warn
 
     rank_zero_warn(
-        "lit-liger: multi-device run: the fused linear cross-entropy is off (LitGPT's loss is used) because the "
-        "lm_head weight is sharded by FSDP when the loss runs; all other kernels stay on."
+        "lit-liger: multi-device FSDP run: the fused linear cross-entropy is off here (LitGPT's loss is used); "
+        "all other kernels stay on. See the README's multi-GPU section."
     )
     return dataclasses.replace(config, fused_linear_cross_entropy=False)
 
@@ -118,7 +120,7 @@ def with_liger(setup_fn: Callable) -> Callable:
         raise TypeError(f"{setup_fn.__module__}.{setup_fn.__name__} already has a `liger` parameter")
 
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
-        config = _single_process_loss(LigerConfig.from_value(liger), sig.bind_partial(*args, **kwargs).arguments)
+        config = _fsdp1_loss_fallback(setup_fn, LigerConfig.from_value(liger), sig.bind_partial(*args, **kwargs).arguments)
         with _patched(module, config):
             return setup_fn(*args, **kwargs)
 

@@ -14,6 +14,7 @@ LitGPT training script does), which is applied to the hidden states.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -85,19 +86,20 @@ class LigerLogitsError(TypeError, AttributeError):
     """Raised when a LigerLogits is used as if it were a logits tensor."""
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class LigerLogits:
-    """Deferred logits: ``hidden`` ``(B, T, H)`` and the ``lm_head`` that would map it to ``(B, T, V)``."""
+    """Deferred logits: ``hidden`` ``(B, T, H)`` and the ``lm_head`` that would map it to ``(B, T, V)``.
 
-    __slots__ = ("hidden", "lm_head", "softcap", "vocab_size", "mode")
+    A dataclass so that wrappers which walk a module's outputs for tensors (FSDP registers its
+    pre-backward hooks on them, ``torch.utils._pytree``-style mappers) find ``hidden`` and ``head``.
+    """
 
-    def __init__(
-        self, hidden: torch.Tensor, lm_head: nn.Module, softcap: float | None, vocab_size: int, mode: str = "fast"
-    ) -> None:
-        self.hidden = hidden
-        self.lm_head = lm_head
-        self.softcap = softcap
-        self.vocab_size = vocab_size
-        self.mode = mode  # fused linear cross-entropy operating point: "fast" or "lean"
+    hidden: torch.Tensor
+    lm_head: nn.Module
+    softcap: float | None
+    vocab_size: int
+    mode: str = "fast"  # fused linear cross-entropy operating point: "fast" or "lean"
+    head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # gathered in a sharded forward, else None
 
     # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
     @property
@@ -121,7 +123,7 @@ class LigerLogits:
                 f"LigerLogits only supports indexing the leading dims with the vocabulary dim whole "
                 f"(e.g. out[..., :-1, :]); got {index!r}. " + _HELP
             )
-        return LigerLogits(self.hidden[idx[:-1]], self.lm_head, self.softcap, self.vocab_size, self.mode)
+        return LigerLogits(self.hidden[idx[:-1]], self.lm_head, self.softcap, self.vocab_size, self.mode, self.head)
 
     # --- the loss ----------------------------------------------------------------------------------
     def loss(
@@ -139,7 +141,7 @@ class LigerLogits:
             )
         from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
-        weight, bias = lm_head_weight_bias(self.lm_head)
+        weight, bias = self.head if self.head is not None else lm_head_weight_bias(self.lm_head)
         return fused_linear_cross_entropy(
             self.hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,

@@ -603,12 +603,14 @@ def test_demo_on_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_finetune_full_fsdp_two_gpus(assets, tmp_path):
+@pytest.mark.parametrize("command", ["finetune_full", "finetune_lora"])
+def test_finetune_two_gpus(assets, tmp_path, command):
+    """finetune_full: Fabric FSDPStrategy (FSDP1); finetune_lora: ModelParallelStrategy (FSDP2)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     outs = {}
     for liger in ("true", "false"):
-        args = finetune_args(assets, "finetune_full", tmp_path / liger, liger)
+        args = finetune_args(assets, command, tmp_path / liger, liger)
         args[args.index("--devices") + 1] = 2
         gbs = args.index("--train.global_batch_size") + 1
         args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step

@@ -1,7 +1,7 @@
 import pytest
 import torch
 from helpers import TOL, rel_err
-from litgpt.model import apply_rope, apply_rope_interleave, batched_index_select, build_rope_cache
+from litgpt.model import RMSNorm, apply_rope, apply_rope_interleave, batched_index_select, build_rope_cache
 
 from lit_liger.kernels.rope import rope, rope_reference
 
@@ -241,6 +241,183 @@ def test_rope_reference_path_without_interpreter(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
+# qk-norm fused (LitGPT's norm_qk_type="default": RMSNorm of every q / k head before RoPE)
+# ----------------------------------------------------------------------------------------------
+def _qk_norms(hs, offset, device, dtype, seed=0):
+    """LitGPT's norm_q / norm_k modules (Gemma: add_unit_offset) with random weights, in the model dtype."""
+    g = torch.Generator().manual_seed(seed)
+    norms = []
+    for _ in range(2):
+        m = RMSNorm(hs, eps=1e-6, add_unit_offset=offset == 1.0)
+        with torch.no_grad():
+            m.weight.copy_((0.0 if offset else 1.0) + 0.3 * torch.randn(hs, generator=g))
+        norms.append(m.to(device=device, dtype=dtype))
+    return norms
+
+
+def _fp64_norm_rope(q, k, cos, sin, wq, wk, interleave, offset, eps=1e-6):
+    """The same math in fp64 (no rounding in between): the truth for the weight gradients."""
+    def norm(x, w):
+        x = x.double()
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * (w.double() + offset)
+
+    return _litgpt_rope(norm(q, wq), norm(k, wk), cos.double(), sin.double(), interleave)
+
+
+def _compare_norm(q, k, cos, sin, nq, nk, interleave, offset, tol, leaves=()):
+    """rope(..., q_weight, k_weight) vs LitGPT's norm_q/norm_k followed by apply_rope (+ tail):
+    outputs, gradients of q, k, ``leaves`` and both weights; weight gradients also vs fp64."""
+    q_ref, k_ref = _litgpt_rope(nq(q), nk(k), cos, sin, interleave)
+    q_out, k_out = rope(q, k, cos, sin, interleave, q_weight=nq.weight, k_weight=nk.weight, eps=nq.eps, offset=offset)
+    for out, ref, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
+        assert out.shape == x.shape and out.dtype == x.dtype and out.stride(-1) == 1
+        assert rel_err(out, ref) <= tol
+    B, nh, T, hs = q.shape
+    dq = torch.randn(B, T, nh, hs, device=q.device, dtype=q.dtype).transpose(1, 2)  # non-contiguous
+    dk = torch.randn_like(k_ref)
+    inputs = (q, k, *leaves, nq.weight, nk.weight)
+    g_ref = torch.autograd.grad((q_ref, k_ref), inputs, (dq, dk))
+    g = torch.autograd.grad((q_out, k_out), inputs, (dq, dk))
+    for a, b, x in zip(g, g_ref, inputs):
+        assert a.shape == x.shape and a.dtype == x.dtype
+        assert rel_err(a, b) <= tol
+    q64, k64 = _fp64_norm_rope(q, k, cos, sin, nq.weight, nk.weight, interleave, offset)
+    assert rel_err(q_out, q64) <= tol and rel_err(k_out, k64) <= tol
+    g64 = torch.autograd.grad((q64, k64), (nq.weight, nk.weight), (dq.double(), dk.double()))
+    for a, b in zip(g[-2:], g64):
+        assert rel_err(a, b) <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "nh, ng, hs, n, interleave, offset",
+    [
+        pytest.param(6, 2, 24, 24, False, 0.0, id="qwen3-gqa-full"),
+        pytest.param(3, 1, 20, 12, False, 1.0, id="gemma3-gqa-partial-offset"),
+        pytest.param(5, 5, 40, 10, True, 0.0, id="mha-partial-interleave"),
+    ],
+)
+def test_rope_qk_norm_matches_litgpt(nh, ng, hs, n, interleave, offset, dtype, device):
+    torch.manual_seed(10)
+    B, T = 2, 3
+    qkv, q, k = _litgpt_qk(B, T, nh, ng, hs, device, dtype)
+    cos, sin = _cache(T, n, device)
+    nq, nk = _qk_norms(hs, offset, device, dtype)  # weights in the model dtype, as in a bf16-true model
+    _compare_norm(q, k, cos, sin, nq, nk, interleave, offset, TOL[dtype], leaves=(qkv,))
+
+
+def test_rope_qk_norm_mixed_and_layouts(device):
+    # fp32 weights with fp16 activations (autocast-style), contiguous q, offset k view, batched cos/sin
+    torch.manual_seed(11)
+    B, T, nh, ng, hs, n = 3, 2, 4, 2, 14, 10
+    q = torch.randn(B, nh, T, hs, device=device, dtype=torch.float16, requires_grad=True)
+    k = torch.randn(B, T, ng + 1, hs, device=device, dtype=torch.float16).transpose(1, 2)[:, 1:]
+    k.requires_grad_(True)
+    cos_cache, sin_cache = build_rope_cache(16, n, device=device)
+    pos = torch.randint(0, 16, (B, T), device=device)
+    cos, sin = batched_index_select(cos_cache, 0, pos), batched_index_select(sin_cache, 0, pos)
+    nq, nk = _qk_norms(hs, 1.0, device, torch.float32, seed=1)
+    before = [t.detach().clone() for t in (q, k, nq.weight, nk.weight)]
+    _compare_norm(q, k, cos, sin, nq, nk, False, 1.0, TOL[torch.float16])
+    for t, b in zip((q, k, nq.weight, nk.weight), before):
+        assert torch.equal(t, b)
+
+
+def test_rope_qk_norm_partial_grads(device):
+    # frozen weights (no dW work), then frozen q and k with trainable weights; only one output used
+    torch.manual_seed(12)
+    B, T, nh, ng, hs, n = 1, 4, 2, 1, 12, 8
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+    cos, sin = _cache(T, n, device)
+    nq, nk = _qk_norms(hs, 0.0, device, torch.float32, seed=2)
+    for p in (nq.weight, nk.weight):
+        p.requires_grad_(False)
+    q_out, _ = rope(q, k, cos, sin, q_weight=nq.weight, k_weight=nk.weight)
+    q_ref, _ = _litgpt_rope(nq(q), nk(k), cos, sin, False)
+    g = torch.autograd.grad(q_out.square().sum(), (q, k), allow_unused=True)
+    g_ref = torch.autograd.grad(q_ref.square().sum(), (q, k), allow_unused=True)
+    assert rel_err(g[0], g_ref[0]) <= 1e-5 and (g[1] is None or g[1].abs().max() == 0)
+    nq.weight.requires_grad_(True)
+    nk.weight.requires_grad_(True)
+    qd, kd = q.detach(), k.detach()
+    _, k_out = rope(qd, kd, cos, sin, q_weight=nq.weight, k_weight=nk.weight)
+    _, k_ref = _litgpt_rope(nq(qd), nk(kd), cos, sin, False)
+    dk = torch.randn_like(k_ref)
+    g = torch.autograd.grad(k_out, (nq.weight, nk.weight), dk, allow_unused=True)
+    g_ref = torch.autograd.grad(k_ref, (nq.weight, nk.weight), dk, allow_unused=True)
+    assert g_ref[0] is None and (g[0] is None or g[0].abs().max() == 0)
+    assert rel_err(g[1], g_ref[1]) <= 1e-5
+
+
+def test_rope_qk_norm_eager_path_equals_custom_op(device):
+    torch.manual_seed(13)
+    B, T, nh, ng, hs, n = 2, 3, 3, 1, 12, 8
+    qkv, q, k = _litgpt_qk(B, T, nh, ng, hs, device, torch.float32)
+    cos, sin = _cache(T, n, device)
+    nq, nk = _qk_norms(hs, 1.0, device, torch.float32, seed=3)
+    wq, wk = nq.weight, nk.weight
+    outs = rope(q, k, cos, sin, True, q_weight=wq, k_weight=wk, eps=1e-5, offset=1.0)
+    assert "RopeQKNormFn" in type(outs[0].grad_fn).__name__
+    outs_op = torch.ops.lit_liger.rope_qk_norm_fwd(q, k, cos, sin, wq, wk, True, 1e-5, 1.0)
+    dys = (torch.randn_like(outs[0]), torch.randn_like(outs[1]))
+    g = torch.autograd.grad(outs, (q, k, qkv, wq, wk), dys)
+    g_op = torch.autograd.grad(outs_op, (q, k, qkv, wq, wk), dys)
+    for a, b in zip((*outs, *g), (*outs_op, *g_op)):
+        assert a.stride() == b.stride() and torch.equal(a, b)
+
+
+def test_rope_qk_norm_meta_device():
+    B, T, nh, ng, hs, n = 2, 5, 6, 2, 16, 8
+    qkv = torch.empty(B, T, (nh + 2 * ng) * hs, device="meta")
+    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
+    cos = sin = torch.empty(1, T, n, device="meta")
+    wq = wk = torch.empty(hs, device="meta")
+    q_out, k_out = rope(q, k, cos, sin, q_weight=wq, k_weight=wk)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.device.type == "meta"
+    q_out, k_out = torch.ops.lit_liger.rope_qk_norm_fwd(q, k, cos, sin, wq, wk, False, 1e-6, 0.0)
+    assert q_out.shape == q.shape and q_out.transpose(1, 2).is_contiguous()
+    dq, dk, dwq, dwk = torch.ops.lit_liger.rope_qk_norm_bwd(q_out, k_out, q, k, cos, sin, wq, wk, False, 1e-6, 0.0, True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dwq.shape == dwk.shape == (hs,)
+
+
+def test_rope_qk_norm_bad_weights(device):
+    B, T, nh, ng, hs, n = 2, 3, 4, 2, 8, 4
+    q = torch.randn(B, nh, T, hs, device=device)
+    k = torch.randn(B, ng, T, hs, device=device)
+    cos, sin = _cache(T, n, device)
+    w = torch.ones(hs, device=device)
+    with pytest.raises(ValueError, match="both q_weight and k_weight"):
+        rope(q, k, cos, sin, q_weight=w)
+    with pytest.raises(ValueError, match="both q_weight and k_weight"):
+        rope(q, k, cos, sin, k_weight=w)
+    with pytest.raises(ValueError, match=r"q_weight must be 1-D of the head size \(8,\)"):
+        rope(q, k, cos, sin, q_weight=torch.ones(hs + 1, device=device), k_weight=w)
+    with pytest.raises(ValueError, match="k_weight must be 1-D"):
+        rope(q, k, cos, sin, q_weight=w, k_weight=torch.ones(2, hs, device=device))
+    with pytest.raises(TypeError, match="float"):
+        rope(q, k, cos, sin, q_weight=w, k_weight=w.long())
+    if device == "cpu":
+        with pytest.raises(ValueError, match="device"):
+            rope(q, k, cos, sin, q_weight=w, k_weight=torch.ones(hs, device="meta"))
+
+
+def test_rope_qk_norm_reference_path_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch.manual_seed(14)
+    for dtype, offset in ((torch.float32, 0.0), (torch.bfloat16, 1.0)):
+        _, q, k = _litgpt_qk(2, 3, 4, 2, 12, "cpu", dtype)
+        cos, sin = _cache(3, 8, "cpu")
+        nq, nk = _qk_norms(12, offset, "cpu", dtype, seed=4)
+        # the CPU path is LitGPT's math bit for bit, bf16 weights with the unit offset included
+        for interleave in (False, True):
+            out = rope(q, k, cos, sin, interleave, q_weight=nq.weight, k_weight=nk.weight, offset=offset)
+            ref = _litgpt_rope(nq(q), nk(k), cos, sin, interleave)
+            assert all(torch.equal(a, b) for a, b in zip(out, ref))
+        _compare_norm(q, k, cos, sin, nq, nk, False, offset, 1e-6 if dtype == torch.float32 else 1e-2)
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU: real sizes and torch.compile
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.gpu
@@ -273,6 +450,42 @@ def test_rope_gpu_torch_compile_fullgraph():
     dq, dk = torch.randn_like(out_e[0]), torch.randn_like(out_e[1])
     g_c = torch.autograd.grad(out_c, (q, k), (dq, dk))
     g_e = torch.autograd.grad(out_e, (q, k), (dq, dk))
+    for a, b in zip(out_c + g_c, out_e + g_e):
+        assert rel_err(a, b) <= 1e-3
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen3", "gemma3"])
+def test_rope_qk_norm_gpu_real_size(offset):
+    torch.manual_seed(15)
+    B, T, nh, ng, hs = 4, 4096, 32, 8, 128
+    qkv, q, k = _litgpt_qk(B, T, nh, ng, hs, "cuda", torch.bfloat16)
+    cos, sin = _cache(T, hs, "cuda")
+    nq, nk = _qk_norms(hs, offset, "cuda", torch.bfloat16)
+    _compare_norm(q, k, cos, sin, nq, nk, False, offset, TOL[torch.bfloat16], leaves=(qkv,))
+
+
+@pytest.mark.gpu
+def test_rope_qk_norm_gpu_torch_compile_fullgraph():
+    torch.manual_seed(16)
+    torch._dynamo.reset()
+    B, T, nh, ng, hs, n = 2, 257, 12, 4, 96, 48
+    _, q, k = _litgpt_qk(B, T, nh, ng, hs, "cuda", torch.bfloat16)
+    cos, sin = _cache(T, n, "cuda")
+    nq, nk = _qk_norms(hs, 1.0, "cuda", torch.float32)
+    wq, wk = nq.weight, nk.weight
+
+    def f(q, k, cos, sin, wq, wk):
+        q_rot, k_rot = rope(q, k, cos, sin, q_weight=wq, k_weight=wk, eps=1e-6, offset=1.0)
+        return q_rot * 2.0, k_rot + 1.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    out_c = compiled(q, k, cos, sin, wq, wk)
+    out_e = f(q, k, cos, sin, wq, wk)
+    dq, dk = torch.randn_like(out_e[0]), torch.randn_like(out_e[1])
+    g_c = torch.autograd.grad(out_c, (q, k, wq, wk), (dq, dk))
+    g_e = torch.autograd.grad(out_e, (q, k, wq, wk), (dq, dk))
     for a, b in zip(out_c + g_c, out_e + g_e):
         assert rel_err(a, b) <= 1e-3
     assert not torch._dynamo.utils.counters["graph_break"]
