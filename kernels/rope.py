@@ -96,6 +96,19 @@ def rope_reference(
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _halves(d, half, PAIRS: tl.constexpr):
+    """Positions of the two rotated halves' elements ``d``: the even/odd elements (``PAIRS``,
+    LitGPT's interleaved layout) or the first/second half (rotate-half layout)."""
+    if PAIRS:
+        a = 2 * d
+        b = 2 * d + 1
+    else:
+        a = d
+        b = d + half
+    return a, b
+
+
+@triton.jit
 def _load_cos_sin(COS, SIN, bi, ti, half, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, BLOCK_D: tl.constexpr):
     """cos[b|0, t, :n] and sin[b|0, t, :n] as fp32 halves ``c1, c2, s1, s2``, each ``[1, BLOCK_D]``."""
     d = tl.arange(0, BLOCK_D)
@@ -127,18 +140,8 @@ def _rope_heads(
     before the rotation; the tail is written normalized."""
     d = tl.arange(0, BLOCK_D)
     dmask = d < half
-    if X_PAIRS:
-        xa = 2 * d
-        xb = 2 * d + 1
-    else:
-        xa = d
-        xb = d + half
-    if O_PAIRS:
-        oa = 2 * d
-        ob = 2 * d + 1
-    else:
-        oa = d
-        ob = d + half
+    xa, xb = _halves(d, half, X_PAIRS)
+    oa, ob = _halves(d, half, O_PAIRS)
     e = tl.arange(0, BLOCK_TAIL)
     emask = e < n_tail
     if HAS_NORM:
@@ -231,12 +234,7 @@ def _rope_norm_heads_bwd(
     dim). With ``NEED_DW`` adds ``sum over heads of g * x_hat`` to the fp32 accumulators."""
     d = tl.arange(0, BLOCK_D)
     dmask = d < half
-    if PAIRS:
-        pa = 2 * d
-        pb = 2 * d + 1
-    else:
-        pa = d
-        pb = d + half
+    pa, pb = _halves(d, half, PAIRS)
     e = tl.arange(0, BLOCK_TAIL)
     emask = e < n_tail
     te = 2 * half + e
@@ -289,12 +287,7 @@ def _load_norm_weight(W, sw, half, n_tail, offset, PAIRS: tl.constexpr, BLOCK_D:
     d = tl.arange(0, BLOCK_D)
     dmask = d < half
     e = tl.arange(0, BLOCK_TAIL)
-    if PAIRS:
-        pa = 2 * d
-        pb = 2 * d + 1
-    else:
-        pa = d
-        pb = d + half
+    pa, pb = _halves(d, half, PAIRS)
     wa = (tl.load(W + pa * sw, mask=dmask, other=0.0).to(tl.float32) + offset)[None, :]
     wb = (tl.load(W + pb * sw, mask=dmask, other=0.0).to(tl.float32) + offset)[None, :]
     wt = (tl.load(W + (2 * half + e) * sw, mask=e < n_tail, other=0.0).to(tl.float32) + offset)[None, :]
@@ -308,12 +301,7 @@ def _store_dw_partial(DW, pid, hs, half, n_tail, acc_a, acc_b, acc_t,
     d = tl.arange(0, BLOCK_D)
     dmask = d < half
     e = tl.arange(0, BLOCK_TAIL)
-    if PAIRS:
-        pa = 2 * d
-        pb = 2 * d + 1
-    else:
-        pa = d
-        pb = d + half
+    pa, pb = _halves(d, half, PAIRS)
     base = DW + tl.cast(pid, tl.int64) * hs
     tl.store(base + pa, acc_a, mask=dmask)
     tl.store(base + pb, acc_b, mask=dmask)
