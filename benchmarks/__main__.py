@@ -1,9 +1,11 @@
-"""``python -m benchmarks kernels|step|all|plot ...`` (run from the repository root).
+"""``python -m benchmarks kernels|step|finetune|convergence|all|plot ...`` (run from the repository root).
 
-    kernels  per-op fwd+bwd time, extra memory, time/floor      (python -m benchmarks kernels -h)
-    step     a whole LitGPT training step per variant            (python -m benchmarks step -h)
-    all      kernels, then step, into one folder                 [--out DIR] [--quick] [--smoke] [--tiny]
-    plot     re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
+    kernels      per-op fwd+bwd time, extra memory, time/floor          (python -m benchmarks kernels -h)
+    step         a whole LitGPT training step per variant                (python -m benchmarks step -h)
+    finetune     lit-liger finetune_lora/full, --liger false vs true     (python -m benchmarks finetune -h)
+    convergence  loss curves of a small model, eager vs lit-liger        (python -m benchmarks convergence -h)
+    all          the four above, into one folder                         [--out DIR] [--quick] [--smoke] [--tiny]
+    plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 
 def _all(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks all", description="kernels, then step, into one folder")
+    p = argparse.ArgumentParser(prog="python -m benchmarks all",
+                                description="kernels, step, finetune and convergence, into one folder")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--smoke", action="store_true")
@@ -26,20 +29,24 @@ def _all(argv: list[str]) -> None:
     opts = p.parse_args(argv)
     out = opts.out or C.default_out_dir(opts.smoke)
     common = ["--out", str(out)] + (["--quick"] if opts.quick else []) + (["--smoke"] if opts.smoke else [])
-    from . import kernels, step
+    from . import convergence, finetune, kernels, step
 
     kernels.main(common)
     step.main(common + (["--tiny"] if opts.tiny else []) + (["--models", opts.models] if opts.models else []))
+    smoke = ["--smoke"] if opts.smoke else []
+    finetune.main(["--out", str(out)] + smoke)
+    convergence.main(["--out", str(out)] + smoke)
 
 
 def _plot(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks plot", description="re-render md + PNG from the JSON")
     p.add_argument("dir", type=Path)
     opts = p.parse_args(argv)
-    from . import kernels, step
+    from . import convergence, finetune, kernels, step
 
     done = False
-    for name, module in (("kernels.json", kernels), ("step.json", step)):
+    for name, module in (("kernels.json", kernels), ("step.json", step), ("finetune.json", finetune),
+                         ("convergence.json", convergence)):
         path = opts.dir / name
         if path.exists():
             with open(path) as f:
@@ -47,7 +54,7 @@ def _plot(argv: list[str]) -> None:
             print("wrote " + ", ".join(str(w) for w in written))
             done = True
     if not done:
-        raise SystemExit(f"no kernels.json or step.json in {opts.dir}")
+        raise SystemExit(f"no kernels.json, step.json, finetune.json or convergence.json in {opts.dir}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,6 +71,14 @@ def main(argv: list[str] | None = None) -> None:
         from . import step
 
         step.main(rest)
+    elif cmd == "finetune":
+        from . import finetune
+
+        finetune.main(rest)
+    elif cmd == "convergence":
+        from . import convergence
+
+        convergence.main(rest)
     elif cmd == "all":
         _all(rest)
     elif cmd == "plot":

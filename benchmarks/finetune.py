@@ -1,0 +1,363 @@
+"""End-to-end benchmark: ``lit-liger finetune_lora`` / ``finetune_full``, ``--liger false`` vs ``--liger true``.
+
+    python -m benchmarks finetune [--model Llama-3.2-1B] [--n_layer N] [--methods lora,full] [--steps 30]
+                                  [--micro_batch_size 4] [--max_seq_length 2048] [--out DIR] [--smoke]
+
+What a user runs, measured the way a user sees it. Everything is built offline by
+:mod:`lit_liger.demo`'s builders (a byte-level BPE trained on Python's standard library, a random-init
+checkpoint with a real LitGPT config's shape, a "write the stdlib function X" instruction set), then
+each method runs twice, each run in a fresh process: ``lit-liger finetune_<method> ... --liger false``
+(stock litgpt) and ``--liger true``. Same seed, same data, one optimizer step per micro-batch.
+
+Numbers come from the runs themselves: tokens/s from the CSV logger's ``metrics.csv`` (litgpt's own
+``tokens`` and ``iter_time``, the first steps left out as warm-up), peak memory from the child
+process's ``torch.cuda.max_memory_allocated()`` (reset after litgpt's "Verifying settings" validation
+pass, so it is the training steps' peak; the whole run's peak is kept beside it).
+"""
+
+from __future__ import annotations
+
+from . import _common as C  # noqa: I001 - first: sets TRITON_INTERPRET on CPU before kernels are imported
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METHODS = ("lora", "full")
+# The issue's target for LoRA (H100, Llama-3.2-1B): --liger true at >= 1.5x the tokens/s of --liger false
+# with <= 0.6x its peak memory. No target is set for full finetuning.
+TARGETS = {"lora": {"tok_per_s": 1.5, "memory": 0.6}}
+LOSS_RTOL = {"32-true": 1e-4, "bf16-true": 2e-2}  # first-step loss, --liger true vs false
+WORK_DIR = C.SMOKE_DIR / "finetune-work"  # checkpoints and runs: big, never under results/
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs: tokenizer, checkpoint, data (lit_liger.demo's builders)
+# ----------------------------------------------------------------------------------------------
+def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_samples: int, max_seq_length: int,
+                 vocab_size: int | None = None) -> tuple[Path, Path, dict[str, Any]]:
+    """Checkpoint dir and JSON data path (reused when already there), and what they hold.
+
+    GPU: the model's real widths and padded vocabulary (the lm_head costs what it costs in the real
+    model; the BPE has ``vocab_size`` = 8192 tokens, so ids stay below it), ``n_layer`` layers; samples of
+    8,000-40,000 characters, so most fill ``max_seq_length`` after truncation. Smoke: demo's tiny widths and
+    a 512-token vocabulary.
+    """
+    from litgpt import Config
+
+    from lit_liger.demo import (
+        make_checkpoint,
+        make_instruction_dataset,
+        source_files,
+        tiny_overrides,
+        train_tokenizer,
+    )
+
+    vocab_size = vocab_size or (512 if smoke else 8192)
+    block_size = max(max_seq_length, 256)
+    ckpt = work_dir / "checkpoints" / f"random-{model}-{n_layer}L{'-tiny' if smoke else ''}-v{vocab_size}-b{block_size}"
+    data_path = work_dir / "data" / f"stdlib_instructions-{'tiny' if smoke else 'long'}-{n_samples}.json"
+    files = source_files()
+    if not (ckpt / "lit_model.pth").is_file():
+        vocab = train_tokenizer(ckpt, vocab_size, files[:40] if smoke else files)
+        overrides: dict[str, Any] = {"n_layer": n_layer, "block_size": block_size}
+        if smoke:
+            overrides.update(tiny_overrides())
+            padded = vocab
+        else:  # real widths; lm_head keeps the real (padded) vocabulary
+            padded = Config.from_name(model).padded_vocab_size
+        make_checkpoint(ckpt, model, vocab_size=vocab, padded_vocab_size=padded, **overrides)
+    if not data_path.is_file():
+        make_instruction_dataset(data_path, files, n=n_samples, min_chars=0 if smoke else 8000,
+                                 max_chars=1500 if smoke else 40000)
+    cfg = Config.from_file(ckpt / "model_config.yaml")
+    info = {"checkpoint_dir": str(ckpt), "data_path": str(data_path),
+            "n_samples": len(json.loads(data_path.read_text(encoding="utf-8"))), "n_layer": cfg.n_layer,
+            "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size, "padded_vocab_size": cfg.padded_vocab_size,
+            "n_params": _n_params(cfg)}
+    return ckpt, data_path, info
+
+
+def _n_params(config) -> int:
+    from litgpt import GPT
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(config).parameters())
+
+
+def command(method: str, ckpt: Path, data_path: Path, run_dir: Path, precision: str, micro_batch_size: int,
+            max_seq_length: int, steps: int, liger: bool) -> list[str]:
+    """``lit-liger finetune_<method>`` arguments: the demo's (``lit_liger.demo.finetune_command``) plus --liger."""
+    from lit_liger.demo import finetune_command
+
+    args = finetune_command(ckpt, data_path, run_dir, precision, micro_batch_size, max_seq_length, steps)
+    assert args[0] == "finetune_lora"
+    return [f"finetune_{method}", *args[1:], "--liger", "true" if liger else "false"]
+
+
+# ----------------------------------------------------------------------------------------------
+# One run (a child process)
+# ----------------------------------------------------------------------------------------------
+def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = False) -> dict[str, Any]:
+    """``lit-liger *args`` in a fresh process; its numbers (``lit_liger.demo._summarize`` of its logs).
+
+    ``in_process`` runs it in this process instead (tests: no second interpreter start-up; peak memory
+    counters are then shared with whatever ran before). Raises ``RuntimeError`` when the run fails.
+    """
+    from lit_liger.demo import _summarize
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a previous run's logs/csv/version_0 would be read instead of this one's
+    run_dir.mkdir(parents=True)
+    stats = run_dir / "lit_liger_stats.json"
+    log = run_dir / "stdout.txt"
+    t0 = time.perf_counter()
+    if in_process:
+        saved = list(sys.argv)
+        try:
+            _child(str(stats), args)
+        finally:
+            sys.argv[:] = saved
+    else:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--child", str(stats), *args],
+                              cwd=C.REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+        log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"exit {proc.returncode}: {tail[0][:200]} (log: {log})")
+    res = _summarize(run_dir, stats, warmup=warmup)
+    res["process_s"] = time.perf_counter() - t0
+    return res
+
+
+def _child(stats_path: str, argv: list[str]) -> None:
+    """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory + wall time of the run), with
+    the peak-reset-after-validation that it does for ``finetune_lora`` done for ``finetune_full`` too."""
+    from litgpt.finetune import full
+
+    from lit_liger.demo import _run_and_record
+
+    cuda = torch.cuda.is_available()
+    run_peak = [0]
+    validate = full.validate
+
+    def validate_then_reset_peak(*a: Any, **kw: Any) -> Any:
+        out = validate(*a, **kw)
+        if cuda:
+            torch.cuda.synchronize()
+            run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        return out
+
+    full.validate = validate_then_reset_peak
+    try:
+        _run_and_record(stats_path, argv)
+    finally:
+        full.validate = validate
+    if cuda and run_peak[0]:
+        stats = json.loads(Path(stats_path).read_text())
+        stats["peak_memory_run_bytes"] = max(run_peak[0], stats.get("peak_memory_run_bytes") or 0)
+        Path(stats_path).write_text(json.dumps(stats), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+COLUMNS = ["method", "liger", "layers", "B", "T", "steps", "tok/s", "x stock tok/s", "peak GB", "x stock mem",
+           "run peak GB", "loss@1", "loss@1 vs stock", "final loss", "target", "status"]
+
+
+def _table_rows(result: dict) -> list[list[Any]]:
+    return [[r["method"], r["liger"], r.get("n_layer"), r.get("B"), r.get("T"), r.get("steps"), r.get("tokens_per_s"),
+             r.get("speedup_vs_stock"), r.get("peak_memory_gb"), r.get("memory_vs_stock"), r.get("peak_memory_run_gb"),
+             r.get("first_loss"), r.get("first_loss_rel_diff"), r.get("final_loss"), r.get("target", "-"), r["status"]]
+            for r in result["rows"]]
+
+
+def _target(method: str, speedup: float | None, mem: float | None) -> str:
+    t = TARGETS.get(method)
+    if not t or speedup is None:
+        return "-"
+    ok_speed = speedup >= t["tok_per_s"]
+    ok_mem = mem is not None and mem <= t["memory"]
+    text = f"tok/s >= {t['tok_per_s']}x: {'met' if ok_speed else 'missed'}; "
+    text += f"mem <= {t['memory']}x: {'met' if ok_mem else 'missed' if mem is not None else 'n/a'}"
+    return text
+
+
+def render(result: dict, out_dir: Path) -> list[Path]:
+    env, s = result["environment"], result["settings"]
+    md = [
+        f"# Finetune benchmark: {env['device']}, {env['date']}",
+        "",
+        f"`lit-liger finetune_<method> --liger false` (stock litgpt) vs `--liger true`; torch {env['torch']}, "
+        f"triton {env['triton']}, litgpt {env['litgpt']}, lit-liger {env['lit_liger']} "
+        f"({env.get('lit_liger_commit')})" + (" — SMOKE RUN (tiny, not a measurement)" if result.get("smoke") else ""),
+        "",
+        (f"Model: {s['model']} shape, {result['inputs'].get('n_layer')} layers, random init "
+         f"({C.fmt(result['inputs'].get('n_params', 0) / 1e6)} M parameters, lm_head "
+         f"{result['inputs'].get('padded_vocab_size')} rows); {s['precision']}; micro-batch {s['micro_batch_size']} x "
+         f"max_seq_length {s['max_seq_length']}, one optimizer step per micro-batch, {s['steps']} steps; data: "
+         f"{result['inputs'].get('n_samples')} stdlib instruction samples "
+         f"({'up to 1.5k' if result.get('smoke') else '8k-40k'} characters each)."),
+        "",
+        (f"tok/s = litgpt's logged `tokens` (prompt + response, no padding) / summed `iter_time` over steps "
+         f"{s['warmup'] + 1}-{s['steps']}; peak GB = `max_memory_allocated` of the training steps (reset after "
+         "the 'Verifying settings' validation); run peak GB = the whole run's."),
+        "",
+        C.markdown_table(COLUMNS, _table_rows(result)),
+        "",
+    ]
+    notes = [f"- {m}: {t['tok_per_s']}x tokens/s at <= {t['memory']}x peak memory" for m, t in TARGETS.items()]
+    md += ["Targets (issue 7, H100, Llama-3.2-1B):", *notes, ""]
+    path = out_dir / "finetune.md"
+    path.write_text("\n".join(md))
+    written = [path]
+    tput, mem = {}, {}
+    for r in result["rows"]:
+        if r["status"] == "ok":
+            panel = f"finetune_{r['method']}"
+            label = f"--liger {r['liger']}"
+            tput.setdefault(panel, {})[label] = r["tokens_per_s"]
+            if r.get("peak_memory_gb") is not None:
+                mem.setdefault(panel, {})[label] = r["peak_memory_gb"]
+    title = f"{env['device']} — lit-liger finetune, {s['model']} {result['inputs'].get('n_layer')}L, {s['precision']}"
+    if C.bar_charts(out_dir / "finetune_throughput.png", tput, title=title + ": tokens/s", ylabel="tokens/s"):
+        written.append(out_dir / "finetune_throughput.png")
+    if C.bar_charts(out_dir / "finetune_memory.png", mem, title=title + ": peak memory", ylabel="GB"):
+        written.append(out_dir / "finetune_memory.png")
+    return written
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks finetune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="Llama-3.2-1B", help="LitGPT config name whose shape the checkpoint takes")
+    p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's full depth; smoke 2)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 30; smoke 2)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="first steps left out of tokens/s (default 3; smoke 1)")
+    p.add_argument("--micro_batch_size", type=int, default=None, help="samples per step (default 4; smoke 1)")
+    p.add_argument("--max_seq_length", type=int, default=None, help="tokens per sample (default 2048; smoke 16)")
+    p.add_argument("--precision", default=None, help="Lightning precision (default bf16-true on a GPU, else 32-true)")
+    p.add_argument("--work_dir", type=Path, default=WORK_DIR,
+                   help=f"checkpoint, data and the runs' folders (default {WORK_DIR}); reused when there")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: benchmarks/results/<device>-<date>/)")
+    p.add_argument("--smoke", action="store_true", help="harness test: tiny model, 2 steps (CPU: Triton interpreter)")
+    p.add_argument("--in_process", action="store_true",
+                   help="run the finetunes in this process instead of fresh ones (tests; peak memory is shared)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:  # python -m benchmarks.finetune --child STATS_JSON <lit-liger args...>
+        _child(argv[1], argv[2:])
+        return {}
+    opts = build_parser().parse_args(argv)
+    methods = [m.strip() for m in opts.methods.split(",") if m.strip()]
+    bad = sorted(set(methods) - set(METHODS))
+    if bad:
+        raise SystemExit(f"unknown method(s) {bad}; choose from {list(METHODS)}")
+    smoke = opts.smoke
+    if not C.CUDA and not smoke:
+        print("# no CUDA GPU: running the --smoke sizes (the Triton interpreter shows parity, not speed)", flush=True)
+        smoke = True
+    from litgpt import Config
+
+    n_layer = opts.n_layer or (2 if smoke else Config.from_name(opts.model).n_layer)
+    steps = opts.steps or (2 if smoke else 30)
+    warmup = min(steps - 1, opts.warmup if opts.warmup is not None else (1 if smoke else 3))
+    B = opts.micro_batch_size or (1 if smoke else 4)
+    T = opts.max_seq_length or (16 if smoke else 2048)
+    precision = opts.precision or ("bf16-true" if C.CUDA else "32-true")
+    out_dir = opts.out or C.default_out_dir(smoke)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = opts.work_dir
+
+    env = C.environment()
+    print(f"# lit-liger finetune benchmark on {env['device']} -> {out_dir} (work files: {work})", flush=True)
+    t0 = time.perf_counter()
+    n_samples = max(64, (steps + 2) * B * 2) if smoke else max(200, 2 * steps * B)
+    ckpt, data_path, inputs = build_inputs(work, opts.model, n_layer, smoke=smoke, n_samples=n_samples,
+                                           max_seq_length=T)
+    inputs["build_s"] = time.perf_counter() - t0
+    print(f"# inputs: {ckpt} ({C.fmt(inputs['n_params'] / 1e6)} M parameters), {data_path} "
+          f"({inputs['n_samples']} samples), {inputs['build_s']:.1f} s", flush=True)
+    result: dict[str, Any] = {
+        "kind": "finetune", "environment": env, "smoke": smoke, "inputs": inputs, "rows": [],
+        "settings": {"model": opts.model, "methods": methods, "steps": steps, "warmup": warmup,
+                     "micro_batch_size": B, "max_seq_length": T, "precision": precision,
+                     "in_process": opts.in_process},
+        "targets": TARGETS,
+    }
+    json_path = out_dir / "finetune.json"
+    print("  ".join(COLUMNS), flush=True)
+    for method in methods:
+        stock = None
+        for liger in (False, True):
+            run_dir = work / "runs" / f"{method}-liger-{str(liger).lower()}"
+            args = command(method, ckpt, data_path, run_dir, precision, B, T, steps, liger)
+            row: dict[str, Any] = {"method": method, "liger": str(liger).lower(), "n_layer": n_layer, "B": B, "T": T,
+                                   "steps": steps, "command": "lit-liger " + " ".join(args), "run_dir": str(run_dir)}
+            try:
+                res = run_one(args, run_dir, warmup=warmup, in_process=opts.in_process)
+                row["status"] = "ok"
+            except Exception as exc:  # noqa: BLE001 - a failed run (OOM included) is recorded, the others go on
+                res, row["status"] = None, C.failure_status(exc)
+            if res:
+                losses = res["losses"]
+                row.update(res, first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None)
+                if not liger:
+                    stock = row
+                elif stock is not None and stock["status"] == "ok":
+                    if stock["tokens_per_s"]:
+                        row["speedup_vs_stock"] = row["tokens_per_s"] / stock["tokens_per_s"]
+                    if row.get("peak_memory_gb") and stock.get("peak_memory_gb"):
+                        row["memory_vs_stock"] = row["peak_memory_gb"] / stock["peak_memory_gb"]
+                    a, b = row["first_loss"], stock["first_loss"]
+                    if a is not None and b is not None:
+                        row["first_loss_rel_diff"] = abs(a - b) / max(abs(b), 1e-12)
+                        if not math.isfinite(a) or row["first_loss_rel_diff"] > LOSS_RTOL.get(precision, 2e-2):
+                            row["status"] = f"LOSS MISMATCH ({a:.4f} vs stock {b:.4f})"
+                    if not smoke:
+                        row["target"] = _target(method, row.get("speedup_vs_stock"), row.get("memory_vs_stock"))
+                _keep_logs(run_dir, out_dir / "finetune_logs" / run_dir.name)
+            C.free_memory()
+            result["rows"].append(row)
+            C.write_json(json_path, result)  # after every run: a benchmark cut short keeps its numbers
+            print("  ".join(C.fmt(v) for v in _table_rows({"rows": [row]})[0]), flush=True)
+
+    print()
+    print(C.text_table(COLUMNS, _table_rows(result)))
+    C.write_json(json_path, result)
+    written = [json_path] + render(result, out_dir)
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return result
+
+
+def _keep_logs(run_dir: Path, dest: Path) -> None:
+    """The run's own evidence beside the results (small text files): its stdout and metrics.csv."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in [run_dir / "stdout.txt", run_dir / "lit_liger_stats.json", *sorted(run_dir.glob("logs/csv/version_*/metrics.csv"))[-1:]]:
+        if src.is_file():
+            shutil.copy(src, dest / src.name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,123 @@
+"""Convergence parity and the finetune benchmark's harness, on CPU (Triton interpreter).
+
+* ``python -m benchmarks convergence --smoke``: a 2-layer, 64-wide Llama-3-shaped LitGPT model trained
+  for 30 steps on standard-library text (BPE trained here), stock LitGPT vs ``apply_liger`` + the fused
+  loss, same init and batches, fp32: the loss curves agree to 1e-3 (relative) after the warm-up and
+  the validation perplexities (torchmetrics, real logits) are finite and agree;
+* ``compare``: a drift above the 1% target or a NaN loss is reported as missed, never as met;
+* ``python -m benchmarks finetune --smoke``: ``lit-liger finetune_lora`` / ``finetune_full`` with
+  ``--liger false`` and ``true`` (run in this process) finish, agree on the first loss, and the table,
+  JSON and markdown are written.
+
+The interpreter runs one Triton program at a time, so the smoke sizes are a few tokens per step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks/` is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import __main__ as bench  # after the path set-up
+from benchmarks import convergence
+
+PARITY_TOL = 1e-3  # fp32: relative loss difference per step after the warm-up (seen: < 1e-6)
+
+
+@pytest.fixture
+def argv_guard(monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # litgpt's scripts re-read and our runs set sys.argv
+
+
+@pytest.mark.slow
+def test_convergence_smoke_curves_match_in_fp32(tmp_path, argv_guard):
+    out = tmp_path / "out"
+    bench.main(["convergence", "--smoke", "--out", str(out), "--work_dir", str(tmp_path / "work")])
+    result = json.loads((out / "convergence.json").read_text())
+    eager, liger = result["runs"]["eager"], result["runs"]["lit-liger"]
+    assert eager["status"] == liger["status"] == "ok"
+    assert result["settings"]["dtype"] == "float32" and result["settings"]["steps"] == 30
+    assert result["settings"]["n_layer"] == 2 and result["settings"]["n_embd"] == 64
+    # lit-liger's run really ran the kernels: fused loss and the swapped modules
+    assert "fused linear cross-entropy" in liger["notes"] and "rms_norm" in liger["notes"]
+    assert "swapped" not in eager["notes"]
+
+    e, g = eager["losses"], liger["losses"]
+    assert len(e) == len(g) == 30
+    assert all(math.isfinite(v) for v in e + g)
+    assert len(set(e)) > 1  # the batches and weights change from step to step: training happened
+    cmp = result["comparison"]
+    warmup = result["settings"]["warmup"]
+    worst = max(abs(b - a) / abs(a) for a, b in zip(e[warmup:], g[warmup:]))
+    assert worst <= PARITY_TOL, f"max relative loss difference after warm-up {worst:.2e}"
+    assert cmp["max_rel_diff"] == pytest.approx(worst) and cmp["target_met"] is True
+
+    pe, pg = eager["val_ppl"], liger["val_ppl"]
+    assert math.isfinite(pe) and math.isfinite(pg) and 1.0 < pe < 10 * result["settings"]["vocab_size"]
+    assert abs(pg - pe) / pe <= PARITY_TOL
+    assert eager["val_tokens"] == liger["val_tokens"] > 0
+
+    md = (out / "convergence.md").read_text()
+    assert "**met**" in md and "validation perplexity" in md
+    pytest.importorskip("matplotlib")
+    assert (out / "convergence_loss.png").stat().st_size > 0
+
+
+def test_compare_flags_drift_and_nan():
+    ref = [5.0 - 0.01 * i for i in range(40)]
+    same = convergence.compare(ref, list(ref), warmup=5)
+    assert same["max_rel_diff"] == 0.0 and same["target_met"] is True
+    drift = [v * (1.02 if i == 30 else 1.0) for i, v in enumerate(ref)]
+    bad = convergence.compare(ref, drift, warmup=5)
+    assert bad["max_rel_diff"] == pytest.approx(0.02) and bad["max_rel_diff_step"] == 31 and not bad["target_met"]
+    early = [v * (1.5 if i == 2 else 1.0) for i, v in enumerate(ref)]
+    assert convergence.compare(ref, early, warmup=5)["target_met"] is True  # inside the warm-up: not counted
+    nan = convergence.compare(ref, ref[:-1] + [float("nan")], warmup=5)
+    assert math.isinf(nan["max_rel_diff"]) and not nan["target_met"]
+    # learning-rate schedule: warm-up from 1/warmup to 1, cosine down to 10%
+    f = [convergence.lr_factor(s, warmup=4, steps=20) for s in range(21)]
+    assert f[0] == 0.25 and f[3] == 1.0 and f[4] == 1.0 and f[20] == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(f[3:]))
+
+
+@pytest.mark.slow
+def test_finetune_smoke_runs_both_methods(tmp_path, argv_guard, capsys):
+    out = tmp_path / "out"
+    bench.main(["finetune", "--smoke", "--in_process", "--out", str(out), "--work_dir", str(tmp_path / "work")])
+    printed = capsys.readouterr().out
+    result = json.loads((out / "finetune.json").read_text())
+    rows = {(r["method"], r["liger"]): r for r in result["rows"]}
+    assert set(rows) == {("lora", "false"), ("lora", "true"), ("full", "false"), ("full", "true")}
+    for (method, liger), r in rows.items():
+        assert r["status"] == "ok", (method, liger, r["status"])
+        assert r["command"].startswith(f"lit-liger finetune_{method} ") and r["command"].endswith(f"--liger {liger}")
+        assert len(r["losses"]) == result["settings"]["steps"] and math.isfinite(r["losses"][-1])
+        assert r["tokens_per_s"] > 0
+    for method in ("lora", "full"):
+        on, off = rows[(method, "true")], rows[(method, "false")]
+        assert on["first_loss_rel_diff"] <= 1e-4  # fp32: same first batch, same weights
+        assert abs(on["first_loss"] - off["first_loss"]) <= 1e-4 * abs(off["first_loss"])
+        assert on["speedup_vs_stock"] > 0
+    assert "x stock tok/s" in printed and "wrote" in printed
+    md = (out / "finetune.md").read_text()
+    assert "SMOKE RUN" in md and "| lora | true |" in md
+    assert (out / "finetune_logs" / "full-liger-true" / "metrics.csv").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_convergence_gpu_bf16_within_one_percent(tmp_path):
+    """The full version (4 layers x 256, 300 steps, bf16): the issue's target, <= 1% after warm-up."""
+    result = convergence.main(["--out", str(tmp_path), "--work_dir", str(tmp_path / "work")])
+    cmp = result["comparison"]
+    assert cmp is not None, result["runs"]
+    assert cmp["max_rel_diff"] <= convergence.TARGET_REL_DIFF and cmp["final_rel_diff"] <= convergence.TARGET_REL_DIFF
+    assert cmp["val_ppl_rel_diff"] <= convergence.TARGET_REL_DIFF
