@@ -1,0 +1,99 @@
+"""Two processes on CPU (gloo): a swapped model under FSDP1 and FSDP2 gives rank 0 the loss and the
+gradients of a single-process stock LitGPT run (same batch on both ranks, so the averaged gradient is
+the single-process one). Exercises the fused-loss seam under sharding: the lm_head weight is taken
+gathered inside the forward and its gradient goes back through the sharding strategy."""
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(__file__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from litgpt.model import Block
+        from litgpt.utils import chunked_cross_entropy as litgpt_ce
+        from test_adapter import _pair, tiny_config
+
+        from lit_liger import LigerLogits, apply_liger, chunked_cross_entropy
+
+        cfg = tiny_config("Llama-3.2-1B")
+        ref, ours = _pair(cfg)
+        torch.manual_seed(5)
+        x = torch.randint(0, cfg.vocab_size, (2, 8))
+        y = torch.randint(0, cfg.vocab_size, (2, 8))
+        y[0, :2] = -100
+        loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+        loss_ref.backward()
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        apply_liger(ours)
+        if mode == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            model = FSDP(ours, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
+                         device_id=torch.device("cpu"))
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in ours.transformer.h:
+                fully_shard(block)
+            fully_shard(ours)
+            model = ours
+        out = model(x)
+        assert isinstance(out, LigerLogits) and out.head is not None  # gathered inside the forward
+        loss = chunked_cross_entropy(out, y)
+        loss.backward()
+        errs = {}
+        if mode == "fsdp1":
+            with FSDP.summon_full_params(model, with_grads=True):
+                for n, p in ours.named_parameters():
+                    n = n.replace("_fsdp_wrapped_module.", "")
+                    errs[n] = ((p.grad - ref_grads[n]).norm() / ref_grads[n].norm()).item()
+        else:
+            for n, p in ours.named_parameters():
+                g = p.grad.full_tensor()
+                errs[n] = ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item()
+        if rank == 0:
+            queue.put((float(loss.detach()), float(loss_ref.detach()), errs))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+def test_sharded_fused_loss_matches_single_process(mode):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.spawn(_worker, args=(2, mode, _free_port(), queue), nprocs=2, join=True)
+    loss, loss_ref, errs = queue.get(timeout=60)
+    assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
+    assert len(errs) == len(list(tiny_config_param_names()))
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-4, (worst, errs[worst])
+    assert errs["lm_head.weight"] <= 1e-4  # the fused loss's weight gradient reached the sharded parameter
+
+
+def tiny_config_param_names():
+    sys.path.insert(0, HERE)
+    from litgpt import GPT
+    from test_adapter import tiny_config
+
+    with torch.device("meta"):
+        return [n for n, _ in GPT(tiny_config("Llama-3.2-1B")).named_parameters()]
