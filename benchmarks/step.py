@@ -23,7 +23,6 @@ from __future__ import annotations
 from . import _common as C  # noqa: I001 - first: sets TRITON_INTERPRET on CPU before kernels are imported
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from lit_liger.doctor import _default_dtype  # the one default-dtype context manager
 
 DEFAULT_MODELS = ("Llama-3.2-1B", "Qwen3-1.7B", "gemma-2-2b")
 VARIANTS = ("eager", "lit-liger", "compile", "lit-liger+compile", "liger-kernel")
@@ -47,14 +48,6 @@ LOSS_RTOL = 1e-2  # step-1 loss of a variant vs eager (bf16 logits vs fp32-accum
 # ----------------------------------------------------------------------------------------------
 # Model, data, FLOPs
 # ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool) -> tuple[Any, dict]:
