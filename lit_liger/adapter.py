@@ -20,19 +20,25 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from litgpt import model as lm
 from litgpt.api import LLM
+from torch import nn
 
 from .config import LigerConfig
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_residual
 from .kernels.rope import rope
 from .kernels.swiglu import geglu, glu_linear, swiglu
-from .loss import LigerLogits, _unwrap_linear, chunked_cross_entropy, lm_head_weight_bias
+from .loss import (
+    GatheredHead,
+    LigerLogits,
+    _unwrap_linear,
+    chunked_cross_entropy,
+    lm_head_weight_bias,
+)
 
-__all__ = ["apply_liger", "remove_liger", "LigerReport", "is_swapped"]
+__all__ = ["LigerReport", "apply_liger", "is_swapped", "remove_liger"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,6 +183,10 @@ class _GPTMixin:
             raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
         cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
         sin = self.sin[:T].unsqueeze(0)
+        # Taken first so that, in backward, its copy's gradient reaches the sharded parameter after
+        # every other node of the model (autograd runs the most recently created ready node first):
+        # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
+        head = _sharded_head_snapshot(self.lm_head)
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
@@ -187,15 +197,14 @@ class _GPTMixin:
             else:
                 x = block(x, cos, sin, None, None, None)
         x = self.transformer.ln_f(x)  # (B, T, C)
-        head = _sharded_head_snapshot(self.lm_head)
         out = LigerLogits(
             x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
-            self._liger_flce_mode, head,
+            self._liger_flce_mode, head, x.dtype,
         )
         return [out] if lm_head_chunk_size > 0 else out
 
 
-def _sharded_head_snapshot(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
     (FSDP reshards the root's flat parameter when forward returns; ZeRO-3 releases partitions;
     FSDP2 holds DTensors), but the loss runs after it. So in a multi-process run, take the
@@ -207,7 +216,7 @@ def _sharded_head_snapshot(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tens
     if torch.distributed.get_world_size() <= 1:
         return None
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
-    return weight.clone(), (bias.clone() if bias is not None else None)
+    return GatheredHead(weight.clone(), bias.clone() if bias is not None else None)
 
 
 class _LLMMixin:

@@ -79,33 +79,6 @@ _DESCRIPTION = (
 # ----------------------------------------------------------------------------------------------
 # The wrapper around a litgpt training `setup`
 # ----------------------------------------------------------------------------------------------
-def _fsdp1_loss_fallback(setup_fn: Callable, config: LigerConfig, arguments: dict) -> LigerConfig:
-    """Multi-device runs of the scripts that shard with Fabric's ``FSDPStrategy`` (FSDP1:
-    ``finetune_full``, ``finetune_adapter*``, ``pretrain``) keep every kernel but LitGPT's loss.
-
-    Seen on 2 x H200: the fused loss first met FSDP1's resharded root parameter (lit-liger now takes
-    the gathered lm_head weight inside the forward), then FSDP1's backward-state check; that path is
-    not verified on GPUs yet, so it is off there, with a warning. ``finetune_lora``
-    (``ModelParallelStrategy``, FSDP2) keeps the fused loss: verified on 2 x H200.
-    """
-    if not config.fused_linear_cross_entropy or setup_fn.__module__ == "litgpt.finetune.lora":
-        return config
-    import torch
-
-    devices, nodes = arguments.get("devices", 1), arguments.get("num_nodes", 1)
-    if isinstance(devices, str):
-        devices = torch.cuda.device_count() if devices == "auto" else len(devices.split(",")) if "," in devices else int(devices)
-    if int(devices) * int(nodes or 1) <= 1:
-        return config
-    from lightning.fabric.utilities import rank_zero_warn
-
-    rank_zero_warn(
-        "lit-liger: multi-device FSDP run: the fused linear cross-entropy is off here (LitGPT's loss is used); "
-        "all other kernels stay on. See the README's multi-GPU section."
-    )
-    return dataclasses.replace(config, fused_linear_cross_entropy=False)
-
-
 @functools.cache
 def with_liger(setup_fn: Callable) -> Callable:
     """``setup_fn`` with an extra ``liger`` parameter; calling it trains with lit-liger's kernels.
@@ -120,7 +93,7 @@ def with_liger(setup_fn: Callable) -> Callable:
         raise TypeError(f"{setup_fn.__module__}.{setup_fn.__name__} already has a `liger` parameter")
 
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
-        config = _fsdp1_loss_fallback(setup_fn, LigerConfig.from_value(liger), sig.bind_partial(*args, **kwargs).arguments)
+        config = LigerConfig.from_value(liger)
         with _patched(module, config):
             return setup_fn(*args, **kwargs)
 

@@ -18,9 +18,9 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
-__all__ = ["LigerLogits", "chunked_cross_entropy", "lm_head_weight_bias"]
+__all__ = ["GatheredHead", "LigerLogits", "chunked_cross_entropy", "lm_head_weight_bias"]
 
 _HELP = (
     "In training, a model swapped by lit-liger returns a LigerLogits (deferred logits: final hidden "
@@ -82,6 +82,17 @@ def _local(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
+class GatheredHead:
+    """The lm_head weight (V, H) and bias (V,) copied, with autograd, while a sharding strategy had
+    them gathered. A plain holder on purpose: output mappers (Fabric's precision ``convert_output``,
+    FSDP's hook registration) must not copy or cast a (V, H) tensor."""
+
+    __slots__ = ("bias", "weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+
 class LigerLogitsError(TypeError, AttributeError):
     """Raised when a LigerLogits is used as if it were a logits tensor."""
 
@@ -90,8 +101,11 @@ class LigerLogitsError(TypeError, AttributeError):
 class LigerLogits:
     """Deferred logits: ``hidden`` ``(B, T, H)`` and the ``lm_head`` that would map it to ``(B, T, V)``.
 
-    A dataclass so that wrappers which walk a module's outputs for tensors (FSDP registers its
-    pre-backward hooks on them, ``torch.utils._pytree``-style mappers) find ``hidden`` and ``head``.
+    A dataclass so that wrappers which walk a module's outputs for tensors find ``hidden``: FSDP1
+    and FSDP2 register their root pre-backward hook on it (without one, FSDP1's backward fails its
+    state check). Wrappers may also *cast* it: Fabric's ``bf16-true`` precision converts floating
+    outputs to float32 after the forward. ``dtype`` records the compute dtype, and the loss casts
+    ``hidden`` back to it (bf16 -> fp32 -> bf16 is exact, so the loss is unchanged).
     """
 
     hidden: torch.Tensor
@@ -99,7 +113,8 @@ class LigerLogits:
     softcap: float | None
     vocab_size: int
     mode: str = "fast"  # fused linear cross-entropy operating point: "fast" or "lean"
-    head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # gathered in a sharded forward, else None
+    head: GatheredHead | None = None  # gathered in a sharded forward, else None
+    dtype: torch.dtype | None = None  # dtype the model computed hidden in (None: hidden's own)
 
     # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
     @property
@@ -109,7 +124,7 @@ class LigerLogits:
     def dim(self) -> int:
         return self.hidden.dim()
 
-    def __getitem__(self, index: Any) -> "LigerLogits":
+    def __getitem__(self, index: Any) -> LigerLogits:
         idx = index if isinstance(index, tuple) else (index,)
         nd = self.hidden.dim()  # logits have the same number of dims as hidden
         if sum(i is Ellipsis for i in idx) > 1:
@@ -123,7 +138,7 @@ class LigerLogits:
                 f"LigerLogits only supports indexing the leading dims with the vocabulary dim whole "
                 f"(e.g. out[..., :-1, :]); got {index!r}. " + _HELP
             )
-        return LigerLogits(self.hidden[idx[:-1]], self.lm_head, self.softcap, self.vocab_size, self.mode, self.head)
+        return dataclasses.replace(self, hidden=self.hidden[idx[:-1]])
 
     # --- the loss ----------------------------------------------------------------------------------
     def loss(
@@ -141,16 +156,23 @@ class LigerLogits:
             )
         from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
-        weight, bias = self.head if self.head is not None else lm_head_weight_bias(self.lm_head)
+        if self.head is not None:
+            weight, bias = self.head.weight, self.head.bias
+        else:
+            weight, bias = lm_head_weight_bias(self.lm_head)
+        hidden = self.hidden
+        if self.dtype is not None and hidden.dtype != self.dtype:
+            hidden = hidden.to(self.dtype)  # undo a wrapper's output cast (see the class docstring)
         return fused_linear_cross_entropy(
-            self.hidden, weight, targets, bias,
+            hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
             num_valid_targets=num_valid_targets, **{"mode": self.mode, **kwargs},
         )
 
     def materialize(self) -> torch.Tensor:
         """The real ``(..., V)`` logits (allocates them: only for code that truly needs logits)."""
-        logits = self.lm_head(self.hidden)
+        hidden = self.hidden if self.dtype is None else self.hidden.to(self.dtype)
+        logits = self.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

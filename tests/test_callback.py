@@ -121,3 +121,38 @@ def test_callback_warns_on_cpu_without_interpreter(tmp_path, monkeypatch):
     module = LLMModule(GPT(cfg))
     with pytest.warns(UserWarning, match="reference PyTorch path"):
         _trainer(tmp_path, LigerCallback(log_metrics=False), steps=1).fit(module, _data())
+
+
+def test_fabric_bf16_true_output_cast_leaves_the_fused_loss_unchanged():
+    """Fabric's ``bf16-true`` precision casts a module's floating outputs to float32 after forward
+    (what every litgpt training script runs under). The deferred logits must survive it: same loss
+    and gradients as calling the swapped model directly, and close to stock LitGPT's bf16 loss."""
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+
+    from lit_liger import apply_liger, chunked_cross_entropy
+
+    cfg = tiny_config("Llama-3.2-1B")
+    torch.manual_seed(0)
+    stock = GPT(cfg)
+    _randomize(stock)
+    stock = stock.to(torch.bfloat16)
+    ours = copy.deepcopy(stock)
+    apply_liger(ours)
+    direct = copy.deepcopy(ours)
+    fabric = L.Fabric(accelerator="cpu", devices=1, precision="bf16-true")
+    wrapped = fabric.setup_module(ours)
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    y = torch.randint(0, cfg.vocab_size, (2, 12))
+    y[0, :3] = -100
+
+    out = wrapped(x)
+    assert isinstance(out, LigerLogits) and out.hidden.dtype == torch.float32  # Fabric did cast it
+    loss = chunked_cross_entropy(out[..., :-1, :], y[..., 1:])
+    loss.backward()
+    loss_direct = chunked_cross_entropy(direct(x)[..., :-1, :], y[..., 1:])
+    loss_direct.backward()
+    assert loss.dtype == torch.float32 and torch.equal(loss.detach(), loss_direct.detach())
+    for (n, p), (_, q) in zip(ours.named_parameters(), direct.named_parameters()):
+        assert p.grad.dtype == torch.bfloat16 and torch.equal(p.grad, q.grad), n
+    loss_stock = litgpt_ce(stock(x)[..., :-1, :], y[..., 1:], chunk_size=0)
+    assert rel_err(loss, loss_stock) < 1e-2  # bf16 model, fp32 loss math in both

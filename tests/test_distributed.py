@@ -42,12 +42,21 @@ def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
         loss_ref.backward()
         ref_grads = {n: p.grad for n, p in ref.named_parameters()}
         apply_liger(ours)
-        if mode == "fsdp1":
+        if mode.startswith("fsdp1"):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
             model = FSDP(ours, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
-                         device_id=torch.device("cpu"))
+                         limit_all_gathers=True, device_id=torch.device("cpu"))
+            if mode == "fsdp1_ckpt":  # what `litgpt finetune_full` sets up through Fabric's FSDPStrategy
+                from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                    apply_activation_checkpointing,
+                    checkpoint_wrapper,
+                )
+
+                apply_activation_checkpointing(
+                    model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: isinstance(m, Block)
+                )
         else:
             from torch.distributed.fsdp import fully_shard
 
@@ -60,10 +69,10 @@ def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
         loss = chunked_cross_entropy(out, y)
         loss.backward()
         errs = {}
-        if mode == "fsdp1":
+        if mode.startswith("fsdp1"):
             with FSDP.summon_full_params(model, with_grads=True):
                 for n, p in ours.named_parameters():
-                    n = n.replace("_fsdp_wrapped_module.", "")
+                    n = n.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
                     errs[n] = ((p.grad - ref_grads[n]).norm() / ref_grads[n].norm()).item()
         else:
             for n, p in ours.named_parameters():
@@ -75,7 +84,7 @@ def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp1_ckpt", "fsdp2"])
 def test_sharded_fused_loss_matches_single_process(mode):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
