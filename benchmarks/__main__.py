@@ -1,9 +1,11 @@
-"""``python -m benchmarks kernels|step|finetune|convergence|all|plot ...`` (run from the repository root).
+"""``python -m benchmarks kernels|step|finetune|convergence|strategies|all|plot ...`` (run from the repository root).
 
     kernels      per-op fwd+bwd time, extra memory, time/floor          (python -m benchmarks kernels -h)
     step         a whole LitGPT training step per variant                (python -m benchmarks step -h)
     finetune     lit-liger finetune_lora/full, --liger false vs true     (python -m benchmarks finetune -h)
     convergence  loss curves of a small model, eager vs lit-liger        (python -m benchmarks convergence -h)
+    strategies   Trainer + LigerCallback under FSDP / ModelParallel / DeepSpeed 2 and 3, several GPUs
+                 (python -m benchmarks strategies --strategies fsdp,deepspeed3 --devices 2; see benchmarks/strategies.py)
     all          the four above, into one folder                         [--out DIR] [--quick] [--smoke] [--tiny]
     plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
 """
@@ -79,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
         from . import convergence
 
         convergence.main(rest)
+    elif cmd == "strategies":
+        from . import strategies
+
+        strategies.compare(rest)
     elif cmd == "all":
         _all(rest)
     elif cmd == "plot":

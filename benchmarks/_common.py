@@ -97,6 +97,8 @@ def environment() -> dict[str, Any]:
         "hip": getattr(torch.version, "hip", None),
         "liger_kernel": _version("liger-kernel"),
         "litgpt": _version("litgpt"),
+        "lightning": _version("lightning"),
+        "deepspeed": _version("deepspeed"),
         "lit_liger": _version("lit-liger"),
         "lit_liger_commit": _git_commit(),
         "python": sys.version.split()[0],

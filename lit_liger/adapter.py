@@ -176,7 +176,7 @@ class _GPTMixin:
     """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
-        if input_pos is not None or not torch.is_grad_enabled():
+        if input_pos is not None or not torch.is_grad_enabled() or _zero3_partitioned(self.lm_head):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
         T = idx.size(1)
         if self.max_seq_length < T:
@@ -202,6 +202,30 @@ class _GPTMixin:
             self._liger_flce_mode, head, x.dtype,
         )
         return [out] if lm_head_chunk_size > 0 else out
+
+
+_ZERO3_WARNED = False
+
+
+def _zero3_partitioned(lm_head: nn.Module) -> bool:
+    """DeepSpeed ZeRO-3 partitions the lm_head weight and gathers it only around the module's own
+    forward/backward. Its gradient can only be accumulated while it is gathered, so a copy taken in
+    GPT's forward (what FSDP gets) would fail in backward. Under ZeRO-3 the model therefore returns
+    real logits (LitGPT's loss path, every other kernel still on), with a warning once."""
+    global _ZERO3_WARNED
+    weight = getattr(getattr(lm_head, "linear", lm_head), "weight", None)
+    if weight is None or not hasattr(weight, "ds_id"):
+        return False
+    if not _ZERO3_WARNED:
+        _ZERO3_WARNED = True
+        import warnings
+
+        warnings.warn(
+            "lit-liger: DeepSpeed ZeRO-3 partitions the lm_head weight, so the fused linear cross-entropy is "
+            "off (the model returns logits); all other kernels stay on. ZeRO-2 keeps the fused loss.",
+            stacklevel=3,
+        )
+    return True
 
 
 def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:

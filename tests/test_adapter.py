@@ -332,3 +332,23 @@ def test_gpu_compile_fullgraph_swapped_model():
     torch._dynamo.reset()
     out = torch.compile(ours, fullgraph=True)(x)
     assert isinstance(out, LigerLogits)
+
+
+def test_zero3_partitioned_lm_head_returns_logits(monkeypatch):
+    """A DeepSpeed ZeRO-3 parameter (marked by its ``ds_id``) can only get its gradient while gathered
+    around its own module: the swapped model returns real logits then (LitGPT's loss path), and says so."""
+    import lit_liger.adapter as adapter
+
+    monkeypatch.setattr(adapter, "_ZERO3_WARNED", False)
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    ours.lm_head.weight.ds_id = 0  # what deepspeed.zero.Init puts on every partitioned parameter
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    y = torch.randint(0, cfg.vocab_size, (2, 8))
+    with pytest.warns(UserWarning, match="ZeRO-3"):
+        out = ours(x)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 8, cfg.padded_vocab_size)
+    loss = chunked_cross_entropy(out, y)
+    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+    assert rel_err(loss, loss_ref) <= 1e-5

@@ -1,0 +1,252 @@
+"""Lightning Trainer + ``LigerCallback`` under Lightning's distributed strategies, ``--liger`` on vs off.
+
+    python -m benchmarks.strategies --strategy fsdp|modelparallel|deepspeed2|deepspeed3 --liger true|false
+                                    [--devices 2] [--steps 20] [--model Llama-3.2-1B] [--n_layer N]
+                                    [--micro_batch_size 2] [--seq 1024] --out RESULT.json
+
+One training run (Lightning launches one process per device and re-runs this command line in each).
+The model is a random-init LitGPT ``GPT`` of the named config's shape, built in ``configure_model``
+(under ZeRO-3 that is DeepSpeed's sharded init; for ``modelparallel`` it is FSDP2 ``fully_shard`` on
+each ``Block`` and the root, done there too). Every rank draws its own batches of random tokens from a
+seeded generator, so a ``--liger true`` and a ``--liger false`` run see the same data. Rank 0 writes
+its per-step losses, step times and peak memory to ``--out``.
+
+``python -m benchmarks strategies [--strategies fsdp,modelparallel,deepspeed2,deepspeed3] [--devices 2]
+[--steps 20] [--out DIR]`` runs it for each strategy with ``--liger false`` and ``true`` (fresh processes)
+and writes ``strategies.json`` / ``strategies.md``: per strategy, whether both ran, the largest relative
+loss difference over the steps (target <= 1%), step time and peak memory per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+STRATEGIES = ("fsdp", "modelparallel", "deepspeed2", "deepspeed3")
+
+
+class Module(L.LightningModule):
+    def __init__(self, model_name: str, n_layer: int | None, vocab_size: int | None) -> None:
+        super().__init__()
+        self.model_name, self.n_layer, self.vocab_size = model_name, n_layer, vocab_size
+        self.model = None
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self._t = 0.0
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        from litgpt import GPT, Config
+
+        over = {"n_layer": self.n_layer} if self.n_layer else {}
+        if self.vocab_size:
+            over.update(vocab_size=self.vocab_size, padded_vocab_size=self.vocab_size)
+        cfg = Config.from_name(self.model_name, **over)
+        torch.manual_seed(0)
+        self.model = GPT(cfg)
+        if isinstance(self.trainer.strategy, L.pytorch.strategies.ModelParallelStrategy):
+            from litgpt.model import Block
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for m in self.model.modules():
+                if isinstance(m, Block):
+                    fully_shard(m, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
+
+    def training_step(self, batch, batch_idx):
+        from lit_liger import chunked_cross_entropy
+
+        x, y = batch
+        out = self.model(x)
+        loss = chunked_cross_entropy(out, y)  # LitGPT's own function when the model returns logits
+        return loss
+
+    def on_train_batch_start(self, batch, batch_idx):
+        torch.cuda.synchronize()
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        torch.cuda.synchronize()
+        self.step_times.append(time.perf_counter() - self._t)
+        self.losses.append(float(outputs["loss"].detach()))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-4, weight_decay=0.0)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seq: int, vocab: int, seed: int = 7) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, vocab, (n, seq + 1), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i, :-1], self.data[i, 1:]
+
+
+def strategy_for(name: str):
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+    from litgpt.model import Block
+
+    if name == "fsdp":
+        return FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block},
+                            state_dict_type="full", sharding_strategy="FULL_SHARD")
+    if name == "modelparallel":
+        return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    if name == "deepspeed2":
+        return DeepSpeedStrategy(stage=2)
+    if name == "deepspeed3":
+        return DeepSpeedStrategy(stage=3)
+    raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
+
+
+def compare(argv: list[str]) -> dict:
+    """Both runs of each strategy, in fresh processes; the comparison table."""
+    from . import _common as C
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks strategies")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--model", default="Llama-3.2-1B")
+    p.add_argument("--n_layer", type=int, default=None)
+    p.add_argument("--micro_batch_size", type=int, default=2)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    out = a.out or C.default_out_dir(False)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"kind": "strategies", "environment": C.environment(), "settings": vars(a) | {"out": str(out)},
+              "rows": []}
+    cols = ["strategy", "GPUs", "stock", "liger", "swapped", "max step loss diff", "final loss", "stock ms/step",
+            "liger ms/step", "x speed", "stock GB", "liger GB", "x mem", "status"]
+    for strat in [x for x in a.strategies.split(",") if x]:
+        runs = {}
+        for liger in ("false", "true"):
+            path = out / "strategies_runs" / f"{strat}-{liger}.json"
+            path.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "benchmarks.strategies", "--strategy", strat, "--liger", liger,
+                   "--devices", str(a.devices), "--steps", str(a.steps), "--model", a.model,
+                   "--micro_batch_size", str(a.micro_batch_size), "--seq", str(a.seq), "--out", str(path)]
+            if a.n_layer:
+                cmd += ["--n_layer", str(a.n_layer)]
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, cwd=C.REPO_ROOT, capture_output=True, text=True, timeout=a.timeout,
+                                      check=False)
+                text, rc = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.timeout} s", 124
+            (out / "strategies_runs").mkdir(parents=True, exist_ok=True)
+            (out / "strategies_runs" / f"{strat}-{liger}.log").write_text(str(text)[-20000:])
+            r = json.loads(path.read_text()) if path.is_file() else {}
+            r.update(rc=rc, process_s=time.perf_counter() - t0)
+            if rc != 0 and not r.get("error"):
+                tail = [ln for ln in str(text).strip().splitlines() if ln.strip()][-1:] or [""]
+                r["error"] = tail[0][:300]
+            runs[liger] = r
+            print(f"# {strat} liger={liger}: rc={rc} steps={len(r.get('losses', []))} {r.get('error') or ''}", flush=True)
+        off, on = runs["false"], runs["true"]
+        row = {"strategy": strat, "devices": a.devices, "runs": runs,
+               "stock": "ok" if off.get("rc") == 0 else "FAILED", "liger": "ok" if on.get("rc") == 0 else "FAILED",
+               "swapped": on.get("swapped")}
+        if off.get("rc") == 0 and on.get("rc") == 0 and off.get("losses") and on.get("losses"):
+            pairs = list(zip(on["losses"], off["losses"]))
+            row["max_step_loss_rel_diff"] = max(abs(x - y) / abs(y) for x, y in pairs)
+            row["final_loss"] = on["losses"][-1]
+            ms = lambda r: 1e3 * sorted(r["step_s"][3:] or r["step_s"])[len(r["step_s"][3:] or r["step_s"]) // 2]  # noqa: E731
+            row["stock_ms"], row["liger_ms"] = ms(off), ms(on)
+            row["speedup"] = row["stock_ms"] / row["liger_ms"]
+            row["stock_gb"], row["liger_gb"] = off["peak_memory_gb"], on["peak_memory_gb"]
+            row["memory_ratio"] = row["liger_gb"] / row["stock_gb"]
+            ok = row["max_step_loss_rel_diff"] <= 0.01 and len(pairs) == a.steps and row["swapped"]
+            row["status"] = "ok" if ok else "LOSS DRIFT / NOT SWAPPED"
+        else:
+            row["status"] = "FAILED: " + (on.get("error") or off.get("error") or "?")
+        result["rows"].append(row)
+        C.write_json(out / "strategies.json", result)
+    table = [[r["strategy"], r["devices"], r["stock"], r["liger"], r.get("swapped"), r.get("max_step_loss_rel_diff"),
+              r.get("final_loss"), r.get("stock_ms"), r.get("liger_ms"), r.get("speedup"), r.get("stock_gb"),
+              r.get("liger_gb"), r.get("memory_ratio"), r["status"]] for r in result["rows"]]
+    print(C.text_table(cols, table))
+    env = result["environment"]
+    md = [f"# Lightning Trainer + LigerCallback under distributed strategies: {env['device']}, {env['date']}", "",
+          f"{a.model} shape{f' ({a.n_layer} layers)' if a.n_layer else ''}, random init in `configure_model`, "
+          f"bf16-true, micro-batch {a.micro_batch_size} x {a.seq} tokens per GPU, {a.steps} steps, AdamW; "
+          f"torch {env['torch']}, lightning {env.get('lightning')}, lit-liger {env['lit_liger']} "
+          f"({env.get('lit_liger_commit')}). ms/step: median after 3 steps, rank 0; GB: rank 0's peak.", "",
+          "Command: `python -m benchmarks strategies " + " ".join(argv) + "`", "",
+          C.markdown_table(cols, table), ""]
+    (out / "strategies.md").write_text("\n".join(md))
+    C.write_json(out / "strategies.json", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.strategies", description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategy", required=True, choices=STRATEGIES)
+    p.add_argument("--liger", required=True, choices=("true", "false"))
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--model", default="Llama-3.2-1B")
+    p.add_argument("--n_layer", type=int, default=None)
+    p.add_argument("--micro_batch_size", type=int, default=2)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+
+    from litgpt import Config
+
+    from lit_liger import LigerCallback
+
+    vocab = Config.from_name(a.model).padded_vocab_size
+    module = Module(a.model, a.n_layer, None)
+    callbacks = [LigerCallback()] if a.liger == "true" else []
+    precision = "bf16-true"
+    trainer = L.Trainer(
+        accelerator="cuda", devices=a.devices, strategy=strategy_for(a.strategy), precision=precision,
+        max_steps=a.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        use_distributed_sampler=True,
+    )
+    data = RandomTokens(a.steps * a.micro_batch_size * a.devices, a.seq, vocab)
+    loader = torch.utils.data.DataLoader(data, batch_size=a.micro_batch_size, shuffle=False)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    error = None
+    try:
+        trainer.fit(module, loader)
+    except Exception as exc:  # noqa: BLE001 - recorded for the comparison table, then re-raised
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        raise
+    finally:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            res = {
+                "strategy": a.strategy, "liger": a.liger, "devices": a.devices, "model": a.model,
+                "n_layer": a.n_layer, "B": a.micro_batch_size, "T": a.seq, "steps": a.steps,
+                "precision": precision, "losses": module.losses, "step_s": module.step_times,
+                "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "wall_s": time.perf_counter() - t0,
+                "swapped": bool(a.liger == "true" and module.model is not None
+                                and type(module.model).__name__.startswith("Liger")),
+                "error": error,
+            }
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
