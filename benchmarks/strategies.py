@@ -96,7 +96,7 @@ class RandomTokens(torch.utils.data.Dataset):
         return self.data[i, :-1], self.data[i, 1:]
 
 
-def strategy_for(name: str):
+def strategy_for(name: str, devices: int):
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
     from litgpt.model import Block
 
@@ -104,7 +104,7 @@ def strategy_for(name: str):
         return FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block},
                             state_dict_type="full", sharding_strategy="FULL_SHARD")
     if name == "modelparallel":
-        return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+        return ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
     if name == "deepspeed2":
         return DeepSpeedStrategy(stage=2)
     if name == "deepspeed3":
@@ -149,9 +149,11 @@ def compare(argv: list[str]) -> dict:
                                       check=False)
                 text, rc = proc.stdout + proc.stderr, proc.returncode
             except subprocess.TimeoutExpired as e:
-                text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.timeout} s", 124
+                dec = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+                text, rc = f"{dec(e.stdout)}{dec(e.stderr)}\nTIMEOUT after {a.timeout} s", 124
             (out / "strategies_runs").mkdir(parents=True, exist_ok=True)
-            (out / "strategies_runs" / f"{strat}-{liger}.log").write_text(str(text)[-20000:])
+            keep = text if len(text) < 40000 else text[:20000] + "\n[...]\n" + text[-20000:]
+            (out / "strategies_runs" / f"{strat}-{liger}.log").write_text(keep)
             r = json.loads(path.read_text()) if path.is_file() else {}
             r.update(rc=rc, process_s=time.perf_counter() - t0)
             if rc != 0 and not r.get("error"):
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     callbacks = [LigerCallback()] if a.liger == "true" else []
     precision = "bf16-true"
     trainer = L.Trainer(
-        accelerator="cuda", devices=a.devices, strategy=strategy_for(a.strategy), precision=precision,
+        accelerator="cuda", devices=a.devices, strategy=strategy_for(a.strategy, a.devices), precision=precision,
         max_steps=a.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
         use_distributed_sampler=True,
@@ -226,11 +228,15 @@ def main(argv: list[str] | None = None) -> dict:
     loader = torch.utils.data.DataLoader(data, batch_size=a.micro_batch_size, shuffle=False)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    error = None
+    error = tb = None
+    res: dict = {}
     try:
         trainer.fit(module, loader)
     except Exception as exc:  # noqa: BLE001 - recorded for the comparison table, then re-raised
+        import traceback
+
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        tb = traceback.format_exc()[-4000:]
         raise
     finally:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9, "wall_s": time.perf_counter() - t0,
                 "swapped": bool(a.liger == "true" and module.model is not None
                                 and type(module.model).__name__.startswith("Liger")),
-                "error": error,
+                "error": error, "traceback": tb,
             }
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(res, indent=1))
