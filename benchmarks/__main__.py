@@ -1,4 +1,4 @@
-"""``python -m benchmarks kernels|step|finetune|convergence|strategies|all|plot ...`` (run from the repository root).
+"""``python -m benchmarks kernels|step|finetune|convergence|strategies|scaling|all|plot ...`` (run from the repository root).
 
     kernels      per-op fwd+bwd time, extra memory, time/floor          (python -m benchmarks kernels -h)
     step         a whole LitGPT training step per variant                (python -m benchmarks step -h)
@@ -6,6 +6,8 @@
     convergence  loss curves of a small model, eager vs lit-liger        (python -m benchmarks convergence -h)
     strategies   Trainer + LigerCallback under FSDP / ModelParallel / DeepSpeed 2 and 3, several GPUs
                  (python -m benchmarks strategies --strategies fsdp,deepspeed3 --devices 2; see benchmarks/strategies.py)
+    scaling      finetune_full (FSDP) on 2/4/8 GPUs, liger off/on: largest micro-batch, tokens/s per GPU,
+                 largest context at micro-batch 1, scaling efficiency   (python -m benchmarks scaling -h)
     all          the four above, into one folder                         [--out DIR] [--quick] [--smoke] [--tiny]
     plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
 """
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         from . import strategies
 
         strategies.compare(rest)
+    elif cmd == "scaling":
+        from . import scaling
+
+        scaling.main(rest)
     elif cmd == "all":
         _all(rest)
     elif cmd == "plot":

@@ -139,20 +139,32 @@ def rmsnorm_case(N: int, H: int, eps: float = 1e-5) -> Case:
 
 
 def rope_case(B: int, T: int, n_head: int, n_kv: int, hs: int) -> Case:
-    """q and k are the non-contiguous ``view().transpose()`` of one qkv tensor, exactly as LitGPT's
-    CausalSelfAttention makes them; cos/sin come from ``build_rope_cache`` (fp32, as in LitGPT)."""
+    """q and k are made from one qkv tensor by ``split`` + ``view`` + ``transpose`` inside every
+    variant's forward, exactly as LitGPT's CausalSelfAttention makes them, and the gradient lands in
+    ``qkv.grad`` through those views (as in the model: the split's backward concatenates dq, dk and
+    dv into the qkv gradient, and how cheap that is depends on the layout each variant gives dq/dk).
+    cos/sin come from ``build_rope_cache`` (fp32, as in LitGPT). torch.compile compiles the split too."""
     from litgpt.model import apply_rope, build_rope_cache
 
     def make_inputs() -> Inputs:
-        qkv = _randn(B, T, (n_head + 2 * n_kv) * hs)  # (B, T, (nh_q + 2 nh_kv) * hs)
-        q = qkv[..., : n_head * hs].view(B, T, n_head, hs).transpose(1, 2)  # (B, nh_q, T, hs), strided
-        k = qkv[..., n_head * hs : (n_head + n_kv) * hs].view(B, T, n_kv, hs).transpose(1, 2)  # (B, nh_kv, T, hs)
-        q.requires_grad_()  # a view of a tensor without grad is a leaf: grads land in q.grad, k.grad
-        k.requires_grad_()
+        qkv = _randn(B, T, (n_head + 2 * n_kv) * hs, grad=True)  # (B, T, (nh_q + 2 nh_kv) * hs)
         cos, sin = build_rope_cache(T, hs, device=C.device())
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # (1, T, hs)
         grads = (_randn(B, n_head, T, hs), _randn(B, n_kv, T, hs))
-        return Inputs([q, k, cos, sin], (0, 1), grads)
+        return Inputs([qkv, cos, sin], (0,), grads)
+
+    def split(qkv):  # CausalSelfAttention.forward
+        q, k, _ = qkv.split((n_head * hs, n_kv * hs, n_kv * hs), dim=-1)
+        q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh_q, T, hs), strided
+        k = k.view(B, T, n_kv, hs).transpose(1, 2)  # (B, nh_kv, T, hs)
+        return q, k
+
+    def on_qkv(build):
+        def forward_builder():
+            fn = build()
+            return lambda qkv, cos, sin: fn(*split(qkv), cos, sin)
+
+        return forward_builder
 
     def eager(q, k, cos, sin):  # CausalSelfAttention.forward, rotate-half layout
         n = cos.size(-1)
@@ -162,11 +174,14 @@ def rope_case(B: int, T: int, n_head: int, n_kv: int, hs: int) -> Case:
         k = torch.cat((k_roped, k[..., n:]), dim=-1)  # (B, nh_kv, T, hs)
         return q, k
 
+    def eager_qkv(qkv, cos, sin):
+        return eager(*split(qkv), cos, sin)
+
     variants = [
-        Variant("litgpt eager", "eager", lambda: eager),
-        Variant("torch.compile", "compile", _compiled(eager)),
-        Variant("liger-kernel", "liger", _liger("liger_kernel.transformers.rope", "liger_rotary_pos_emb")),
-        Variant("lit-liger", "lit_liger", _lit("rope", ("rope",))),
+        Variant("litgpt eager", "eager", lambda: eager_qkv),
+        Variant("torch.compile", "compile", _compiled(eager_qkv)),
+        Variant("liger-kernel", "liger", on_qkv(_liger("liger_kernel.transformers.rope", "liger_rotary_pos_emb"))),
+        Variant("lit-liger", "lit_liger", on_qkv(_lit("rope", ("rope",)))),
     ]
     e = DTYPE.itemsize
     qk = B * T * (n_head + n_kv) * hs
