@@ -222,6 +222,19 @@ def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path,
 
 
 @pytest.mark.slow
+def test_finetune_bf16_true_liger_matches_stock(assets, tmp_path, monkeypatch):
+    """Every litgpt script runs under Fabric's bf16-true precision on GPUs, which casts the model's
+    floating outputs to float32 after forward: the fused loss must survive that cast."""
+    for liger in ("true", "false"):
+        args = finetune_args(assets, "finetune_full", tmp_path / liger, liger)
+        args[args.index("--precision") + 1] = "bf16-true"
+        run_cli(monkeypatch, args)
+    on, off = losses(tmp_path / "true"), losses(tmp_path / "false")
+    assert len(on) == len(off) == STEPS
+    assert all(abs(a - b) / abs(b) < 2e-2 for a, b in zip(on, off)), (on, off)  # bf16 weights and activations
+
+
+@pytest.mark.slow
 def test_finetune_adapter_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path, monkeypatch, capsys):
     ckpt = assets["ckpt3"]
     run_cli(monkeypatch, finetune_args(assets, "finetune_adapter", tmp_path / "on", "true", ckpt=ckpt))

@@ -78,8 +78,26 @@ def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
             for n, p in ours.named_parameters():
                 g = p.grad.full_tensor()
                 errs[n] = ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item()
+        # a checkpoint consolidated from the sharded swapped model loads into stock LitGPT unchanged
+        if mode.startswith("fsdp1"):
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+
+            cfg_sd = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)  # CPU run: nothing to offload
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg_sd):
+                full = model.state_dict()
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        loads = None
         if rank == 0:
-            queue.put((float(loss.detach()), float(loss_ref.detach()), errs))
+            from litgpt import GPT
+
+            stock = GPT(cfg)
+            stock.load_state_dict(full, strict=True)  # same keys: the swap and the wrappers left no trace
+            loads = all(torch.equal(stock.state_dict()[k], v) for k, v in ref.state_dict().items())
+        if rank == 0:
+            queue.put((float(loss.detach()), float(loss_ref.detach()), errs, loads))
     finally:
         dist.destroy_process_group()
 
@@ -91,7 +109,8 @@ def test_sharded_fused_loss_matches_single_process(mode):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     mp.spawn(_worker, args=(2, mode, _free_port(), queue), nprocs=2, join=True)
-    loss, loss_ref, errs = queue.get(timeout=60)
+    loss, loss_ref, errs, loads = queue.get(timeout=60)
+    assert loads  # consolidated weights == the (untrained) single-process model's, key for key
     assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
     assert len(errs) == len(list(tiny_config_param_names()))
     worst = max(errs, key=errs.get)
