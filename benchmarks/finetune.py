@@ -176,41 +176,11 @@ _STATS_ENV = "LIT_LIGER_BENCH_STATS"
 
 
 def _child(stats_path: str, argv: list[str]) -> None:
-    """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory + wall time of the run), with
-    the peak-reset-after-validation that it does for ``finetune_lora`` done for ``finetune_full`` and
-    ``pretrain`` too."""
-    import litgpt.pretrain
-    from litgpt.finetune import full
-
+    """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory of the training steps and of
+    the whole run, wall time; the peak counter is reset after each validation pass)."""
     from lit_liger.demo import _run_and_record
 
-    cuda = torch.cuda.is_available()
-    run_peak = [0]
-    scripts = (full, litgpt.pretrain)
-    originals = [m.validate for m in scripts]
-
-    def resetting(validate):
-        def validate_then_reset_peak(*a: Any, **kw: Any) -> Any:
-            out = validate(*a, **kw)
-            if cuda:
-                torch.cuda.synchronize()
-                run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
-                torch.cuda.reset_peak_memory_stats()
-            return out
-
-        return validate_then_reset_peak
-
-    for m, v in zip(scripts, originals):
-        m.validate = resetting(v)
-    try:
-        _run_and_record(stats_path, argv)
-    finally:
-        for m, v in zip(scripts, originals):
-            m.validate = v
-    if cuda and run_peak[0]:
-        stats = json.loads(Path(stats_path).read_text())
-        stats["peak_memory_run_bytes"] = max(run_peak[0], stats.get("peak_memory_run_bytes") or 0)
-        Path(stats_path).write_text(json.dumps(stats), encoding="utf-8")
+    _run_and_record(stats_path, argv)
 
 
 # ----------------------------------------------------------------------------------------------

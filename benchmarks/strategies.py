@@ -2,14 +2,14 @@
 
     python -m benchmarks.strategies --strategy fsdp|modelparallel|deepspeed2|deepspeed3 --liger true|false
                                     [--devices 2] [--steps 20] [--model Llama-3.2-1B] [--n_layer N]
-                                    [--micro_batch_size 2] [--seq 1024] --out RESULT.json
+                                    [--micro_batch_size 2] [--seq 1024] --json RESULT.json
 
 One training run (Lightning launches one process per device and re-runs this command line in each).
 The model is a random-init LitGPT ``GPT`` of the named config's shape, built in ``configure_model``
 (under ZeRO-3 that is DeepSpeed's sharded init; for ``modelparallel`` it is FSDP2 ``fully_shard`` on
 each ``Block`` and the root, done there too). Every rank draws its own batches of random tokens from a
 seeded generator, so a ``--liger true`` and a ``--liger false`` run see the same data. Rank 0 writes
-its per-step losses, step times and peak memory to ``--out``.
+its per-step losses, step times and peak memory to ``--json``.
 
 ``python -m benchmarks strategies [--strategies fsdp,modelparallel,deepspeed2,deepspeed3] [--devices 2]
 [--steps 20] [--out DIR]`` runs it for each strategy with ``--liger false`` and ``true`` (fresh processes)
@@ -112,18 +112,23 @@ def strategy_for(name: str, devices: int):
     raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
 
 
-def compare(argv: list[str]) -> dict:
-    """Both runs of each strategy, in fresh processes; the comparison table."""
-    from . import _common as C
-
-    p = argparse.ArgumentParser(prog="python -m benchmarks strategies")
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The options one run takes (and ``compare`` passes on to each run)."""
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--model", default="Llama-3.2-1B")
     p.add_argument("--n_layer", type=int, default=None)
     p.add_argument("--micro_batch_size", type=int, default=2)
     p.add_argument("--seq", type=int, default=1024)
+
+
+def compare(argv: list[str]) -> dict:
+    """Both runs of each strategy, in fresh processes; the comparison table."""
+    from . import _common as C
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks strategies")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    _run_options(p)
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
@@ -140,7 +145,7 @@ def compare(argv: list[str]) -> dict:
             path.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "benchmarks.strategies", "--strategy", strat, "--liger", liger,
                    "--devices", str(a.devices), "--steps", str(a.steps), "--model", a.model,
-                   "--micro_batch_size", str(a.micro_batch_size), "--seq", str(a.seq), "--out", str(path)]
+                   "--micro_batch_size", str(a.micro_batch_size), "--seq", str(a.seq), "--json", str(path)]
             if a.n_layer:
                 cmd += ["--n_layer", str(a.n_layer)]
             t0 = time.perf_counter()
@@ -201,13 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.strategies", description=__doc__.split("\n\n")[0])
     p.add_argument("--strategy", required=True, choices=STRATEGIES)
     p.add_argument("--liger", required=True, choices=("true", "false"))
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--model", default="Llama-3.2-1B")
-    p.add_argument("--n_layer", type=int, default=None)
-    p.add_argument("--micro_batch_size", type=int, default=2)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--out", type=Path, required=True)
+    _run_options(p)
+    p.add_argument("--json", type=Path, required=True, help="where rank 0 writes its results")
     a = p.parse_args(argv)
 
     from litgpt import Config
@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
                                 and type(module.model).__name__.startswith("Liger")),
                 "error": error, "traceback": tb,
             }
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(res, indent=1))
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(res, indent=1))
     return res
 
 

@@ -506,36 +506,44 @@ def _table(s: dict[str, Any], on_gpu: bool) -> str:
 def _run_and_record(stats_path: str, argv: list[str]) -> None:
     """Run ``lit-liger *argv`` in this process, then write its peak GPU memory and wall time.
 
-    Two peaks: the whole run, and the training steps alone. The finetune scripts start with a
+    Two peaks: the whole run, and the training steps alone. The finetune and pretrain scripts start with a
     validation pass ("Verifying settings": real logits under ``no_grad``, the same with or without
     lit-liger); the peak counter is reset after each validation, so the second number is what the
     training steps needed.
     """
-    import litgpt.finetune.lora as script
+    import litgpt.finetune.full
+    import litgpt.finetune.lora
+    import litgpt.pretrain
 
     from .cli import main
 
     sys.argv = ["lit-liger", *argv]  # litgpt re-parses sys.argv when it saves hyperparameters
     cuda = torch.cuda.is_available()
     run_peak = [0]
-    validate = script.validate
+    scripts = (litgpt.finetune.lora, litgpt.finetune.full, litgpt.pretrain)
+    originals = [m.validate for m in scripts]
 
-    def validate_then_reset_peak(*args: Any, **kwargs: Any) -> Any:
-        out = validate(*args, **kwargs)
-        if cuda:
-            torch.cuda.synchronize()
-            run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
-            torch.cuda.reset_peak_memory_stats()
-        return out
+    def resetting(validate: Any) -> Any:
+        def validate_then_reset_peak(*args: Any, **kwargs: Any) -> Any:
+            out = validate(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+                run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
+                torch.cuda.reset_peak_memory_stats()
+            return out
 
-    script.validate = validate_then_reset_peak
+        return validate_then_reset_peak
+
+    for m, v in zip(scripts, originals):
+        m.validate = resetting(v)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     try:
         main()
     finally:
-        script.validate = validate
+        for m, v in zip(scripts, originals):
+            m.validate = v
     stats = {
         "wall_s": time.perf_counter() - t0,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
