@@ -230,8 +230,8 @@ def _zero3_partitioned(lm_head: nn.Module) -> bool:
 
 def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
-    (FSDP reshards the root's flat parameter when forward returns; ZeRO-3 releases partitions;
-    FSDP2 holds DTensors), but the loss runs after it. So in a multi-process run, take the
+    (FSDP1 may reshard the root's flat parameter when forward returns; FSDP2 holds DTensors;
+    ZeRO-3 is handled by :func:`_zero3_partitioned` before this), but the loss runs after it. So in a multi-process run, take the
     gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
     gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
     as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
