@@ -176,7 +176,7 @@ class _GPTMixin:
     """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
-        if input_pos is not None or not torch.is_grad_enabled() or _zero3_partitioned(self.lm_head):
+        if input_pos is not None or not torch.is_grad_enabled() or _zero3_returns_logits(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
         T = idx.size(1)
         if self.max_seq_length < T:
@@ -207,38 +207,59 @@ class _GPTMixin:
 _ZERO3_WARNED = False
 
 
-def _zero3_partitioned(lm_head: nn.Module) -> bool:
-    """DeepSpeed ZeRO-3 partitions the lm_head weight and gathers it only around the module's own
-    forward/backward. Its gradient can only be accumulated while it is gathered, so a copy taken in
-    GPT's forward (what FSDP gets) would fail in backward. Under ZeRO-3 the model therefore returns
-    real logits (LitGPT's loss path, every other kernel still on), with a warning once."""
+def _zero3_returns_logits(gpt: nn.Module) -> bool:
+    """DeepSpeed ZeRO-3 partitions the lm_head weight. Inside a DeepSpeed engine's forward, reading a
+    partitioned parameter outside its module gathers it and registers it with the module whose
+    forward is running, which gathers it again for its backward: so when the loss is computed inside
+    the engine's forward by a module *around* the GPT (Lightning's Trainer: ``training_step`` runs
+    inside the engine's forward), the fused loss reads the weight at loss time and its gradient is
+    accumulated while gathered. When the GPT itself is the engine's module (Fabric + DeepSpeed), the
+    loss runs after the engine's forward, where the weight is a size-0 partition: the model then
+    returns real logits (LitGPT's loss path, every other kernel on), with a warning once.
+    """
     global _ZERO3_WARNED
+    lm_head = gpt.lm_head
     weight = getattr(getattr(lm_head, "linear", lm_head), "weight", None)
     if weight is None or not hasattr(weight, "ds_id"):
         return False
+    try:
+        from deepspeed.runtime.zero.parameter_offload import FWD_MODULE_STACK
+    except ImportError:  # a `ds_id` without deepspeed: treat the GPT as the top module
+        FWD_MODULE_STACK = []
+    # DeepSpeed pushes each module on this stack in its pre-forward hook, and an engine's own module
+    # once more when the engine is built: below the GPT's own entry sits the module whose forward
+    # called it, or the GPT again when it is the engine's module
+    if len(FWD_MODULE_STACK) >= 2 and FWD_MODULE_STACK[-1] is gpt and FWD_MODULE_STACK[-2] is not gpt:
+        return False  # an outer module's forward computes the loss: fused, weight read at loss time
     if not _ZERO3_WARNED:
         _ZERO3_WARNED = True
         import warnings
 
         warnings.warn(
-            "lit-liger: DeepSpeed ZeRO-3 partitions the lm_head weight, so the fused linear cross-entropy is "
-            "off (the model returns logits); all other kernels stay on. ZeRO-2 keeps the fused loss.",
+            "lit-liger: DeepSpeed ZeRO-3 with the GPT as the engine's module: the loss runs after the engine's "
+            "forward, where the lm_head weight is partitioned, so the fused linear cross-entropy is off here (the "
+            "model returns logits; all other kernels stay on). Compute the loss inside the engine's forward (a "
+            "module around the GPT, as Lightning's Trainer does) to keep it.",
             stacklevel=3,
         )
     return True
 
 
+def _is_zero3(lm_head: nn.Module) -> bool:
+    return hasattr(getattr(getattr(lm_head, "linear", lm_head), "weight", None), "ds_id")
+
+
 def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
     (FSDP1 may reshard the root's flat parameter when forward returns; FSDP2 holds DTensors;
-    ZeRO-3 is handled by :func:`_zero3_partitioned` before this), but the loss runs after it. So in a multi-process run, take the
+    ZeRO-3 is handled by :func:`_zero3_returns_logits`), but the loss runs after it. So in a multi-process run, take the
     gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
     gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
     as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
-    if torch.distributed.get_world_size() <= 1:
-        return None
+    if torch.distributed.get_world_size() <= 1 or _is_zero3(lm_head):
+        return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
     return GatheredHead(weight.clone(), bias.clone() if bias is not None else None)
 

@@ -125,3 +125,91 @@ def tiny_config_param_names():
 
     with torch.device("meta"):
         return [n for n, _ in GPT(tiny_config("Llama-3.2-1B")).named_parameters()]
+
+
+def _zero3_worker(rank: int, world: int, port: int, queue) -> None:
+    """DeepSpeed ZeRO-3 on CPU (gloo), 2 processes: stock LitGPT vs the swapped model, 3 optimizer steps,
+    (a) loss computed inside the engine's forward by a module around the GPT (how Lightning's Trainer
+    runs ``training_step``): the fused loss is used; (b) GPT as the engine's module, loss after its
+    forward (Fabric + DeepSpeed): real logits, LitGPT's loss. Same losses and lm_head gradients."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    sys.path.insert(0, HERE)
+    import warnings
+
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+    from litgpt import GPT
+    from test_adapter import tiny_config
+
+    from lit_liger import LigerLogits, apply_liger, chunked_cross_entropy
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = tiny_config("Llama-3.2-1B")
+    ds_cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+              "zero_allow_untested_optimizer": True}
+
+    class Around(torch.nn.Module):
+        def __init__(self, gpt):
+            super().__init__()
+            self.gpt = gpt
+            self.outputs = []
+
+        def forward(self, x, y):
+            out = self.gpt(x)
+            self.outputs.append(type(out).__name__)
+            return chunked_cross_entropy(out, y)
+
+    results = {}
+    for variant in ("stock-around", "liger-around", "stock-top", "liger-top"):
+        with deepspeed.zero.Init(config_dict_or_path=ds_cfg):
+            torch.manual_seed(0)
+            gpt = GPT(cfg)
+        if variant.startswith("liger"):
+            apply_liger(gpt)
+        module = Around(gpt) if variant.endswith("around") else gpt
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_cfg)
+        g = torch.Generator().manual_seed(rank)
+        losses, head_grads, kinds = [], [], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                x = torch.randint(0, cfg.vocab_size, (2, 8), generator=g)
+                y = torch.randint(0, cfg.vocab_size, (2, 8), generator=g)
+                if variant.endswith("around"):
+                    loss = engine(x, y)
+                else:
+                    out = engine(x)
+                    kinds.append(type(out).__name__)
+                    loss = chunked_cross_entropy(out, y)
+                engine.backward(loss)
+                head_grads.append(safe_get_full_grad(gpt.lm_head.weight).clone())
+                engine.step()
+                losses.append(float(loss.detach()))
+        kinds = module.outputs if variant.endswith("around") else kinds
+        results[variant] = (losses, head_grads, kinds, [str(w.message) for w in caught if "ZeRO-3" in str(w.message)])
+    if rank == 0:
+        queue.put({k: (v[0], [t.norm().item() for t in v[1]], v[2], v[3],
+                       [((a - b).norm() / b.norm()).item() for a, b in zip(v[1], results["stock-around"][1])])
+                   for k, v in results.items()})
+    assert LigerLogits  # imported for the names above
+    torch.distributed.destroy_process_group()
+
+
+def test_deepspeed_zero3_fused_loss_matches_stock():
+    pytest.importorskip("deepspeed")
+    if not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.spawn(_zero3_worker, args=(2, _free_port(), queue), nprocs=2, join=True)
+    r = queue.get(timeout=60)
+    stock_losses = r["stock-around"][0]
+    for variant in ("liger-around", "liger-top", "stock-top"):
+        losses, _, kinds, warned, grad_errs = r[variant]
+        assert all(abs(a - b) / abs(b) <= 1e-5 for a, b in zip(losses, stock_losses)), (variant, losses, stock_losses)
+        assert max(grad_errs) <= 1e-4, (variant, grad_errs)  # the lm_head gradient, gathered in full
+    assert r["liger-around"][2] == ["LigerLogits"] * 3 and not r["liger-around"][3]  # fused, no warning
+    assert r["liger-top"][2] == ["Tensor"] * 3 and r["liger-top"][3]  # logits, and it said why
