@@ -181,7 +181,10 @@ def rope_case(B: int, T: int, n_head: int, n_kv: int, hs: int) -> Case:
         Variant("litgpt eager", "eager", lambda: eager_qkv),
         Variant("torch.compile", "compile", _compiled(eager_qkv)),
         Variant("liger-kernel", "liger", on_qkv(_liger("liger_kernel.transformers.rope", "liger_rotary_pos_emb"))),
-        Variant("lit-liger", "lit_liger", on_qkv(_lit("rope", ("rope",)))),
+        # what the swapped attention runs: rope_qkv, whose backward writes the qkv gradient itself
+        Variant("lit-liger", "lit_liger", _lit("rope_qkv", ("rope",), wrap=lambda fn: lambda qkv, cos, sin: fn(
+            qkv, cos, sin, n_head, n_kv)[:2])),
+        Variant("lit-liger rope(q, k)", "lit_liger_qk", on_qkv(_lit("rope", ("rope",)))),
     ]
     e = DTYPE.itemsize
     qk = B * T * (n_head + n_kv) * hs

@@ -51,7 +51,7 @@ import triton.language as tl
 from ._checks import check_float, check_same_device, check_same_dtype
 from ._launch import elementwise_plan, partial_rows, row_plan, use_triton
 
-__all__ = ["rope", "rope_reference"]
+__all__ = ["rope", "rope_qkv", "rope_reference"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -746,3 +746,73 @@ def rope(
     if q_weight is None:
         return _fwd(q, k, cos, sin, bool(interleave))
     return _fwd_norm(q, k, cos, sin, q_weight, k_weight, bool(interleave), float(eps), float(offset))
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE on the fused qkv projection: the backward writes the whole qkv gradient
+# ----------------------------------------------------------------------------------------------
+def _qkv_views(qkv: torch.Tensor, n_head: int, n_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LitGPT's q, k, v views of a ``(B, T, (nh + 2 ng) * hs)`` qkv tensor: ``split`` + ``view`` +
+    ``transpose`` to ``(B, nh|ng, T, hs)`` (no copies)."""
+    B, T, C = qkv.shape
+    hs = C // (n_head + 2 * n_groups)
+    q, k, v = qkv.split((n_head * hs, n_groups * hs, n_groups * hs), dim=-1)
+    return (q.view(B, T, n_head, hs).transpose(1, 2), k.view(B, T, n_groups, hs).transpose(1, 2),
+            v.view(B, T, n_groups, hs).transpose(1, 2))
+
+
+class _RopeQKVFn(torch.autograd.Function):
+    """``(rope(q), rope(k), v)`` of a qkv tensor. The backward writes dq and dk, rotated back, and dv
+    straight into one qkv-shaped gradient: the ``split``'s backward (a concatenation that reads dq, dk
+    and dv again) never runs."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, n_head, n_groups, interleave):
+        q, k, v = _qkv_views(qkv, n_head, n_groups)
+        qo, ko = _rope_fwd_impl(q, k, cos, sin, interleave)
+        ctx.save_for_backward(cos, sin)
+        ctx.meta = (n_head, n_groups, interleave, qkv.shape, qkv.dtype)
+        ctx.set_materialize_grads(False)
+        return qo, ko, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        n_head, n_groups, interleave, shape, dtype = ctx.meta
+        dqkv = torch.empty(shape, dtype=dtype, device=cos.device)  # (B, T, (nh + 2 ng) * hs)
+        dq_in, dk_in, dv_in = _qkv_views(dqkv, n_head, n_groups)
+        if dq is None:
+            dq = torch.zeros_like(dq_in)
+        if dk is None:
+            dk = torch.zeros_like(dk_in)
+        _launch(dq, dk, cos, sin, dq_in, dk_in, interleave, backward=True)
+        if dv is None:
+            dv_in.zero_()
+        else:
+            dv_in.copy_(dv)
+        return dqkv, None, None, None, None, None
+
+
+def rope_qkv(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_head: int, n_query_groups: int,
+    interleave: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q_rot, k_rot, v)`` from LitGPT's fused qkv projection ``(B, T, (nh + 2 ng) * hs)``: the q, k, v
+    views LitGPT's ``CausalSelfAttention`` makes (``split``, ``view``, ``transpose``), with :func:`rope`
+    applied to q and k (same layout, same numbers) and v a view. In training the gradient of ``qkv``
+    is written by the RoPE backward kernel itself (dv copied beside it), instead of RoPE writing dq
+    and dk and the split's backward concatenating them again. Under ``torch.compile`` it traces as the
+    split plus :func:`rope`'s custom op (whose backward the compiler fuses with the concatenation)."""
+    if qkv.dim() != 3:
+        raise ValueError(f"qkv must be (B, T, (n_head + 2 * n_query_groups) * head_size), got {tuple(qkv.shape)}")
+    if n_head <= 0 or n_query_groups <= 0 or qkv.shape[-1] % (n_head + 2 * n_query_groups):
+        raise ValueError(
+            f"qkv's last dim {qkv.shape[-1]} is not (n_head + 2 * n_query_groups) = {n_head + 2 * n_query_groups} "
+            "times a head size"
+        )
+    q, k, v = _qkv_views(qkv, n_head, n_query_groups)
+    _check(q, k, cos, sin)
+    interleave = bool(interleave)
+    if not use_triton(q) or torch.compiler.is_compiling() or not (torch.is_grad_enabled() and qkv.requires_grad):
+        return (*rope(q, k, cos, sin, interleave), v)
+    return _RopeQKVFn.apply(qkv, cos, sin, n_head, n_query_groups, interleave)

@@ -28,7 +28,7 @@ from torch import nn
 from .config import LigerConfig
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_residual
-from .kernels.rope import rope
+from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, swiglu
 from .loss import (
     GatheredHead,
@@ -128,17 +128,22 @@ class _AttentionMixin:
         hs, n_head, n_groups = cfg.head_size, cfg.n_head, cfg.n_query_groups
         B, T, _ = x.size()
         qkv = self.qkv(x)  # (B, T, (nh + 2 * ng) * hs)
-        q, k, v = qkv.split((n_head * hs, n_groups * hs, n_groups * hs), dim=-1)
-        if cfg.norm_qk and cfg.norm_qk_type == "olmo2":
-            q, k = self.norm_q(q), self.norm_k(k)
-        q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs), a strided view
-        k = k.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
-        v = v.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
-        qk_norm = self._liger_qk_norm()  # per-head RMSNorm of q and k fused into the rope launch
-        if cfg.norm_qk and cfg.norm_qk_type == "default" and qk_norm is None:
-            q, k = self.norm_q(q), self.norm_k(k)
-        # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
-        q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave, **(qk_norm or {}))  # (B, nh|ng, T, hs)
+        if not cfg.norm_qk:
+            # q, k, v views of qkv with rotary on the first rope_n_elem dims of every q and k head (one
+            # launch); in backward that kernel writes the whole qkv gradient (no split concatenation)
+            q, k, v = rope_qkv(qkv, cos, sin, n_head, n_groups, cfg.rope_interleave)  # (B, nh|ng, T, hs)
+        else:
+            q, k, v = qkv.split((n_head * hs, n_groups * hs, n_groups * hs), dim=-1)
+            if cfg.norm_qk_type == "olmo2":
+                q, k = self.norm_q(q), self.norm_k(k)
+            q = q.view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs), a strided view
+            k = k.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
+            v = v.view(B, T, n_groups, hs).transpose(1, 2)  # (B, ng, T, hs)
+            qk_norm = self._liger_qk_norm()  # per-head RMSNorm of q and k fused into the rope launch
+            if cfg.norm_qk_type == "default" and qk_norm is None:
+                q, k = self.norm_q(q), self.norm_k(k)
+            # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
+            q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave, **(qk_norm or {}))  # (B, nh|ng, T, hs)
         if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
             # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
             # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward

@@ -3,7 +3,7 @@ import torch
 from helpers import TOL, rel_err
 from litgpt.model import RMSNorm, apply_rope, apply_rope_interleave, batched_index_select, build_rope_cache
 
-from lit_liger.kernels.rope import rope, rope_reference
+from lit_liger.kernels.rope import rope, rope_qkv, rope_reference
 
 
 def _litgpt_qk(B, T, nh, ng, hs, device, dtype):
@@ -487,5 +487,106 @@ def test_rope_qk_norm_gpu_torch_compile_fullgraph():
     g_c = torch.autograd.grad(out_c, (q, k, wq, wk), (dq, dk))
     g_e = torch.autograd.grad(out_e, (q, k, wq, wk), (dq, dk))
     for a, b in zip(out_c + g_c, out_e + g_e):
+        assert rel_err(a, b) <= 1e-3
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+# ----------------------------------------------------------------------------------------------
+# rope_qkv: the same rotation on LitGPT's fused qkv, the backward writing the qkv gradient
+# ----------------------------------------------------------------------------------------------
+def _compare_qkv(qkv, nh, ng, hs, cos, sin, interleave, tol, unused_v=False):
+    """rope_qkv vs LitGPT's split + view + transpose + apply_rope: q, k, v and the gradient of qkv
+    (through every output, or with v unused: its part of the gradient must be exactly zero)."""
+    B, T, _ = qkv.shape
+    q, k, v = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
+    v = v.view(B, T, ng, hs).transpose(1, 2)
+    q_ref, k_ref = _litgpt_rope(q, k, cos, sin, interleave)
+    q_out, k_out, v_out = rope_qkv(qkv, cos, sin, nh, ng, interleave)
+    for out, ref in ((q_out, q_ref), (k_out, k_ref), (v_out, v)):
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        assert rel_err(out, ref) <= tol
+    dq = torch.randn(B, T, nh, hs, device=qkv.device, dtype=qkv.dtype).transpose(1, 2)  # non-contiguous
+    dk, dv = torch.randn_like(k_ref), torch.randn_like(v)
+    outs, refs, grads = (q_out, k_out, v_out), (q_ref, k_ref, v), (dq, dk, dv)
+    if unused_v:
+        outs, refs, grads = outs[:2], refs[:2], grads[:2]
+    (g,) = torch.autograd.grad(outs, (qkv,), grads)
+    (g_ref,) = torch.autograd.grad(refs, (qkv,), grads)
+    assert g.shape == qkv.shape and g.dtype == qkv.dtype and g.is_contiguous()
+    assert rel_err(g, g_ref) <= tol
+    if unused_v:
+        assert not g[..., (nh + ng) * hs :].any()
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["halves", "interleave"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "nh, ng, hs, n",
+    [
+        pytest.param(6, 2, 24, 24, id="gqa-full"),
+        pytest.param(3, 3, 24, 8, id="mha-partial"),
+        pytest.param(5, 1, 40, 10, id="mqa-pythia-quarter"),
+    ],
+)
+def test_rope_qkv_matches_litgpt(nh, ng, hs, n, dtype, interleave, device):
+    torch.manual_seed(0)
+    B, T = 2, 3
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=device, dtype=dtype, requires_grad=True)
+    cos, sin = _cache(T, n, device)
+    _compare_qkv(qkv, nh, ng, hs, cos, sin, interleave, TOL[dtype])
+
+
+def test_rope_qkv_unused_v_and_no_grad(device):
+    torch.manual_seed(1)
+    nh, ng, hs, T = 4, 2, 16, 5
+    qkv = torch.randn(2, T, (nh + 2 * ng) * hs, device=device, requires_grad=True)
+    cos, sin = _cache(T, hs, device)
+    _compare_qkv(qkv, nh, ng, hs, cos, sin, False, TOL[torch.float32], unused_v=True)
+    with torch.no_grad():  # inference: plain views + rope, nothing saved
+        q, k, v = rope_qkv(qkv, cos, sin, nh, ng)
+    assert q.grad_fn is None and v.data_ptr() == qkv.data_ptr() + (nh + ng) * hs * qkv.element_size()
+
+
+def test_rope_qkv_bad_inputs(device):
+    qkv = torch.randn(2, 3, 8 * 16, device=device)
+    cos, sin = _cache(3, 16, device)
+    with pytest.raises(ValueError, match="qkv must be"):
+        rope_qkv(qkv[0], cos, sin, 4, 2)
+    with pytest.raises(ValueError, match="head size"):
+        rope_qkv(qkv, cos, sin, 5, 2)  # 128 is not a multiple of 9
+    with pytest.raises(ValueError):
+        rope_qkv(qkv, cos[:, :2], sin[:, :2], 4, 2)  # cos/sin for 2 positions, qkv has 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hs, n, interleave", [(128, 128, False), (64, 64, True), (128, 32, False)],
+                         ids=["llama", "interleave", "partial"])
+def test_rope_qkv_gpu_real_size(hs, n, interleave):
+    torch.manual_seed(9)
+    B, T, nh, ng = 4, 4096, 32, 8
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = _cache(T, n, "cuda")
+    _compare_qkv(qkv, nh, ng, hs, cos, sin, interleave, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_rope_qkv_gpu_torch_compile_fullgraph():
+    torch.manual_seed(10)
+    torch._dynamo.reset()
+    B, T, nh, ng, hs, n = 2, 257, 12, 4, 96, 48
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = _cache(T, n, "cuda")
+
+    def f(qkv, cos, sin):
+        q, k, v = rope_qkv(qkv, cos, sin, nh, ng)
+        return q * 2.0, k + 1.0, v * 3.0
+
+    out_c = torch.compile(f, fullgraph=True)(qkv, cos, sin)
+    out_e = f(qkv, cos, sin)
+    gs = [torch.randn_like(o) for o in out_e]
+    (g_c,) = torch.autograd.grad(out_c, (qkv,), gs)
+    (g_e,) = torch.autograd.grad(out_e, (qkv,), gs)
+    for a, b in zip((*out_c, g_c), (*out_e, g_e)):
         assert rel_err(a, b) <= 1e-3
     assert not torch._dynamo.utils.counters["graph_break"]
