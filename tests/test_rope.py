@@ -6,6 +6,13 @@ from litgpt.model import RMSNorm, apply_rope, apply_rope_interleave, batched_ind
 from lit_liger.kernels.rope import rope, rope_qkv, rope_reference
 
 
+SHAPES = [  # (q heads, kv heads, head size, rotated elements)
+    pytest.param(6, 2, 24, 24, id="gqa-full"),
+    pytest.param(3, 3, 24, 8, id="mha-partial"),
+    pytest.param(5, 1, 40, 10, id="mqa-pythia-quarter"),  # rope_n_elem = 0.25 * hs, n/2 = 5
+]
+
+
 def _litgpt_qk(B, T, nh, ng, hs, device, dtype):
     """q, k exactly as LitGPT's CausalSelfAttention.forward makes them: qkv.split + view + transpose."""
     qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=device, dtype=dtype, requires_grad=True)
@@ -49,14 +56,7 @@ def _compare(q, k, cos, sin, interleave, tol, leaves=()):
 
 @pytest.mark.parametrize("interleave", [False, True], ids=["halves", "interleave"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    "nh, ng, hs, n",
-    [
-        pytest.param(6, 2, 24, 24, id="gqa-full"),
-        pytest.param(3, 3, 24, 8, id="mha-partial"),
-        pytest.param(5, 1, 40, 10, id="mqa-pythia-quarter"),  # rope_n_elem = 0.25 * hs, n/2 = 5
-    ],
-)
+@pytest.mark.parametrize("nh, ng, hs, n", SHAPES)
 def test_rope_matches_litgpt(nh, ng, hs, n, dtype, interleave, device):
     torch.manual_seed(0)
     B, T = 2, 3
@@ -521,14 +521,7 @@ def _compare_qkv(qkv, nh, ng, hs, cos, sin, interleave, tol, unused_v=False):
 
 @pytest.mark.parametrize("interleave", [False, True], ids=["halves", "interleave"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    "nh, ng, hs, n",
-    [
-        pytest.param(6, 2, 24, 24, id="gqa-full"),
-        pytest.param(3, 3, 24, 8, id="mha-partial"),
-        pytest.param(5, 1, 40, 10, id="mqa-pythia-quarter"),
-    ],
-)
+@pytest.mark.parametrize("nh, ng, hs, n", SHAPES)
 def test_rope_qkv_matches_litgpt(nh, ng, hs, n, dtype, interleave, device):
     torch.manual_seed(0)
     B, T = 2, 3
