@@ -61,36 +61,28 @@ def _plot(argv: list[str]) -> None:
         raise SystemExit(f"no kernels.json, step.json, finetune.json or convergence.json in {opts.dir}")
 
 
+# subcommand -> (module of this package, its entry point taking the remaining arguments)
+_COMMANDS = {
+    "kernels": ("kernels", "main"),
+    "step": ("step", "main"),
+    "finetune": ("finetune", "main"),
+    "convergence": ("convergence", "main"),
+    "strategies": ("strategies", "compare"),
+    "scaling": ("scaling", "main"),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd == "kernels":
-        from . import kernels
+    if cmd in _COMMANDS:
+        import importlib
 
-        kernels.main(rest)
-    elif cmd == "step":
-        from . import step
-
-        step.main(rest)
-    elif cmd == "finetune":
-        from . import finetune
-
-        finetune.main(rest)
-    elif cmd == "convergence":
-        from . import convergence
-
-        convergence.main(rest)
-    elif cmd == "strategies":
-        from . import strategies
-
-        strategies.compare(rest)
-    elif cmd == "scaling":
-        from . import scaling
-
-        scaling.main(rest)
+        module, entry = _COMMANDS[cmd]
+        getattr(importlib.import_module(f".{module}", __package__), entry)(rest)
     elif cmd == "all":
         _all(rest)
     elif cmd == "plot":

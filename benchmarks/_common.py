@@ -363,6 +363,18 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def throughput_memory_charts(out_dir: Path, stem: str, tput: dict[str, dict[str, float]],
+                             mem: dict[str, dict[str, float]], *, title: str, mem_unit: str) -> list[Path]:
+    """``<stem>_throughput.png`` (tokens/s) and ``<stem>_memory.png`` (peak memory) per panel; the paths
+    written (none without matplotlib or data)."""
+    written = []
+    for name, panels, what, ylabel in ((f"{stem}_throughput.png", tput, "tokens/s (higher is better)", "tokens/s"),
+                                       (f"{stem}_memory.png", mem, "peak memory", mem_unit)):
+        if bar_charts(out_dir / name, panels, title=f"{title}: {what}", ylabel=ylabel):
+            written.append(out_dir / name)
+    return written
+
+
 def bar_charts(
     path: Path,
     panels: dict[str, dict[str, float]],

@@ -249,11 +249,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
             if r.get("peak_memory_gb") is not None:
                 mem.setdefault(panel, {})[label] = r["peak_memory_gb"]
     title = f"{env['device']} — lit-liger finetune, {s['model']} {result['inputs'].get('n_layer')}L, {s['precision']}"
-    if C.bar_charts(out_dir / "finetune_throughput.png", tput, title=title + ": tokens/s", ylabel="tokens/s"):
-        written.append(out_dir / "finetune_throughput.png")
-    if C.bar_charts(out_dir / "finetune_memory.png", mem, title=title + ": peak memory", ylabel="GB"):
-        written.append(out_dir / "finetune_memory.png")
-    return written
+    return written + C.throughput_memory_charts(out_dir, "finetune", tput, mem, title=title, mem_unit="GB")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -361,12 +361,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
             if r.get("peak_GiB") is not None:
                 mem.setdefault(panel, {})[r["variant"]] = r["peak_GiB"]
     title = f"{env['device']} — LitGPT training step, {result['dtype']}"
-    if C.bar_charts(out_dir / "step_throughput.png", tput, title=title + ": tokens/s (higher is better)",
-                    ylabel="tokens/s"):
-        written.append(out_dir / "step_throughput.png")
-    if C.bar_charts(out_dir / "step_memory.png", mem, title=title + ": peak memory", ylabel="GiB"):
-        written.append(out_dir / "step_memory.png")
-    return written
+    return written + C.throughput_memory_charts(out_dir, "step", tput, mem, title=title, mem_unit="GiB")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -355,26 +355,7 @@ def built_models(monkeypatch):
 
 
 def _lora_cli(assets, monkeypatch, tmp_path, extra: list) -> None:
-    run_cli(
-        monkeypatch,
-        [
-            "finetune_lora",
-            assets["ckpt"],
-            "--out_dir",
-            tmp_path,
-            "--precision",
-            "32-true",
-            "--data",
-            "JSON",
-            "--data.json_path",
-            assets["data"],
-            "--data.val_split_fraction",
-            0.1,
-            "--data.num_workers",
-            0,
-            *extra,
-        ],
-    )
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path, None), *extra])  # extra wins
 
 
 def _parse_and_build(assets, monkeypatch, tmp_path, built, extra: list) -> dict:

@@ -7,7 +7,6 @@ launches are recorded, and each recorded ``num_warps * warp_size`` must fit the 
 
 import pytest
 import torch
-import triton
 import triton.runtime.interpreter as interp
 
 from lit_liger.kernels import _launch

@@ -13,12 +13,19 @@ SHAPES = [  # (q heads, kv heads, head size, rotated elements)
 ]
 
 
-def _litgpt_qk(B, T, nh, ng, hs, device, dtype):
-    """q, k exactly as LitGPT's CausalSelfAttention.forward makes them: qkv.split + view + transpose."""
-    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=device, dtype=dtype, requires_grad=True)
-    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+def _litgpt_views(qkv, nh, ng, hs):
+    """q, k, v exactly as LitGPT's CausalSelfAttention.forward makes them: qkv.split + view + transpose."""
+    B, T, _ = qkv.shape
+    q, k, v = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
     q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs), non-contiguous
     k = k.view(B, T, ng, hs).transpose(1, 2)  # (B, ng, T, hs), non-contiguous
+    return q, k, v.view(B, T, ng, hs).transpose(1, 2)
+
+
+def _litgpt_qk(B, T, nh, ng, hs, device, dtype):
+    """A random qkv and LitGPT's q, k views of it."""
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=device, dtype=dtype, requires_grad=True)
+    q, k, _ = _litgpt_views(qkv, nh, ng, hs)
     return qkv, q, k
 
 
@@ -177,9 +184,7 @@ def test_rope_eager_path_equals_custom_op(device):
 
 def test_rope_meta_device():
     B, T, nh, ng, hs, n = 2, 5, 6, 2, 16, 8
-    qkv = torch.empty(B, T, (nh + 2 * ng) * hs, device="meta")
-    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
-    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
+    q, k, _ = _litgpt_views(torch.empty(B, T, (nh + 2 * ng) * hs, device="meta"), nh, ng, hs)
     cos = sin = torch.empty(1, T, n, device="meta")
     q_out, k_out = rope(q, k, cos, sin)
     assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.device.type == "meta"
@@ -368,9 +373,7 @@ def test_rope_qk_norm_eager_path_equals_custom_op(device):
 
 def test_rope_qk_norm_meta_device():
     B, T, nh, ng, hs, n = 2, 5, 6, 2, 16, 8
-    qkv = torch.empty(B, T, (nh + 2 * ng) * hs, device="meta")
-    q, k, _ = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
-    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
+    q, k, _ = _litgpt_views(torch.empty(B, T, (nh + 2 * ng) * hs, device="meta"), nh, ng, hs)
     cos = sin = torch.empty(1, T, n, device="meta")
     wq = wk = torch.empty(hs, device="meta")
     q_out, k_out = rope(q, k, cos, sin, q_weight=wq, k_weight=wk)
@@ -498,9 +501,7 @@ def _compare_qkv(qkv, nh, ng, hs, cos, sin, interleave, tol, unused_v=False):
     """rope_qkv vs LitGPT's split + view + transpose + apply_rope: q, k, v and the gradient of qkv
     (through every output, or with v unused: its part of the gradient must be exactly zero)."""
     B, T, _ = qkv.shape
-    q, k, v = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
-    q, k = q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, ng, hs).transpose(1, 2)
-    v = v.view(B, T, ng, hs).transpose(1, 2)
+    q, k, v = _litgpt_views(qkv, nh, ng, hs)
     q_ref, k_ref = _litgpt_rope(q, k, cos, sin, interleave)
     q_out, k_out, v_out = rope_qkv(qkv, cos, sin, nh, ng, interleave)
     for out, ref in ((q_out, q_ref), (k_out, k_ref), (v_out, v)):
