@@ -9,6 +9,8 @@ import pytest
 import torch
 import triton.runtime.interpreter as interp
 
+from helpers import exercise_kernels
+
 from lit_liger.kernels import _launch
 from lit_liger.kernels._launch import DeviceLimits
 
@@ -34,33 +36,13 @@ def recorded(monkeypatch):
     return launches
 
 
-def _run_all_ops(H):
-    from lit_liger.kernels import fused_linear_cross_entropy, geglu, layer_norm, rms_norm, rope, swiglu
-
-    x = torch.randn(3, H, requires_grad=True)
-    w = torch.randn(H, requires_grad=True)
-    rms_norm(x, w).sum().backward()
-    layer_norm(x, w, torch.randn(H, requires_grad=True), 1e-5).sum().backward()
-    a, b = torch.randn(2, H, requires_grad=True), torch.randn(2, H, requires_grad=True)
-    swiglu(a, b).sum().backward()
-    geglu(a, b, approximate="tanh").sum().backward()
-    hs = min(256, H)
-    q = torch.randn(1, 4, 2, hs, requires_grad=True)
-    k = torch.randn(1, 2, 2, hs, requires_grad=True)
-    cos, sin = torch.randn(1, 2, hs), torch.randn(1, 2, hs)
-    qr, kr = rope(q, k, cos, sin)
-    (qr.sum() + kr.sum()).backward()
-    W = torch.randn(97, H, requires_grad=True)
-    fused_linear_cross_entropy(x, W, torch.tensor([1, 5, -100])).backward()
-
-
 @pytest.mark.parametrize("limits", [AMD, H100, V100], ids=lambda l: l.name.split()[0])
 def test_every_launch_fits_the_device(limits, recorded, monkeypatch):
     monkeypatch.setattr(_launch, "_CPU_LIMITS", limits)
     for H in (96, 8192):
-        _run_all_ops(H)
+        exercise_kernels(H, variants=H == 96)
     names = {n for n, *_ in recorded}
-    assert len(names) >= 8, names  # forward and backward kernels of every op were launched
+    assert len(names) >= 11, names  # every kernel (forward, backward, each loss mode, qk-norm) was launched
     for name, warps, grid, consts in recorded:
         assert warps & (warps - 1) == 0, (name, warps)
         assert warps * limits.warp_size <= limits.max_threads_per_block, (name, warps, limits)

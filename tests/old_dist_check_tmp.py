@@ -1,0 +1,219 @@
+"""Two processes on CPU (gloo): a swapped model under FSDP1 and FSDP2 gives rank 0 the loss and the
+gradients of a single-process stock LitGPT run (same batch on both ranks, so the averaged gradient is
+the single-process one). Exercises the fused-loss seam under sharding: the lm_head weight is taken
+gathered inside the forward and its gradient goes back through the sharding strategy."""
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(__file__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from litgpt.model import Block
+        from litgpt.utils import chunked_cross_entropy as litgpt_ce
+        from test_adapter import _pair, tiny_config
+
+        from lit_liger import LigerLogits, apply_liger, chunked_cross_entropy
+
+        cfg = tiny_config("Llama-3.2-1B")
+        ref, ours = _pair(cfg)
+        torch.manual_seed(5)
+        x = torch.randint(0, cfg.vocab_size, (2, 8))
+        y = torch.randint(0, cfg.vocab_size, (2, 8))
+        y[0, :2] = -100
+        loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+        loss_ref.backward()
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        apply_liger(ours)
+        if mode.startswith("fsdp1"):
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            model = FSDP(ours, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
+                         limit_all_gathers=True, device_id=torch.device("cpu"))
+            if mode == "fsdp1_ckpt":  # what `litgpt finetune_full` sets up through Fabric's FSDPStrategy
+                from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                    apply_activation_checkpointing,
+                    checkpoint_wrapper,
+                )
+
+                apply_activation_checkpointing(
+                    model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: isinstance(m, Block)
+                )
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in ours.transformer.h:
+                fully_shard(block)
+            fully_shard(ours)
+            model = ours
+        out = model(x)
+        assert isinstance(out, LigerLogits) and out.head is not None  # gathered inside the forward
+        loss = chunked_cross_entropy(out, y)
+        loss.backward()
+        errs = {}
+        if mode.startswith("fsdp1"):
+            with FSDP.summon_full_params(model, with_grads=True):
+                for n, p in ours.named_parameters():
+                    n = n.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+                    errs[n] = ((p.grad - ref_grads[n]).norm() / ref_grads[n].norm()).item()
+        else:
+            for n, p in ours.named_parameters():
+                g = p.grad.full_tensor()
+                errs[n] = ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item()
+        # a checkpoint consolidated from the sharded swapped model loads into stock LitGPT unchanged
+        if mode.startswith("fsdp1"):
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+
+            cfg_sd = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)  # CPU run: nothing to offload
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg_sd):
+                full = model.state_dict()
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        loads = None
+        if rank == 0:
+            from litgpt import GPT
+
+            stock = GPT(cfg)
+            stock.load_state_dict(full, strict=True)  # same keys: the swap and the wrappers left no trace
+            loads = all(torch.equal(stock.state_dict()[k], v) for k, v in ref.state_dict().items())
+        if rank == 0:
+            queue.put((float(loss.detach()), float(loss_ref.detach()), errs, loads))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp1_ckpt", "fsdp2"])
+def test_sharded_fused_loss_matches_single_process(mode):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.spawn(_worker, args=(2, mode, _free_port(), queue), nprocs=2, join=True)
+    loss, loss_ref, errs, loads = queue.get(timeout=60)
+    assert loads  # consolidated weights == the (untrained) single-process model's, key for key
+    assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
+    assert len(errs) == len(list(tiny_config_param_names()))
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-4, (worst, errs[worst])
+    assert errs["lm_head.weight"] <= 1e-4  # the fused loss's weight gradient reached the sharded parameter
+
+
+def tiny_config_param_names():
+    sys.path.insert(0, HERE)
+    from litgpt import GPT
+    from test_adapter import tiny_config
+
+    with torch.device("meta"):
+        return [n for n, _ in GPT(tiny_config("Llama-3.2-1B")).named_parameters()]
+
+
+def _deepspeed_worker(rank: int, world: int, port: int, stage: int, queue) -> None:
+    """DeepSpeed ZeRO-``stage`` on CPU (gloo), 2 processes: stock LitGPT vs the swapped model, 3 optimizer
+    steps, (a) loss computed inside the engine's forward by a module around the GPT (how Lightning's
+    Trainer runs ``training_step``); (b) GPT as the engine's module, loss after its forward (Fabric +
+    DeepSpeed). ZeRO-2: fused loss in both. ZeRO-3: fused in (a); in (b) the lm_head is a size-0
+    partition at loss time, so real logits and LitGPT's loss. Same losses and lm_head gradients."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    sys.path.insert(0, HERE)
+    import warnings
+
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+    from litgpt import GPT
+    from test_adapter import tiny_config
+
+    from lit_liger import apply_liger, chunked_cross_entropy
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = tiny_config("Llama-3.2-1B")
+    ds_cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
+              "zero_allow_untested_optimizer": True}
+
+    class Around(torch.nn.Module):
+        def __init__(self, gpt):
+            super().__init__()
+            self.gpt = gpt
+            self.outputs = []
+
+        def forward(self, x, y):
+            out = self.gpt(x)
+            self.outputs.append(type(out).__name__)
+            return chunked_cross_entropy(out, y)
+
+    results = {}
+    for variant in ("stock-around", "liger-around", "stock-top", "liger-top"):
+        with deepspeed.zero.Init(config_dict_or_path=ds_cfg, enabled=stage == 3):
+            torch.manual_seed(0)
+            gpt = GPT(cfg)
+        if variant.startswith("liger"):
+            apply_liger(gpt)
+        module = Around(gpt) if variant.endswith("around") else gpt
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_cfg)
+        g = torch.Generator().manual_seed(rank)
+        losses, head_grads, kinds = [], [], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                x = torch.randint(0, cfg.vocab_size, (2, 8), generator=g)
+                y = torch.randint(0, cfg.vocab_size, (2, 8), generator=g)
+                if variant.endswith("around"):
+                    loss = engine(x, y)
+                else:
+                    out = engine(x)
+                    kinds.append(type(out).__name__)
+                    loss = chunked_cross_entropy(out, y)
+                engine.backward(loss)
+                head_grads.append(safe_get_full_grad(gpt.lm_head.weight).clone())
+                engine.step()
+                losses.append(float(loss.detach()))
+        kinds = module.outputs if variant.endswith("around") else kinds
+        results[variant] = (losses, head_grads, kinds, [str(w.message) for w in caught if "ZeRO-3" in str(w.message)])
+    if rank == 0:
+        queue.put({k: (v[0], [t.norm().item() for t in v[1]], v[2], v[3],
+                       [((a - b).norm() / b.norm()).item() for a, b in zip(v[1], results["stock-around"][1])])
+                   for k, v in results.items()})
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_fused_loss_matches_stock(stage):
+    pytest.importorskip("deepspeed")
+    if not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.spawn(_deepspeed_worker, args=(2, _free_port(), stage, queue), nprocs=2, join=True)
+    r = queue.get(timeout=60)
+    stock_losses = r["stock-around"][0]
+    for variant in ("liger-around", "liger-top", "stock-top"):
+        losses, _, kinds, warned, grad_errs = r[variant]
+        assert all(abs(a - b) / abs(b) <= 1e-5 for a, b in zip(losses, stock_losses)), (variant, losses, stock_losses)
+        assert max(grad_errs) <= 1e-4, (variant, grad_errs)  # the lm_head gradient, gathered in full
+    assert r["liger-around"][2] == ["LigerLogits"] * 3 and not r["liger-around"][3]  # fused, no warning
+    if stage == 2:
+        assert r["liger-top"][2] == ["LigerLogits"] * 3 and not r["liger-top"][3]
+    else:
+        assert r["liger-top"][2] == ["Tensor"] * 3 and r["liger-top"][3]  # logits, and it said why
