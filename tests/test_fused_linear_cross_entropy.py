@@ -204,6 +204,25 @@ def test_weight_gradient_accumulates_in_fp32(device, monkeypatch):
     assert gw.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("mode", ["fast", "lean"])
+def test_gradients_handed_over_without_copy(mode, device, monkeypatch):
+    # dx and dW are computed in the forward; autograd must take those very buffers as x.grad and
+    # weight.grad. A clone there would add a second (V, H) dW (and (N, H) dx) at the start of the
+    # backward, when a model's activations are at their peak.
+    made = []
+    compute = flce._compute
+
+    def spy(*args, **kwargs):
+        out = compute(*args, **kwargs)
+        made.append((out[1].data_ptr(), out[2].data_ptr()))
+        return out
+
+    monkeypatch.setattr(flce, "_compute", spy)
+    x, w, _, t = _inputs(device, torch.bfloat16)
+    fused_linear_cross_entropy(x, w, t, mode=mode, chunk_size=CHUNK[mode]).backward()
+    assert made == [(x.grad.data_ptr(), w.grad.data_ptr())]
+
+
 def test_second_backward_fails_loudly(device):
     # the stored gradients are scaled in place by grad_output: a second backward through the same graph
     # must raise (autograd's saved-tensor version check), not return wrongly scaled gradients
