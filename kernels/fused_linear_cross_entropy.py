@@ -317,40 +317,52 @@ _FP32_ADDMM: dict[int, bool] = {}
 
 
 def _cuda_fp32_addmm(device_index: int) -> bool:
-    """Whether this torch can run ``addmm`` of 16-bit matrices into an fp32 accumulator in place
-    (``aten::addmm.dtype_out``, torch >= 2.8 on CUDA; which ``self`` dtypes it accepts changed
-    across versions, so the exact call is tried once, and its result checked, instead of comparing
-    version numbers). The check syncs the host once per device and process, at the first call
-    (not while a CUDA graph is being captured: that call takes the fallback and asks again later)."""
+    """Whether this torch can run ``addmm`` of 16-bit matrices into an fp32 tensor in place
+    (``aten::addmm.dtype_out``, torch >= 2.8 on CUDA), both accumulating (``beta=1``) and
+    overwriting (``beta=0``: the old contents, NaN here, must be ignored). Which ``self`` dtypes it
+    accepts changed across versions, so the exact calls are tried once and their results checked,
+    instead of comparing version numbers. The check syncs the host once per device and process, at
+    the first call (not while a CUDA graph is being captured: that call takes the fallback and asks
+    again later)."""
     if device_index in _FP32_ADDMM:
         return _FP32_ADDMM[device_index]
     if torch.cuda.is_current_stream_capturing():
         return False
     dev = torch.device("cuda", device_index)
     try:
-        acc = torch.ones(2, 2, device=dev)
         a = torch.ones(2, 2, device=dev, dtype=torch.bfloat16)
+        acc = torch.ones(2, 2, device=dev)
         torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
-        ok = bool((acc == 3.0).all())
+        fresh = torch.full((2, 2), float("nan"), device=dev)
+        torch.addmm(fresh, a, a, beta=0, out_dtype=torch.float32, out=fresh)
+        ok = bool((acc == 3.0).all()) and bool((fresh == 2.0).all())
     except (RuntimeError, TypeError, NotImplementedError):
         ok = False
     _FP32_ADDMM[device_index] = ok
     return ok
 
 
-def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``acc += a @ b`` with ``acc`` in fp32 and ``a``, ``b`` in the input dtype; the product is
-    accumulated in fp32 (never rounded to 16 bits before it is added), except in the fallback for
-    CUDA builds without ``addmm.dtype_out``, where each chunk's product is rounded once."""
+def _mm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """``acc += a @ b`` (``accumulate``) or ``acc = a @ b``, with ``acc`` in fp32 and ``a``, ``b`` in
+    the input dtype; the product is kept in fp32 (never rounded to 16 bits before it is added),
+    except in the fallback for CUDA builds without ``addmm.dtype_out``, where each chunk's product is
+    rounded once. Overwriting the first chunk saves a zero-fill and one read of the accumulator."""
     if a.dtype == torch.float32:
-        acc.addmm_(a, b)
+        if accumulate:
+            acc.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=acc)
     elif acc.device.type == "cuda":
         if _cuda_fp32_addmm(acc.device.index if acc.device.index is not None else torch.cuda.current_device()):
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-        else:
+            torch.addmm(acc, a, b, beta=1 if accumulate else 0, out_dtype=torch.float32, out=acc)
+        elif accumulate:
             acc.add_(torch.mm(a, b))
-    else:  # CPU (interpreter tests): fp32 GEMM of the exactly upcast 16-bit operands
+        else:
+            acc.copy_(torch.mm(a, b))
+    elif accumulate:  # CPU (interpreter tests): fp32 GEMM of the exactly upcast 16-bit operands
         acc.addmm_(a.float(), b.float())
+    else:
+        torch.mm(a.float(), b.float(), out=acc)
 
 
 def _logits_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -361,20 +373,22 @@ def _logits_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         torch.addmm(bias, x, weight.t(), out=out)
 
 
-def _grad_weight_gemm(out: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, accumulate: bool) -> None:
-    """dW rows: out (cols, H) (+)= dlogits (rows, cols)^T @ x (rows, H)."""
-    if accumulate:
-        _mm_accumulate(out, dlogits.t(), x)
-    else:
+def _grad_weight_gemm(out: torch.Tensor, dlogits: torch.Tensor, x: torch.Tensor, accumulate: bool | None) -> None:
+    """dW rows: out (cols, H) = dlogits (rows, cols)^T @ x (rows, H) in the input dtype (``None``), or
+    into an fp32 ``out``: overwritten (``False``) or accumulated (``True``)."""
+    if accumulate is None:
         torch.mm(dlogits.t(), x, out=out)
-
-
-def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Tensor, accumulate: bool) -> None:
-    """dx rows: out (rows, H) (+)= dlogits (rows, cols) @ weight (cols, H)."""
-    if accumulate:
-        _mm_accumulate(out, dlogits, weight)
     else:
+        _mm_fp32(out, dlogits.t(), x, accumulate)
+
+
+def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Tensor, accumulate: bool | None) -> None:
+    """dx rows: out (rows, H) = dlogits (rows, cols) @ weight (cols, H), with ``accumulate`` as in
+    :func:`_grad_weight_gemm`."""
+    if accumulate is None:
         torch.mm(dlogits, weight, out=out)
+    else:
+        _mm_fp32(out, dlogits, weight, accumulate)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -443,8 +457,10 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     write_grad = need_dx or need_dw or need_db
     row_loss = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
     dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
-    # dW accumulates over row chunks in fp32 (in the output itself for an fp32 weight)
-    dw32 = torch.zeros((vocab, hidden) if need_dw else (0,), dtype=torch.float32, device=dev)  # (V, H)
+    # dW accumulates over row chunks in fp32 (in the output itself for an fp32 weight); the first
+    # chunk's GEMM writes it, so it needs no zero-fill (except when there are no rows at all)
+    dw32 = (torch.zeros if n_rows == 0 else torch.empty)(
+        (vocab, hidden) if need_dw else (0,), dtype=torch.float32, device=dev)  # (V, H)
     db32 = torch.zeros((vocab,) if need_db else (0,), dtype=torch.float32, device=dev)  # (V,)
     if n_rows > 0:
         rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size)
@@ -465,9 +481,9 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             )
             dlogits = logits  # (Nc, V), overwritten in place by the kernel
             if need_dx:
-                _grad_input_gemm(dx[r0:r1], dlogits, weight, accumulate=False)  # (Nc, H)
+                _grad_input_gemm(dx[r0:r1], dlogits, weight, accumulate=None)  # (Nc, H)
             if need_dw:
-                _grad_weight_gemm(dw32, dlogits, x_c, accumulate=True)  # (V, H) fp32
+                _grad_weight_gemm(dw32, dlogits, x_c, accumulate=r0 > 0)  # (V, H) fp32
             if need_db:
                 db32 += dlogits.sum(0, dtype=torch.float32)  # (V,)
         del buf
@@ -517,8 +533,8 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
         return row_loss, dx, dw, db
 
     # pass 2: recompute each chunk, turn it into dlogits, complete dW/db rows, accumulate dx
+    # (N, H) fp32 accumulator over the vocabulary chunks, written by the first chunk's GEMM
     dx32 = dx if x.dtype == torch.float32 else torch.empty_like(dx, dtype=torch.float32)
-    dx32.zero_()  # (N, H) fp32 accumulator over the vocabulary chunks
     per_row = scale.dim() == 1
     for v0, v1 in chunks:
         logits = buf[: n_rows * (v1 - v0)].view(n_rows, v1 - v0)  # (N, Vc)
@@ -530,11 +546,11 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
         )
         dlogits = logits  # (N, Vc), overwritten in place
         if need_dw:
-            _grad_weight_gemm(dw[v0:v1], dlogits, x, accumulate=False)  # (Vc, H), complete
+            _grad_weight_gemm(dw[v0:v1], dlogits, x, accumulate=None)  # (Vc, H), complete
         if need_db:
             db[v0:v1] = dlogits.sum(0, dtype=torch.float32)  # (Vc,)
         if need_dx:
-            _grad_input_gemm(dx32, dlogits, weight[v0:v1], accumulate=True)  # (N, H) fp32
+            _grad_input_gemm(dx32, dlogits, weight[v0:v1], accumulate=v0 > 0)  # (N, H) fp32
     del buf
     if need_dx and dx32 is not dx:
         dx.copy_(dx32)

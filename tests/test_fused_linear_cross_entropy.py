@@ -188,20 +188,24 @@ def test_no_grad_forward(mode, device, monkeypatch):
 
 
 def test_weight_gradient_accumulates_in_fp32(device, monkeypatch):
-    # "fast" mode: the row chunks' weight gradients are summed in an fp32 buffer, cast once at the end
+    # "fast" mode: the row chunks' weight gradients are summed in an fp32 buffer (the first chunk
+    # writes it, the others add to it), cast once at the end
     seen = []
-    acc = flce._mm_accumulate
+    mm = flce._mm_fp32
 
-    def spy(out, a, b):
-        seen.append((out.dtype, a.dtype))
-        return acc(out, a, b)
+    def spy(out, a, b, accumulate):
+        seen.append((out.dtype, a.dtype, accumulate))
+        return mm(out, a, b, accumulate)
 
-    monkeypatch.setattr(flce, "_mm_accumulate", spy)
+    monkeypatch.setattr(flce, "_mm_fp32", spy)
     x, w, _, t = _inputs(device, torch.bfloat16)
     loss = fused_linear_cross_entropy(x, w, t, mode="fast", chunk_size=5)
     (gw,) = torch.autograd.grad(loss, (w,))
-    assert len(seen) == 8 and all(s == (torch.float32, torch.bfloat16) for s in seen)
+    assert seen == [(torch.float32, torch.bfloat16, False)] + [(torch.float32, torch.bfloat16, True)] * 7
     assert gw.dtype == torch.bfloat16
+    ref, (_, w64, _) = _fp64(x, w, None, t)
+    (gw64,) = torch.autograd.grad(ref, (w64,))
+    assert rel_err(gw, gw64) <= 1e-2
 
 
 @pytest.mark.parametrize("mode", ["fast", "lean"])
