@@ -7,7 +7,7 @@ the functional API below. Launch parameters come from ``_launch.py``.
 
 from ._launch import device_limits, use_triton
 from .layer_norm import layer_norm
-from .rms_norm import rms_norm, rms_norm_residual
+from .rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .rope import rope, rope_qkv
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .swiglu import geglu, glu_linear, swiglu
@@ -17,6 +17,7 @@ __all__ = [
     "use_triton",
     "rms_norm",
     "rms_norm_residual",
+    "rms_norm_linear",
     "layer_norm",
     "rope",
     "rope_qkv",

@@ -7,18 +7,27 @@ the result is cast back to ``x.dtype``.
 ``rms_norm_residual(x, residual, weight, eps, offset)`` returns ``(s, rms_norm(s))`` with
 ``s = x + residual`` rounded to ``x.dtype`` (exactly what ``x = attn_out + x; norm_2(x)`` does),
 in one pass over memory.
+
+``rms_norm_linear(x, weight, linears, eps, offset, residual=None)`` is the norm followed by the
+Linear layers that read its output (LitGPT's ``norm_1 -> attn.qkv``, ``norm_2 -> mlp.fc_1, fc_2``):
+the normalized tensor is not kept for their weight gradients but recomputed in backward from the
+norm's own saved input and rstd, by the same kernel (bit for bit): one ``(B, T, C)`` tensor per
+norm less in a model's activation memory, for one extra norm pass in backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
 from ._launch import partial_rows, row_plan, use_triton
 
-__all__ = ["rms_norm", "rms_norm_residual", "rms_norm_reference"]
+__all__ = ["rms_norm", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,3 +254,88 @@ def rms_norm_residual(
         return s, rms_norm_reference(s, weight, eps, offset)
     y, s, _ = _fwd(x, residual, weight, float(eps), float(offset))
     return s, y
+
+
+# ----------------------------------------------------------------------------------------------
+# Norm followed by the Linear layers reading it: the normalized tensor is recomputed in backward
+# ----------------------------------------------------------------------------------------------
+class _RMSNormLinearFn(torch.autograd.Function):
+    """``(s, *[F.linear(n, W_i, b_i)])`` with ``n = rms_norm(s)``, ``s = x (+ residual)``. Saves s,
+    rstd and the weights, not n: backward reruns the forward kernel on s (the same input and
+    kernel, so the same n bit for bit), then the Linear gradients, then the norm backward."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, *wb):  # wb: W_0, b_0, W_1, b_1, ...
+        n, s, rstd = _rms_norm_fwd_impl(x, residual, weight, eps, offset)  # n: (..., C)
+        outs = [F.linear(n, wb[i], wb[i + 1]) for i in range(0, len(wb), 2)]  # (..., out_i)
+        del n
+        ctx.set_materialize_grads(False)
+        ctx.has_residual = residual is not None
+        ctx.norm = (eps, offset)
+        ctx.save_for_backward(s if residual is not None else x, weight, rstd, *wb)
+        if residual is None:
+            s = x.new_empty(0)  # placeholder: no residual sum to return
+            ctx.mark_non_differentiable(s)
+        return (s, *outs)
+
+    @staticmethod
+    def backward(ctx, ds, *douts):
+        saved, weight, rstd, *wb = ctx.saved_tensors
+        eps, offset = ctx.norm
+        needs = ctx.needs_input_grad
+        n = _rms_norm_fwd_impl(saved, None, weight, eps, offset)[0]  # (..., C), recomputed
+        n2 = n.reshape(-1, n.shape[-1])  # (N, C)
+        dn = None  # (N, C): sum over the Linears of dout_i @ W_i
+        grads_wb = []
+        for i, dout in enumerate(douts):
+            w_lin, b_lin = wb[2 * i], wb[2 * i + 1]
+            if dout is None:
+                grads_wb += [None, None]
+                continue
+            d2 = dout.reshape(-1, dout.shape[-1])  # (N, out_i)
+            grads_wb.append(d2.t().mm(n2) if needs[5 + 2 * i] else None)  # (out_i, C)
+            grads_wb.append(d2.sum(0) if b_lin is not None and needs[6 + 2 * i] else None)  # (out_i,)
+            dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)
+        del n, n2
+        need_dw = needs[2]
+        if not (needs[0] or needs[1] or need_dw):
+            return (None, None, None, None, None, *grads_wb)
+        if dn is None:
+            dn = torch.zeros_like(saved)
+        dx, dw = _rms_norm_bwd_impl(dn.view(saved.shape), ds if ctx.has_residual else None, saved, weight, rstd,
+                                    offset, need_dw)
+        return (dx, dx if ctx.has_residual else None, dw if need_dw else None, None, None, *grads_wb)
+
+
+def rms_norm_linear(
+    x: torch.Tensor, weight: torch.Tensor, linears: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+    eps: float = 1e-6, offset: float = 0.0, residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """``(s, [F.linear(rms_norm(s), W, b) for W, b in linears])`` with ``s = x + residual`` (``None``
+    without a residual, where the norm reads ``x``). In training the normalized tensor is not kept
+    for the Linears' backward (see the module docstring). Under ``torch.compile`` (whose partitioner
+    makes its own recompute choices), under autocast, with weights of another dtype and on the
+    reference path it is the plain composition."""
+    _check(x, weight, residual)
+    if not linears:
+        raise ValueError("rms_norm_linear needs at least one (weight, bias) pair")
+    for i, (w_lin, b_lin) in enumerate(linears):
+        check_float(f"linears[{i}] weight", w_lin)
+        check_same_device(x=x, **{f"linears[{i}] weight": w_lin, f"linears[{i}] bias": b_lin})
+        if w_lin.dim() != 2 or w_lin.shape[1] != x.shape[-1]:
+            raise ValueError(f"linears[{i}] weight shape {tuple(w_lin.shape)} must be (out, {x.shape[-1]})")
+        if b_lin is not None and b_lin.shape != (w_lin.shape[0],):
+            raise ValueError(f"linears[{i}] bias shape {tuple(b_lin.shape)} must be ({w_lin.shape[0]},)")
+    fused = (
+        use_triton(x) and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
+        and all(w.dtype == x.dtype and (b is None or b.dtype == x.dtype) for w, b in linears)
+    )
+    if not fused:
+        if residual is None:
+            s, n = None, rms_norm(x, weight, eps, offset)
+        else:
+            s, n = rms_norm_residual(x, residual, weight, eps, offset)
+        return s, [F.linear(n, w, b) for w, b in linears]
+    flat = [t for pair in linears for t in pair]
+    s, *outs = _RMSNormLinearFn.apply(x, residual, weight, float(eps), float(offset), *flat)
+    return (s if residual is not None else None), outs

@@ -27,7 +27,7 @@ from torch import nn
 
 from .config import LigerConfig
 from .kernels.layer_norm import layer_norm
-from .kernels.rms_norm import rms_norm, rms_norm_residual
+from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, swiglu
 from .loss import (
@@ -68,15 +68,26 @@ def _mlp_out(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str)
     return proj(glu)  # (B, T, I) -> (B, T, C)
 
 
+def _plain_linear(m: nn.Module) -> bool:
+    """A plain ``nn.Linear`` whose weight the fused norm + Linear function may read directly (not LoRA
+    or another subclass, not a DeepSpeed ZeRO-3 partition gathered by its own module hooks)."""
+    return type(m) is nn.Linear and not hasattr(m.weight, "ds_id")
+
+
 class _SwiGLUMixin:
+    _liger_activation = "silu"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), "silu")  # fc_1, fc_2: (B, T, I)
 
 
 class _GeGLUMixin:
+    @property
+    def _liger_activation(self) -> str:
+        return "gelu_tanh" if self.config.gelu_approximate == "tanh" else "gelu"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = "gelu_tanh" if self.config.gelu_approximate == "tanh" else "gelu"
-        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), act)
+        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), self._liger_activation)
 
 
 @torch.compiler.assume_constant_result
@@ -124,10 +135,13 @@ class _AttentionMixin:
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if input_pos is not None or self.apply_sliding_window_attention:
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
+        return self._liger_attend(self.qkv(x), cos, sin, mask)  # qkv: (B, T, (nh + 2 * ng) * hs)
+
+    def _liger_attend(self, qkv, cos, sin, mask=None):
+        """The attention after the qkv projection (training / no-cache path)."""
         cfg = self.config
         hs, n_head, n_groups = cfg.head_size, cfg.n_head, cfg.n_query_groups
-        B, T, _ = x.size()
-        qkv = self.qkv(x)  # (B, T, (nh + 2 * ng) * hs)
+        B, T, _ = qkv.size()
         if not cfg.norm_qk:
             # q, k, v views of qkv with rotary on the first rope_n_elem dims of every q and k head (one
             # launch); in backward that kernel writes the whole qkv gradient (no split concatenation)
@@ -161,20 +175,53 @@ class _AttentionMixin:
 
 
 class _BlockMixin:
-    """Non-parallel residual with an RMSNorm ``norm_2``: ``x = attn + x; norm_2(x)`` in one kernel."""
+    """Non-parallel residual with an RMSNorm ``norm_2``: ``x = attn + x; norm_2(x)`` in one kernel.
+
+    With ``recompute_norm``, where the norm's readers are plain Linears (full fine-tuning and
+    pretraining; LoRA layers read it themselves), ``norm_1 -> attn.qkv`` and ``norm_2 -> mlp.fc_1,
+    fc_2`` run as :func:`rms_norm_linear`: their normalized input is recomputed in backward instead of
+    kept (two ``(B, T, C)`` tensors per layer less)."""
+
+    def _liger_fuse_norm_1(self, input_pos) -> bool:
+        attn = self.attn
+        return (
+            getattr(self, "_liger_recompute_norm", False) and input_pos is None
+            and isinstance(self.norm_1, _RMSNormMixin) and isinstance(attn, _AttentionMixin)
+            and not attn.apply_sliding_window_attention and _plain_linear(attn.qkv)
+        )
+
+    def _liger_fuse_norm_2(self) -> bool:
+        mlp = self.mlp
+        return (
+            getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
+            and _plain_linear(mlp.fc_1) and _plain_linear(mlp.fc_2)
+        )
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
-        x_normed = self.norm_1(x)
-        attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
+        n1, n2 = self.norm_1, self.norm_2
+        if self._liger_fuse_norm_1(input_pos):
+            qkv = self.attn.qkv
+            _, (qkv_out,) = rms_norm_linear(x, n1.weight, [(qkv.weight, qkv.bias)], n1.eps,
+                                            1.0 if n1.add_unit_offset else 0.0)  # (B, T, (nh + 2 ng) * hs)
+            attention_output = self.attn._liger_attend(qkv_out, cos, sin, mask)
+        else:
+            x_normed = n1(x)
+            attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
         attention_output = self.post_attention_norm(attention_output)
-        n2 = self.norm_2
-        if attention_output.dtype == x.dtype and attention_output.shape == x.shape:
-            offset = 1.0 if n2.add_unit_offset else 0.0
-            x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
-        else:  # mixed dtypes (autocast): keep LitGPT's promotion semantics
+        if attention_output.dtype != x.dtype or attention_output.shape != x.shape:
+            # mixed dtypes (autocast): keep LitGPT's promotion semantics
             x = attention_output + x
-            x_normed = n2(x)
-        return self.post_mlp_norm(self.mlp(x_normed)) + x
+            return self.post_mlp_norm(self.mlp(n2(x))) + x
+        offset = 1.0 if n2.add_unit_offset else 0.0
+        if self._liger_fuse_norm_2():
+            mlp = self.mlp
+            x, (a, b) = rms_norm_linear(attention_output, n2.weight, [(mlp.fc_1.weight, mlp.fc_1.bias),
+                                        (mlp.fc_2.weight, mlp.fc_2.bias)], n2.eps, offset, residual=x)
+            mlp_out = _mlp_out(mlp.proj, a, b, mlp._liger_activation)  # a, b: (B, T, I)
+        else:
+            x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
+            mlp_out = self.mlp(x_normed)
+        return self.post_mlp_norm(mlp_out) + x
 
 
 class _GPTMixin:
@@ -463,7 +510,11 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
             )
             if fusable:
                 _swap_class(m, _BlockMixin)
-                report.add(path, m, "residual add + norm_2 fused (rms_norm_residual)")
+                m._liger_recompute_norm = cfg.recompute_norm
+                what = "residual add + norm_2 fused (rms_norm_residual)"
+                if cfg.recompute_norm:
+                    what += "; norm outputs read by plain Linears recomputed in backward"
+                report.add(path, m, what)
             else:
                 why = (
                     "fused_residual switched off" if not (cfg.fused_residual and cfg.rms_norm)

@@ -17,6 +17,9 @@ class LigerConfig:
         swiglu: ``LLaMAMLP`` (and each ``LLaMAMoE`` expert) -> ``silu(fc_1) * fc_2`` kernel.
         geglu: ``GemmaMLP`` -> ``gelu(fc_1) * fc_2`` kernel (tanh or exact GELU per config).
         fused_residual: residual add + norm_2 fused in the Block where the structure allows.
+        recompute_norm: in those Blocks, the RMSNorm outputs read by plain Linears (``attn.qkv``;
+            ``mlp.fc_1``/``fc_2``) are recomputed in backward instead of kept for their weight
+            gradients (two ``(B, T, C)`` activations per layer less; one extra norm pass each).
         fused_linear_cross_entropy: in training, lm_head + cross-entropy without the N x V logits.
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
     """
@@ -27,6 +30,7 @@ class LigerConfig:
     swiglu: bool = True
     geglu: bool = True
     fused_residual: bool = True
+    recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
 

@@ -15,6 +15,20 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
+def saved_bytes(fn):
+    """``(fn(), bytes)``: the bytes of the distinct storages autograd keeps for backward while ``fn()``
+    runs its forward (what a model holds as activations, parameters included)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(storages.values())
+
+
 def exercise_kernels(H: int, dtype: torch.dtype = torch.float32, variants: bool = False) -> None:
     """Forward and backward of every op at hidden size ``H`` (tiny row counts), so that every Triton
     kernel is launched. ``variants`` adds the other constexpr paths: norm offset, layer norm without

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import rel_err
+from helpers import rel_err, saved_bytes
 from litgpt import GPT, Config
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
@@ -120,6 +120,25 @@ def test_family_parity(name):
     elif cfg.norm_class_name == "RMSNorm":
         assert sum(1 for _, _, k in report.swapped if k.startswith("residual")) == cfg.n_layer
     assert any(k.startswith("fused linear cross-entropy") for _, _, k in report.swapped)
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b", "Mixtral-8x7B-v0.1"])
+def test_recompute_norm_keeps_two_activations_per_layer_less(name):
+    # norm_1 -> qkv and norm_2 -> fc_1/fc_2 (plain Linears): the normalized (B, T, C) tensors are not
+    # kept for backward; the MoE's experts read norm_2's output themselves, so only norm_1 there
+    cfg = tiny_config(name)
+    ref, ours = _pair(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    kept = {}
+    for recompute in (False, True):
+        apply_liger(ours, {"recompute_norm": recompute})
+        _, kept[recompute] = saved_bytes(lambda: ours(x))
+    per_norm = 2 * 8 * cfg.n_embd * 4  # (B, T, C) fp32
+    n_fused = cfg.n_layer * (1 if cfg.mlp_class_name == "LLaMAMoE" else 2)
+    assert kept[False] - kept[True] == n_fused * per_norm
+    report = str(apply_liger(ours))
+    assert "recomputed in backward" in report
+    _check_parity(ref, ours, cfg)
 
 
 def test_idempotent_and_config_switches():

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from helpers import TOL, rel_err
+from helpers import TOL, rel_err, saved_bytes
 from litgpt.model import RMSNorm
 
-from lit_liger.kernels import rms_norm, rms_norm_residual
+from lit_liger.kernels import rms_norm, rms_norm_linear, rms_norm_residual
 from lit_liger.kernels.rms_norm import rms_norm_reference
 
 
@@ -82,6 +82,60 @@ def test_rms_norm_residual(dtype, device):
     g_ref = torch.autograd.grad(m(x + r), (x,), dy)[0]
     s2, y2 = rms_norm_residual(x, r, w, 1e-6)
     assert rel_err(torch.autograd.grad(y2, (x,), dy)[0], g_ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_linear_matches_litgpt_and_keeps_no_normalized_tensor(dtype, residual, device):
+    torch.manual_seed(3)
+    H, n_out = 72, (40, 24)
+    m = _litgpt_norm(H, 1.0, 1e-5, device, dtype)
+    lins = [torch.nn.Linear(H, o, bias=i == 0, device=device, dtype=dtype) for i, o in enumerate(n_out)]
+    x = torch.randn(2, 9, H, device=device, dtype=dtype, requires_grad=True)
+    r = torch.randn(2, 9, H, device=device, dtype=dtype, requires_grad=True) if residual else None
+    leaves = [t for t in (x, r, m.weight, lins[0].weight, lins[0].bias, lins[1].weight) if t is not None]
+    # LitGPT's composition: (x + residual), RMSNorm, the Linears
+    s_ref = x + r if residual else x
+    n_ref = m(s_ref)
+    outs_ref, ref_bytes = saved_bytes(lambda: [lin(n_ref) for lin in lins])
+    (s, outs), bytes_ = saved_bytes(lambda: rms_norm_linear(
+        x, m.weight, [(lin.weight, lin.bias) for lin in lins], 1e-5, 1.0, residual=r))
+    assert (s is None) == (not residual)
+    for o, o_ref in zip(outs, outs_ref):
+        assert rel_err(o, o_ref) <= TOL[dtype]
+    dys = [torch.randn_like(o) for o in outs]
+    ds = torch.randn_like(s_ref) if residual else None
+    tensors = ([s] if residual else []) + outs
+    tensors_ref = ([s_ref] if residual else []) + outs_ref
+    grads = ([ds] if residual else []) + dys
+    g = torch.autograd.grad(tensors, leaves, grads)
+    g_ref = torch.autograd.grad(tensors_ref, leaves, grads)
+    for a, b in zip(g, g_ref):
+        assert rel_err(a, b) <= TOL[dtype]
+    # kept for backward: the norm's input (the residual sum), rstd and the weights; the Linears'
+    # composition keeps the (2, 9, H) normalized tensor for their weight gradients instead
+    weights = sum(t.numel() * t.element_size() for t in (m.weight, lins[0].weight, lins[0].bias, lins[1].weight))
+    kept_input = x.numel() * x.element_size()
+    assert bytes_ <= kept_input + weights + 4 * 18 + 64  # + fp32 rstd (+ allocator rounding)
+    lin_weights = sum(lin.weight.numel() * lin.weight.element_size() for lin in lins)
+    assert ref_bytes >= n_ref.numel() * n_ref.element_size() + lin_weights  # the hook sees what composition keeps
+
+
+def test_rms_norm_linear_frozen_weights_and_bad_inputs(device):
+    x = torch.randn(5, 32, device=device, requires_grad=True)
+    w, W = torch.rand(32, device=device) + 0.5, torch.randn(16, 32, device=device)  # all frozen
+    _, (out,) = rms_norm_linear(x, w, [(W, None)])
+    (gx,) = torch.autograd.grad(out.sum(), (x,))
+    ref = torch.nn.functional.linear(rms_norm_reference(x, w, 1e-6), W)
+    assert rel_err(gx, torch.autograd.grad(ref.sum(), (x,))[0]) <= 1e-5
+    with pytest.raises(ValueError, match="at least one"):
+        rms_norm_linear(x, w, [])
+    with pytest.raises(ValueError, match=r"\(out, 32\)"):
+        rms_norm_linear(x, w, [(torch.randn(16, 8, device=device), None)])
+    with pytest.raises(ValueError, match="bias shape"):
+        rms_norm_linear(x, w, [(W, torch.randn(3, device=device))])
+    with pytest.raises(TypeError, match="float"):
+        rms_norm_linear(x, w, [(W.long(), None)])
 
 
 def test_rms_norm_frozen_weight(device):
