@@ -764,11 +764,14 @@ def _qkv_views(qkv: torch.Tensor, n_head: int, n_groups: int) -> tuple[torch.Ten
 class _RopeQKVFn(torch.autograd.Function):
     """``(rope(q), rope(k), v)`` of a qkv tensor. The backward writes dq and dk, rotated back, and dv
     straight into one qkv-shaped gradient: the ``split``'s backward (a concatenation that reads dq, dk
-    and dv again) never runs."""
+    and dv again) never runs. v is returned as a copy in its own (B, T, ng, hs) buffer, not a view:
+    attention keeps v for its backward, and a view would keep the whole qkv projection alive with it
+    (for 32 q / 8 kv heads that is 6x the size of v), while nothing else needs qkv after this."""
 
     @staticmethod
     def forward(ctx, qkv, cos, sin, n_head, n_groups, interleave):
         q, k, v = _qkv_views(qkv, n_head, n_groups)
+        v = _new_like(v, heads_inner=True).copy_(v)  # (B, ng, T, hs) view of its own (B, T, ng, hs) buffer
         qo, ko = _rope_fwd_impl(q, k, cos, sin, interleave)
         ctx.save_for_backward(cos, sin)
         ctx.meta = (n_head, n_groups, interleave, qkv.shape, qkv.dtype)
@@ -799,9 +802,10 @@ def rope_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_rot, k_rot, v)`` from LitGPT's fused qkv projection ``(B, T, (nh + 2 ng) * hs)``: the q, k, v
     views LitGPT's ``CausalSelfAttention`` makes (``split``, ``view``, ``transpose``), with :func:`rope`
-    applied to q and k (same layout, same numbers) and v a view. In training the gradient of ``qkv``
-    is written by the RoPE backward kernel itself (dv copied beside it), instead of RoPE writing dq
-    and dk and the split's backward concatenating them again. Under ``torch.compile`` it traces as the
+    applied to q and k (same layout, same numbers) and v a view (in training a copy in its own
+    buffer, so that attention keeping v for backward does not keep all of qkv alive). In training
+    the gradient of ``qkv`` is written by the RoPE backward kernel itself (dv copied beside it),
+    instead of RoPE writing dq and dk and the split's backward concatenating them again. Under ``torch.compile`` it traces as the
     split plus :func:`rope`'s custom op (whose backward the compiler fuses with the concatenation)."""
     if qkv.dim() != 3:
         raise ValueError(f"qkv must be (B, T, (n_head + 2 * n_query_groups) * head_size), got {tuple(qkv.shape)}")

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import TOL, rel_err
+from helpers import TOL, rel_err, saved_bytes
 from litgpt.model import RMSNorm, apply_rope, apply_rope_interleave, batched_index_select, build_rope_cache
 
 from lit_liger.kernels.rope import rope, rope_qkv, rope_reference
@@ -540,6 +540,19 @@ def test_rope_qkv_unused_v_and_no_grad(device):
     with torch.no_grad():  # inference: plain views + rope, nothing saved
         q, k, v = rope_qkv(qkv, cos, sin, nh, ng)
     assert q.grad_fn is None and v.data_ptr() == qkv.data_ptr() + (nh + ng) * hs * qkv.element_size()
+
+
+def test_rope_qkv_keeps_nothing_of_qkv_alive(device):
+    # attention keeps q, k and v for backward: in training v must not be a view of qkv (it would keep
+    # the whole projection alive), and rope_qkv itself keeps only cos/sin
+    nh, ng, hs, T = 4, 2, 16, 5
+    qkv = torch.randn(2, T, (nh + 2 * ng) * hs, device=device, requires_grad=True)
+    cos, sin = _cache(T, hs, device)
+    (q, k, v), kept = saved_bytes(lambda: rope_qkv(qkv, cos, sin, nh, ng))
+    assert kept == cos.untyped_storage().nbytes() + sin.untyped_storage().nbytes()
+    for t in (q, k, v):
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()  # its own buffer
+        assert t.stride(-1) == 1 and t.stride(2) == t.shape[1] * t.shape[3]  # (B, T, heads, hs) layout
 
 
 def test_rope_qkv_bad_inputs(device):
