@@ -805,8 +805,9 @@ def rope_qkv(
     applied to q and k (same layout, same numbers) and v a view (in training a copy in its own
     buffer, so that attention keeping v for backward does not keep all of qkv alive). In training
     the gradient of ``qkv`` is written by the RoPE backward kernel itself (dv copied beside it),
-    instead of RoPE writing dq and dk and the split's backward concatenating them again. Under ``torch.compile`` it traces as the
-    split plus :func:`rope`'s custom op (whose backward the compiler fuses with the concatenation)."""
+    instead of RoPE writing dq and dk and the split's backward concatenating them again. Under
+    ``torch.compile`` it traces as the split plus :func:`rope`'s custom op (whose backward the
+    compiler fuses with the concatenation)."""
     if qkv.dim() != 3:
         raise ValueError(f"qkv must be (B, T, (n_head + 2 * n_query_groups) * head_size), got {tuple(qkv.shape)}")
     if n_head <= 0 or n_query_groups <= 0 or qkv.shape[-1] % (n_head + 2 * n_query_groups):
