@@ -2,13 +2,14 @@
 
 On a CUDA GPU the Triton kernels run natively at moderate sizes in bf16; on a CPU-only machine
 they run through Triton's interpreter (``TRITON_INTERPRET=1``, set here before the kernels are
-imported) at small sizes in fp32. References are LitGPT's own functions or plain PyTorch in fp64.
+imported, or in a child process where they were imported already) at small sizes in fp32. References are LitGPT's own functions or plain PyTorch in fp64.
 Prints one row per op (forward and every gradient) and exits non-zero on a failure.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -24,12 +25,27 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     cuda = torch.cuda.is_available()
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not cuda and "TRITON_INTERPRET" not in os.environ:
+        if "lit_liger.kernels" in sys.modules:
+            # the kernels were compiled for a GPU driver when imported (``python -m lit_liger.selfcheck``
+            # imports the package first): run again in a process that imports them for the interpreter
+            env = dict(os.environ, TRITON_INTERPRET="1")
+            args = sys.argv[1:] if argv is None else argv
+            return subprocess.call([sys.executable, "-m", "lit_liger.selfcheck", *args], env=env)
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch.nn.functional as F
     from litgpt.model import RMSNorm, apply_rope, build_rope_cache
 
-    from lit_liger.kernels import fused_linear_cross_entropy, geglu, layer_norm, rms_norm, rope, swiglu
+    from lit_liger.kernels import (
+        fused_linear_cross_entropy,
+        geglu,
+        layer_norm,
+        rms_norm,
+        rms_norm_linear,
+        rope,
+        rope_qkv,
+        swiglu,
+    )
     from lit_liger.kernels._launch import device_limits, interpret_mode
 
     dev = torch.device("cuda" if cuda else "cpu")
@@ -62,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         return torch.func.functional_call(RMSNorm(w.shape[0], eps=1e-6), {"weight": w}, (x,))
 
     check("rms_norm", lambda x, w: rms_norm(x, w, 1e-6), litgpt_rms, [x, w])
+    r, W1, W2 = (torch.randn(N, H, device=dev, dtype=dtype), torch.randn(I, H, device=dev, dtype=dtype) * H**-0.5,
+                 torch.randn(I, H, device=dev, dtype=dtype) * H**-0.5)
+
+    def norm_linear(x, r, w, W1, W2):  # (s, *outs) of the fused norm_2 -> fc_1, fc_2
+        s, outs = rms_norm_linear(x, w, [(W1, None), (W2, None)], 1e-6, residual=r)
+        return (s, *outs)
+
+    def norm_linear_ref(x, r, w, W1, W2):
+        s = x + r
+        n = litgpt_rms(s, w)
+        return s, F.linear(n, W1), F.linear(n, W2)
+
+    check("rms_norm_linear (+residual)", norm_linear, norm_linear_ref, [x, r, w, W1, W2])
     check("layer_norm", lambda x, w, b: layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (H,), w, b, 1e-5), [x, w, b])
     a, g = torch.randn(N, I, device=dev, dtype=dtype), torch.randn(N, I, device=dev, dtype=dtype)
     check("swiglu", swiglu, lambda a, g: F.silu(a) * g, [a, g])
@@ -72,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     cos, sin = build_rope_cache(T, hs, device=dev)
     cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     check("rope (q+k, GQA)", lambda q, k: rope(q, k, cos, sin), lambda q, k: (apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())), [q, k])
+
+    def litgpt_qkv(qkv):  # LitGPT's split + view + transpose + apply_rope, in fp64
+        q, k, v = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+        q, k, v = (t.reshape(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))
+        return apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double()), v
+
+    qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=dev, dtype=dtype)
+    check("rope_qkv (fused qkv)", lambda qkv: rope_qkv(qkv, cos, sin, nh, ng), litgpt_qkv, [qkv])
     xs = torch.randn(N, H, device=dev, dtype=dtype)
     W = torch.randn(V, H, device=dev, dtype=dtype) * H**-0.5
     tgt = torch.randint(0, V, (N,), device=dev)

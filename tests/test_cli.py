@@ -620,3 +620,16 @@ def test_finetune_two_gpus(assets, tmp_path, command):
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[liger] = losses(tmp_path / liger)
     assert_first_losses_match(outs["true"], outs["false"])
+
+
+def test_selfcheck_module_on_cpu():
+    # what the README tells a newcomer to run: `python -m lit_liger.selfcheck`, with TRITON_INTERPRET
+    # unset (the package is imported before the self-check can switch the interpreter on)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-m", "lit_liger.selfcheck"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "triton (interpreter)" in proc.stdout and "all kernels match their references" in proc.stdout
+    for op in ("rms_norm_linear", "rope_qkv", "fused_linear_cross_entropy"):
+        assert op in proc.stdout
