@@ -11,8 +11,9 @@ in one pass over memory.
 ``rms_norm_linear(x, weight, linears, eps, offset, residual=None)`` is the norm followed by the
 Linear layers that read its output (LitGPT's ``norm_1 -> attn.qkv``, ``norm_2 -> mlp.fc_1, fc_2``):
 the normalized tensor is not kept for their weight gradients but recomputed in backward from the
-norm's own saved input and rstd, by the same kernel (bit for bit): one ``(B, T, C)`` tensor per
-norm less in a model's activation memory, for one extra norm pass in backward.
+norm's own saved input by the same kernel (bit for bit): one ``(B, T, C)`` tensor per norm less in a
+model's activation memory, for one extra norm pass in backward. It is used only when some Linear
+weight needs a gradient (a frozen Linear keeps nothing of its input anyway).
 """
 
 from __future__ import annotations
@@ -283,9 +284,12 @@ class _RMSNormLinearFn(torch.autograd.Function):
         saved, weight, rstd, *wb = ctx.saved_tensors
         eps, offset = ctx.norm
         needs = ctx.needs_input_grad
-        n = _rms_norm_fwd_impl(saved, None, weight, eps, offset)[0]  # (..., C), recomputed
-        n2 = n.reshape(-1, n.shape[-1])  # (N, C)
-        dn = None  # (N, C): sum over the Linears of dout_i @ W_i
+        need_dw, need_in = needs[2], needs[0] or needs[1] or needs[2]
+        n2 = None  # (N, C): the normalized input, recomputed only if a Linear weight needs its gradient
+        if any(needs[5 + 2 * i] for i, d in enumerate(douts) if d is not None):
+            n = _rms_norm_fwd_impl(saved, None, weight, eps, offset)[0]  # (..., C)
+            n2 = n.reshape(-1, n.shape[-1])
+        dn = None  # (N, C): sum over the Linears of dout_i @ W_i (only if the norm's inputs need it)
         grads_wb = []
         for i, dout in enumerate(douts):
             w_lin, b_lin = wb[2 * i], wb[2 * i + 1]
@@ -295,10 +299,10 @@ class _RMSNormLinearFn(torch.autograd.Function):
             d2 = dout.reshape(-1, dout.shape[-1])  # (N, out_i)
             grads_wb.append(d2.t().mm(n2) if needs[5 + 2 * i] else None)  # (out_i, C)
             grads_wb.append(d2.sum(0) if b_lin is not None and needs[6 + 2 * i] else None)  # (out_i,)
-            dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)
-        del n, n2
-        need_dw = needs[2]
-        if not (needs[0] or needs[1] or need_dw):
+            if need_in:
+                dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)
+        del n2
+        if not need_in:
             return (None, None, None, None, None, *grads_wb)
         if dn is None:
             dn = torch.zeros_like(saved)
@@ -313,9 +317,9 @@ def rms_norm_linear(
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """``(s, [F.linear(rms_norm(s), W, b) for W, b in linears])`` with ``s = x + residual`` (``None``
     without a residual, where the norm reads ``x``). In training the normalized tensor is not kept
-    for the Linears' backward (see the module docstring). Under ``torch.compile`` (whose partitioner
-    makes its own recompute choices), under autocast, with weights of another dtype and on the
-    reference path it is the plain composition."""
+    for the Linears' backward (see the module docstring). Without grad or with every Linear weight
+    frozen, under ``torch.compile`` (whose partitioner makes its own recompute choices), under
+    autocast, with weights of another dtype and on the reference path it is the plain composition."""
     _check(x, weight, residual)
     if not linears:
         raise ValueError("rms_norm_linear needs at least one (weight, bias) pair")
@@ -327,7 +331,8 @@ def rms_norm_linear(
         if b_lin is not None and b_lin.shape != (w_lin.shape[0],):
             raise ValueError(f"linears[{i}] bias shape {tuple(b_lin.shape)} must be ({w_lin.shape[0]},)")
     fused = (
-        use_triton(x) and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
+        use_triton(x) and torch.is_grad_enabled() and any(w.requires_grad for w, _ in linears)
+        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
         and all(w.dtype == x.dtype and (b is None or b.dtype == x.dtype) for w, b in linears)
     )
     if not fused:

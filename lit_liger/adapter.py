@@ -70,8 +70,25 @@ def _mlp_out(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str)
 
 def _plain_linear(m: nn.Module) -> bool:
     """A plain ``nn.Linear`` whose weight the fused norm + Linear function may read directly (not LoRA
-    or another subclass, not a DeepSpeed ZeRO-3 partition gathered by its own module hooks)."""
-    return type(m) is nn.Linear and not hasattr(m.weight, "ds_id")
+    or another subclass, not a DeepSpeed ZeRO-3 partition gathered by its own module hooks, not a
+    DTensor of a module sharded or parallelized on its own)."""
+    return (
+        type(m) is nn.Linear and not hasattr(m.weight, "ds_id")
+        and not any(c.__name__ == "DTensor" for c in type(m.weight).__mro__)
+    )
+
+
+def _called_plainly(*modules: nn.Module) -> bool:
+    """No hooks on these modules (nor global module hooks): calling their math directly instead of
+    through ``module(...)`` skips nothing (FSDP2 ``fully_shard`` or composable checkpointing applied
+    to them, weight re-parametrizing pre-hooks, a user's activation hooks)."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return False
+    return not any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in modules
+    )
 
 
 class _SwiGLUMixin:
@@ -182,19 +199,34 @@ class _BlockMixin:
     fc_2`` run as :func:`rms_norm_linear`: their normalized input is recomputed in backward instead of
     kept (two ``(B, T, C)`` tensors per layer less)."""
 
-    def _liger_fuse_norm_1(self, input_pos) -> bool:
+    def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False) -> bool:
+        """Whether ``norm_1 -> attn.qkv`` runs as :func:`rms_norm_linear` (``structure_only``: the
+        modules allow it, ignoring the call's state, for the report)."""
         attn = self.attn
-        return (
-            getattr(self, "_liger_recompute_norm", False) and input_pos is None
+        ok = (
+            getattr(self, "_liger_recompute_norm", False)
             and isinstance(self.norm_1, _RMSNormMixin) and isinstance(attn, _AttentionMixin)
             and not attn.apply_sliding_window_attention and _plain_linear(attn.qkv)
         )
-
-    def _liger_fuse_norm_2(self) -> bool:
-        mlp = self.mlp
+        if structure_only or not ok:
+            return ok
         return (
+            input_pos is None and torch.is_grad_enabled() and attn.qkv.weight.requires_grad
+            and _called_plainly(self.norm_1, attn, attn.qkv)
+        )
+
+    def _liger_fuse_norm_2(self, structure_only: bool = False) -> bool:
+        """Whether ``norm_2 -> mlp.fc_1, fc_2`` runs as :func:`rms_norm_linear` (see above)."""
+        mlp = self.mlp
+        ok = (
             getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
             and _plain_linear(mlp.fc_1) and _plain_linear(mlp.fc_2)
+        )
+        if structure_only or not ok:
+            return ok
+        return (
+            torch.is_grad_enabled() and (mlp.fc_1.weight.requires_grad or mlp.fc_2.weight.requires_grad)
+            and _called_plainly(self.norm_2, mlp, mlp.fc_1, mlp.fc_2)
         )
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
@@ -453,6 +485,7 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
 def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) -> None:
     c = gpt.config
     pre = f"{prefix}." if prefix else ""
+    blocks = []
     for name, m in gpt.named_modules():
         path = pre + name if name else prefix
         if isinstance(m, lm.RMSNorm):
@@ -511,10 +544,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
             if fusable:
                 _swap_class(m, _BlockMixin)
                 m._liger_recompute_norm = cfg.recompute_norm
-                what = "residual add + norm_2 fused (rms_norm_residual)"
-                if cfg.recompute_norm:
-                    what += "; norm outputs read by plain Linears recomputed in backward"
-                report.add(path, m, what)
+                blocks.append((path, m))  # reported below, once its norms, attention and MLP are swapped
             else:
                 why = (
                     "fused_residual switched off" if not (cfg.fused_residual and cfg.rms_norm)
@@ -522,6 +552,13 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     else f"norm_2 is {type(m.norm_2).__name__}, fused residual needs RMSNorm"
                 )
                 report.skip(path, m, why)
+    for path, m in blocks:
+        what = "residual add + norm_2 fused (rms_norm_residual)"
+        recomputed = [n for n, ok in (("norm_1", m._liger_fuse_norm_1(structure_only=True)),
+                                      ("norm_2", m._liger_fuse_norm_2(structure_only=True))) if ok]
+        if recomputed:
+            what += f"; {' and '.join(recomputed)} outputs recomputed in backward"
+        report.add(path, m, what)
     # the fused loss
     if not cfg.fused_linear_cross_entropy:
         report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits")

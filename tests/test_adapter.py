@@ -141,6 +141,31 @@ def test_recompute_norm_keeps_two_activations_per_layer_less(name):
     _check_parity(ref, ours, cfg)
 
 
+def test_recompute_norm_steps_aside_for_hooked_or_frozen_linears():
+    # a module that something hooks (FSDP2 fully_shard on it, composable checkpointing, a user's
+    # activation capture) must be called as a module; a frozen Linear keeps nothing to save
+    cfg = tiny_config("Llama-3.2-1B")
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    _, fused_bytes = saved_bytes(lambda: ours(x))
+    seen = []
+    block = ours.transformer.h[0]
+    handles = [block.attn.qkv.register_forward_pre_hook(lambda m, a: seen.append("qkv")),
+               block.mlp.fc_2.register_forward_hook(lambda m, a, o: seen.append("fc_2"))]
+    _, hooked_bytes = saved_bytes(lambda: ours(x))
+    assert seen == ["qkv", "fc_2"]  # both hooks ran: block 0 took the module path
+    assert hooked_bytes - fused_bytes == 2 * 2 * 8 * cfg.n_embd * 4  # its two norm outputs are kept again
+    _check_parity(ref, ours, cfg)
+    for h in handles:
+        h.remove()
+    for m in (ours, ref):  # frozen qkv / MLP weights in every block: module path, same numbers
+        for b in m.transformer.h:
+            for lin in (b.attn.qkv, b.mlp.fc_1, b.mlp.fc_2):
+                lin.weight.requires_grad_(False)
+    _check_parity(ref, ours, cfg)
+
+
 def test_idempotent_and_config_switches():
     cfg = tiny_config("Llama-3.2-1B")
     ref, ours = _pair(cfg)
@@ -167,6 +192,7 @@ def test_lora_model_parity():
     mark_only_lora_as_trainable(ours)
     report = apply_liger(ours)
     assert report.count("swiglu") == cfg.n_layer
+    assert "recomputed" not in str(report)  # LoRA layers read the norm outputs themselves
     _check_parity(ref, ours, cfg)
     assert ours.lm_head.linear.weight.grad is None  # frozen lm_head: no weight gradient
 

@@ -4,10 +4,10 @@ The interpreter (how CI runs the kernels) executes kernel bodies as plain Python
 GPU compiler rejects (a Python construct it cannot lower, a non-power-of-two ``tl.arange``, a type
 mismatch between branches, too much shared memory) would pass every CPU test. Here every op runs once
 under the interpreter in fp32, bf16 and fp16 with every constexpr path while each launch is recorded
-(kernel, argument types, constexpr values, ``num_warps``); then a child process without the interpreter
-compiles each distinct launch ahead of time with Triton's own compiler, through PTX to a cubin for
-NVIDIA sm_90 (H100/H200), and the bf16 launches also for sm_80 (A100) and to an hsaco for AMD gfx942
-(MI300) when Triton has that backend. Nothing is launched: no GPU is needed, only Triton's bundled ``ptxas``.
+(kernel, argument types and their GPU specialization, constexpr values, ``num_warps``); then a child
+process without the interpreter compiles each distinct launch ahead of time with Triton's own
+compiler, through PTX to a cubin for NVIDIA sm_90 (H100/H200), and the bf16 launches also for sm_80
+(A100) and to an hsaco for AMD gfx942 (MI300) when Triton has that backend. Nothing is launched: no GPU is needed, only Triton's bundled ``ptxas``.
 """
 
 import inspect
@@ -46,7 +46,8 @@ for backend, arch, warp, which in targets:
         if which == "bf16" and not any(t.endswith("bf16") for t in spec["signature"].values()):
             continue
         fn = getattr(import_module(spec["module"]), spec["name"])
-        src = ASTSource(fn, spec["signature"], constexprs=spec["constexprs"])
+        attrs = {(i,): [["tt.divisibility", 16]] for i in spec["aligned"]}
+        src = ASTSource(fn, spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
         opts = {"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]}
         try:
             kernel = triton.compile(src, target=target, options=opts)
@@ -61,7 +62,8 @@ json.dump(results, sys.stdout)
 
 def _record_launches(monkeypatch) -> list[dict]:
     import triton.runtime.interpreter as interp
-    from triton.runtime.jit import mangle_type
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
 
     specs = {}
     orig = interp.InterpretedFunction.run
@@ -71,16 +73,20 @@ def _record_launches(monkeypatch) -> list[dict]:
         params = inspect.signature(fn).parameters
         bound = dict(zip(params, args))
         bound.update({k: v for k, v in kwargs.items() if k in params})
-        signature, constexprs = {}, {}
-        for name, p in params.items():
+        signature, constexprs, aligned = {}, {}, []
+        for i, (name, p) in enumerate(params.items()):
             value = bound.get(name, p.default)
-            if "constexpr" in str(p.annotation) or value is None:
-                signature[name] = "constexpr"
+            # specialized as Triton's launcher does on a GPU: ints equal to 1 become constants, pointers
+            # and ints that are multiples of 16 get the divisibility attribute (wider vector accesses)
+            typ, key = ("constexpr", value) if "constexpr" in str(p.annotation) else native_specialize_impl(
+                BaseBackend, value, False, True, True)
+            signature[name] = typ
+            if typ == "constexpr":
                 constexprs[name] = value
-            else:
-                signature[name] = mangle_type(value)
+            elif key and "D" in key:
+                aligned.append(i)
         spec = {"module": fn.__module__, "name": fn.__name__, "signature": signature, "constexprs": constexprs,
-                "num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages", 3)}
+                "aligned": aligned, "num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages", 3)}
         specs[json.dumps(spec, sort_keys=True)] = spec
         kwargs.pop("num_warps", None)
         kwargs.pop("num_stages", None)

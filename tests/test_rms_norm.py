@@ -121,21 +121,37 @@ def test_rms_norm_linear_matches_litgpt_and_keeps_no_normalized_tensor(dtype, re
     assert ref_bytes >= n_ref.numel() * n_ref.element_size() + lin_weights  # the hook sees what composition keeps
 
 
-def test_rms_norm_linear_frozen_weights_and_bad_inputs(device):
+def test_rms_norm_linear_partly_frozen_and_bad_inputs(device):
+    torch.manual_seed(4)
     x = torch.randn(5, 32, device=device, requires_grad=True)
-    w, W = torch.rand(32, device=device) + 0.5, torch.randn(16, 32, device=device)  # all frozen
-    _, (out,) = rms_norm_linear(x, w, [(W, None)])
-    (gx,) = torch.autograd.grad(out.sum(), (x,))
-    ref = torch.nn.functional.linear(rms_norm_reference(x, w, 1e-6), W)
-    assert rel_err(gx, torch.autograd.grad(ref.sum(), (x,))[0]) <= 1e-5
+    w = (torch.rand(32, device=device) + 0.5).requires_grad_()
+    W1, W2 = torch.randn(16, 32, device=device), torch.randn(8, 32, device=device, requires_grad=True)
+
+    def ref(x, w, W1, W2):
+        n = rms_norm_reference(x, w, 1e-6)
+        return torch.nn.functional.linear(n, W1), torch.nn.functional.linear(n, W2)
+
+    dys = (torch.randn(5, 16, device=device), torch.randn(5, 8, device=device))
+    cases = {  # which leaves need a gradient: a frozen Linear, a frozen norm input, everything frozen
+        "W1 frozen": (x, w, W2), "x and norm weight frozen": (W2,), "all frozen but x": (x,)}
+    for what, leaves in cases.items():
+        for t in (x, w, W2):
+            t.requires_grad_(any(t is leaf for leaf in leaves))
+        _, outs = rms_norm_linear(x, w, [(W1, None), (W2, None)])
+        refs = ref(x, w, W1, W2)
+        live = [i for i, o in enumerate(refs) if o.requires_grad]  # W1 frozen and n frozen: not output 0
+        g = torch.autograd.grad([outs[i] for i in live], leaves, [dys[i] for i in live])
+        g_ref = torch.autograd.grad([refs[i] for i in live], leaves, [dys[i] for i in live])
+        for a, b in zip(g, g_ref):
+            assert rel_err(a, b) <= 1e-5, what
     with pytest.raises(ValueError, match="at least one"):
         rms_norm_linear(x, w, [])
     with pytest.raises(ValueError, match=r"\(out, 32\)"):
         rms_norm_linear(x, w, [(torch.randn(16, 8, device=device), None)])
     with pytest.raises(ValueError, match="bias shape"):
-        rms_norm_linear(x, w, [(W, torch.randn(3, device=device))])
+        rms_norm_linear(x, w, [(W1, torch.randn(3, device=device))])
     with pytest.raises(TypeError, match="float"):
-        rms_norm_linear(x, w, [(W.long(), None)])
+        rms_norm_linear(x, w, [(W1.long(), None)])
 
 
 def test_rms_norm_frozen_weight(device):
