@@ -95,6 +95,25 @@ def test_matches_fp64(case, mode, dtype, device, monkeypatch):
     _check_against_fp64(x, w, b, t, dtype, dict(opts, mode=mode, chunk_size=chunk))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["fast", "lean"])
+def test_no_buffer_relies_on_zeroed_memory(mode, dtype, device, monkeypatch):
+    # the fp32 accumulators (dW in "fast", dx in "lean") are written by the first chunk's GEMM, not
+    # zero-filled: with every fresh buffer full of NaN the result must not change
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(make):
+        def make_nan(*args, **kwargs):
+            out = make(*args, **kwargs)
+            return out.fill_(float("nan")) if out.is_floating_point() else out
+        return make_nan
+
+    monkeypatch.setattr(torch, "empty", poisoned(empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(empty_like))
+    x, w, b, t = _inputs(device, dtype, bias=True)
+    _check_against_fp64(x, w, b, t, dtype, dict(mode=mode, chunk_size=CHUNK[mode], softcap=5.0))
+
+
 @pytest.mark.parametrize("mode", ["fast", "lean"])
 def test_one_row_per_program(mode, device, monkeypatch):
     # the GPU launches one row per program; run that tile shape under the interpreter too
