@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from litgpt import model as lm
 from litgpt.api import LLM
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from .config import LigerConfig
 from .kernels.layer_norm import layer_norm
@@ -82,9 +83,7 @@ def _called_plainly(*modules: nn.Module) -> bool:
     """No hooks on these modules (nor global module hooks): calling their math directly instead of
     through ``module(...)`` skips nothing (FSDP2 ``fully_shard`` or composable checkpointing applied
     to them, weight re-parametrizing pre-hooks, a user's activation hooks)."""
-    from torch.nn.modules import module as nn_module
-
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+    if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks:
         return False
     return not any(
         m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in modules
@@ -201,7 +200,10 @@ class _BlockMixin:
 
     def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False) -> bool:
         """Whether ``norm_1 -> attn.qkv`` runs as :func:`rms_norm_linear` (``structure_only``: the
-        modules allow it, ignoring the call's state, for the report)."""
+        modules allow it, ignoring the call's state, for the report). Under ``torch.compile`` the
+        modules run as LitGPT's (the compiler picks what to recompute)."""
+        if torch.compiler.is_compiling() and not structure_only:
+            return False
         attn = self.attn
         ok = (
             getattr(self, "_liger_recompute_norm", False)
@@ -217,6 +219,8 @@ class _BlockMixin:
 
     def _liger_fuse_norm_2(self, structure_only: bool = False) -> bool:
         """Whether ``norm_2 -> mlp.fc_1, fc_2`` runs as :func:`rms_norm_linear` (see above)."""
+        if torch.compiler.is_compiling() and not structure_only:
+            return False
         mlp = self.mlp
         ok = (
             getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
