@@ -209,6 +209,19 @@ def _target(method: str, speedup: float | None, mem: float | None, devices: int 
     return text
 
 
+def _compare_larger_batch(row: dict, stock: dict) -> None:
+    """A --liger true run at a larger micro-batch vs stock at the main one: issue 6's other way to meet its
+    target is a micro-batch at least twice as large at equal (or lower) peak memory per GPU."""
+    if stock.get("tokens_per_s") and row.get("tokens_per_s"):
+        row["speedup_vs_stock"] = row["tokens_per_s"] / stock["tokens_per_s"]
+    if row.get("peak_memory_gb") and stock.get("peak_memory_gb"):
+        row["memory_vs_stock"] = row["peak_memory_gb"] / stock["peak_memory_gb"]
+        ratio = row["B"] / stock["B"]
+        ok = ratio >= 2 and row["memory_vs_stock"] <= 1.0
+        row["target"] = (f"{C.fmt(ratio)}x micro-batch of stock's B={stock['B']} at {C.fmt(row['memory_vs_stock'])}x "
+                         f"its memory: {'met' if ok else 'missed'} (>= 2x at <= 1x)")
+
+
 def render(result: dict, out_dir: Path) -> list[Path]:
     env, s = result["environment"], result["settings"]
     md = [
@@ -220,7 +233,8 @@ def render(result: dict, out_dir: Path) -> list[Path]:
         "",
         (f"Model: {s['model']} shape, {result['inputs'].get('n_layer')} layers, random init "
          f"({C.fmt(result['inputs'].get('n_params', 0) / 1e6)} M parameters, lm_head "
-         f"{result['inputs'].get('padded_vocab_size')} rows); {s['precision']}; micro-batch {s['micro_batch_size']} x "
+         f"{result['inputs'].get('padded_vocab_size')} rows); {s['precision']}; micro-batch {s['micro_batch_size']}"
+         f"{' (and ' + str(s['also_micro_batch']) + ')' if s.get('also_micro_batch') else ''} x "
          f"max_seq_length {s['max_seq_length']}, one optimizer step per micro-batch, {s['steps']} steps; data: "
          f"{result['inputs'].get('n_samples')} stdlib instruction samples "
          f"({'up to 1.5k' if result.get('smoke') else '8k-40k'} characters each)."),
@@ -244,7 +258,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
     for r in result["rows"]:
         if r["status"] == "ok":
             panel = f"finetune_{r['method']}"
-            label = f"--liger {r['liger']}"
+            label = f"--liger {r['liger']}" + (f" B={r['B']}" if r.get("B") != s["micro_batch_size"] else "")
             tput.setdefault(panel, {})[label] = r["tokens_per_s"]
             if r.get("peak_memory_gb") is not None:
                 mem.setdefault(panel, {})[label] = r["peak_memory_gb"]
@@ -266,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first steps left out of tokens/s (default 3; smoke 1)")
     p.add_argument("--micro_batch_size", type=int, default=None, help="samples per step (default 4; smoke 1)")
     p.add_argument("--max_seq_length", type=int, default=None, help="tokens per sample (default 2048; smoke 16)")
+    p.add_argument("--also_micro_batch", type=int, default=None,
+                   help="then run stock and lit-liger again at this micro-batch (e.g. 2x: does lit-liger fit twice "
+                        "the batch in stock's memory?); compared with stock at --micro_batch_size")
     p.add_argument("--precision", default=None, help="Lightning precision (default bf16-true on a GPU, else 32-true)")
     p.add_argument("--work_dir", type=Path, default=WORK_DIR,
                    help=f"checkpoint, data and the runs' folders (default {WORK_DIR}); reused when there")
@@ -320,19 +337,21 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {
         "kind": "finetune", "environment": env, "smoke": smoke, "inputs": inputs, "rows": [],
         "settings": {"model": opts.model, "methods": methods, "steps": steps, "warmup": warmup,
-                     "micro_batch_size": B, "max_seq_length": T, "precision": precision, "devices": opts.devices,
+                     "micro_batch_size": B, "also_micro_batch": opts.also_micro_batch, "max_seq_length": T, "precision": precision, "devices": opts.devices,
                      "in_process": opts.in_process},
         "targets": TARGETS,
     }
     json_path = out_dir / "finetune.json"
     print("  ".join(COLUMNS), flush=True)
+    runs = [(False, B), (True, B)] + ([(False, opts.also_micro_batch), (True, opts.also_micro_batch)]
+                                      if opts.also_micro_batch and opts.also_micro_batch != B else [])
     for method in methods:
         stock = None
-        for liger in (False, True):
-            run_dir = work / "runs" / f"{method}-liger-{str(liger).lower()}"
-            args = command(method, ckpt, data_path, run_dir, precision, B, T, steps, liger, opts.devices)
+        for liger, b in runs:
+            run_dir = work / "runs" / (f"{method}-liger-{str(liger).lower()}" + (f"-B{b}" if b != B else ""))
+            args = command(method, ckpt, data_path, run_dir, precision, b, T, steps, liger, opts.devices)
             row: dict[str, Any] = {"method": method, "liger": str(liger).lower(), "devices": opts.devices,
-                                   "n_layer": n_layer, "B": B, "T": T,
+                                   "n_layer": n_layer, "B": b, "T": T,
                                    "steps": steps, "command": "lit-liger " + " ".join(args), "run_dir": str(run_dir)}
             try:
                 res = run_one(args, run_dir, warmup=warmup, in_process=opts.in_process)
@@ -342,7 +361,10 @@ def main(argv: list[str] | None = None) -> dict:
             if res:
                 losses = res["losses"]
                 row.update(res, first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None)
-                if not liger:
+                if b != B:  # --also_micro_batch: memory and speed against stock at the main micro-batch
+                    if stock is not None and stock["status"] == "ok" and liger:
+                        _compare_larger_batch(row, stock)
+                elif not liger:
                     stock = row
                 elif stock is not None and stock["status"] == "ok":
                     if stock["tokens_per_s"]:

@@ -250,7 +250,70 @@ def run_one(config, variant: str, B: int, T: int, opts, *, steps: int, warmup: i
     if C.CUDA:
         res["peak_GiB"] = torch.cuda.max_memory_allocated() / C.GiB
         res["peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / C.GiB
+    if getattr(opts, "profile", False):
+        res["profile"] = profile_step(loss_fn, optimizer, x, y)
     return res
+
+
+# Kernel-name patterns -> category, first match wins (lower-case substrings).
+PROFILE_CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "_mm_", "matmul", "splitk")),
+    ("lit-liger triton", ("_rms_fwd_kernel", "_rms_bwd_kernel", "_ln_fwd_kernel", "_ln_bwd_kernel", "_rope_kernel",
+                          "_rope_norm_bwd_kernel", "_glu_fwd_kernel", "_glu_bwd_kernel", "_flce_")),
+    ("liger-kernel triton", ("liger", "_rms_norm_", "_swiglu_", "_geglu_", "element_mul_kernel")),
+    ("inductor triton", ("triton_",)),
+    ("copy / cast / fill", ("copy", "cast", "fill", "cat", "index")),
+)
+
+
+def _kernel_category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in PROFILE_CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other elementwise / reduction"
+
+
+def profile_step(loss_fn, optimizer, x: torch.Tensor, y: torch.Tensor, n: int = 3) -> dict[str, Any]:
+    """Where one step's GPU time and memory go: kernel time per category and the 12 costliest kernels
+    (torch.profiler, mean of ``n`` steps), plus memory allocated at the end of forward and its peak."""
+    if not C.CUDA:
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    optimizer.zero_grad(set_to_none=True)
+    C.sync()
+    torch.cuda.reset_peak_memory_stats()
+    loss = loss_fn(x, y)
+    C.sync()
+    fwd_end, fwd_peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+    loss.backward()
+    optimizer.step()
+    C.sync()
+    mem = {"end_of_forward_GiB": fwd_end / C.GiB, "forward_peak_GiB": fwd_peak / C.GiB,
+           "step_peak_GiB": torch.cuda.max_memory_allocated() / C.GiB}
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(x, y).backward()
+        optimizer.step()
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        C.sync()
+    per_kernel = [(e.key, e.device_time_total / n / 1e3, e.count // n) for e in prof.key_averages()
+                  if e.device_type.name == "CUDA" and e.device_time_total > 0]
+    cats: dict[str, float] = {}
+    for name, ms, _ in per_kernel:
+        cats[_kernel_category(name)] = cats.get(_kernel_category(name), 0.0) + ms
+    top = sorted(per_kernel, key=lambda t: -t[1])[:12]
+    return {"kernel_ms_per_step": sum(cats.values()), "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top_kernels": [{"name": k[:120], "ms": ms, "calls": c, "category": _kernel_category(k)}
+                            for k, ms, c in top],
+            "memory": mem}
 
 
 def _cleanup() -> None:
@@ -345,6 +408,23 @@ def render(result: dict, out_dir: Path) -> list[Path]:
     for m, cfg in result.get("models", {}).items():
         if cfg.get("overrides"):
             md.append(f"- {m}: config overrides {cfg['overrides']}")
+    profiled = [r for r in result["rows"] if r.get("profile")]
+    if profiled:
+        md += ["", "## Where the step's GPU time goes (torch.profiler, mean of 3 steps)", "",
+               "kernel ms = sum of GPU kernel time per step (gaps between kernels excluded); memory at the end of "
+               "forward (loss computed, before backward) vs the step's peak.", ""]
+        cats = sorted({c for r in profiled for c in r["profile"]["categories_ms"]})
+        cols = ["model", "variant", "step ms", "kernel ms", *cats, "GiB end of fwd", "GiB peak"]
+        rows = [[r["model"], r["variant"], r.get("step_ms"), r["profile"]["kernel_ms_per_step"],
+                 *[r["profile"]["categories_ms"].get(c) for c in cats],
+                 r["profile"]["memory"]["end_of_forward_GiB"], r["profile"]["memory"]["step_peak_GiB"]]
+                for r in profiled]
+        md += [C.markdown_table(cols, rows), ""]
+        for r in profiled:
+            md += [f"{r['model']} / {r['variant']}: costliest kernels", "",
+                   C.markdown_table(["kernel", "category", "calls", "ms/step"],
+                                    [[k["name"], k["category"], k["calls"], k["ms"]]
+                                     for k in r["profile"]["top_kernels"]]), ""]
     notes = [(r["model"], r["variant"], r["notes"]) for r in result["rows"] if r.get("notes")]
     if notes:
         md += ["", "## What each variant swapped", ""]
@@ -380,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak_tflops", type=float, default=None, help="nominal bf16 TFLOP/s for MFU (default: by name)")
     p.add_argument("--liger_config", type=json.loads, default=None,
                    help='lit-liger variants: LigerConfig switches as JSON, e.g. \'{"flce_mode": "lean"}\'')
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile 3 steps per variant: GPU kernel time by category, the costliest "
+                        "kernels, memory at the end of forward")
     p.add_argument("--tiny", action="store_true", help=f"shrink each config to a toy size ({TINY})")
     p.add_argument("--stock_config", action="store_true",
                    help="keep a sliding window that covers the whole sequence (see model_config)")
@@ -429,7 +512,8 @@ def main(argv: list[str] | None = None) -> dict:
         "quick": opts.quick, "anchor": anchor_path, "ceilings": ceilings, "models": {}, "rows": [], "e2e": [],
         "settings": {"B": B, "T": T, "steps": steps, "warmup": warmup, "seed": opts.seed, "tiny": opts.tiny,
                      "optimizer": "AdamW(fused=True)" if C.CUDA else "AdamW", "max_batch": opts.max_batch,
-                     "liger_config": opts.liger_config, "stock_config": opts.stock_config},
+                     "liger_config": opts.liger_config, "stock_config": opts.stock_config,
+                     "profile": opts.profile},
     }
     json_path = out_dir / "step.json"
     print("  ".join(COLUMNS), flush=True)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
+#   bash scripts/gpu_session.sh tests|step1|step2|multi|ft8b
+# Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
+set -uo pipefail
+phase=$1
+source scripts/gpu_env.sh
+R=/tmp/res/$phase; mkdir -p "$R"
+log=$OUT/$phase.log
+{
+case $phase in
+  tests)  # GPU tests (real sizes, compile fullgraph, the loss hand-over), then RoPE and FLCE kernels
+    timeout 300 python3 -m pytest -m "gpu and not slow" tests/ -q -p no:cacheprovider -rs 2>&1 | tail -40
+    timeout 100 python3 -m benchmarks kernels --ops rope --out "$R/rope"
+    timeout 170 python3 -m benchmarks kernels --ops flce --out "$R/flce" ;;
+  step1)
+    timeout 560 python3 -m benchmarks step --models Llama-3.2-1B --profile --out "$R/step" ;;
+  step2)
+    timeout 560 python3 -m benchmarks step --models Qwen3-1.7B,gemma-2-2b --profile --out "$R/step" ;;
+  multi)  # 2 GPUs: Trainer + LigerCallback under ZeRO-3 (fused loss in the engine's forward) and FSDP
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    timeout 520 python3 -m benchmarks strategies --strategies deepspeed3,fsdp,deepspeed2 --devices 2 --steps 20 \
+      --n_layer 4 --timeout 80 --out "$R/strategies" ;;
+  ft8b)   # 2 GPUs: Llama-3.1-8B-shaped finetune_full (FSDP), stock vs lit-liger at B=8, then at B=16
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    timeout 570 python3 -m benchmarks finetune --model Llama-3.1-8B --methods full --devices 2 --steps 8 \
+      --micro_batch_size 8 --also_micro_batch 16 --max_seq_length 4096 --out "$R/finetune" ;;
+esac
+} 2>&1 | tee "$log"
+tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
