@@ -15,7 +15,8 @@ graph), so the backward only scales them by ``grad_output``. Two operating point
 
 * ``"fast"`` (default): chunks of rows. Per chunk: logits ``(Nc, V)``, one kernel, ``dx_c`` and
   ``dW += dlogits^T x_c`` into an fp32 ``(V, H)`` accumulator (cast to the weight dtype at the
-  end). 3 GEMMs in all (6·N·H·V flops); extra memory ≈ one logits chunk + the fp32 dW.
+  end; with a single chunk, dW is written in the weight dtype directly). 3 GEMMs in all
+  (6·N·H·V flops); extra memory ≈ one logits chunk + the fp32 dW (none with one chunk).
 * ``"lean"``: chunks of the vocabulary. Pass 1 computes each row's log-sum-exp online over the V
   chunks; pass 2 recomputes each chunk's logits, turns them into dlogits, writes
   ``dW[v0:v1] = dlogits_c^T x`` straight into the weight gradient (one complete GEMM, exact) and
@@ -457,13 +458,18 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     write_grad = need_dx or need_dw or need_db
     row_loss = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
     dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
+    rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size) if n_rows > 0 else 0
     # dW accumulates over row chunks in fp32 (in the output itself for an fp32 weight); the first
-    # chunk's GEMM writes it, so it needs no zero-fill (except when there are no rows at all)
+    # chunk's GEMM writes it, so it needs no zero-fill (except when there are no rows at all). With a
+    # single chunk there is nothing to accumulate across: its GEMM (fp32 accumulation inside cuBLAS,
+    # one rounding, as the fp32 buffer's final cast) writes dW in the weight's dtype directly, without
+    # the (V, H) fp32 buffer (1 GB at V=128k, H=2048) that small batches would otherwise pay for.
+    direct_dw = need_dw and 0 < n_rows <= rows and weight.dtype != torch.float32
     dw32 = (torch.zeros if n_rows == 0 else torch.empty)(
-        (vocab, hidden) if need_dw else (0,), dtype=torch.float32, device=dev)  # (V, H)
+        (vocab, hidden) if need_dw else (0,), dtype=weight.dtype if direct_dw else torch.float32,
+        device=dev)  # (V, H)
     db32 = torch.zeros((vocab,) if need_db else (0,), dtype=torch.float32, device=dev)  # (V,)
     if n_rows > 0:
-        rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size)
         buf = torch.empty((rows, vocab), dtype=x.dtype, device=dev)  # (Nc, V), reused by every chunk
         per_row = scale.dim() == 1
         for r0 in range(0, n_rows, rows):
@@ -482,12 +488,12 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             dlogits = logits  # (Nc, V), overwritten in place by the kernel
             if need_dx:
                 _grad_input_gemm(dx[r0:r1], dlogits, weight, accumulate=None)  # (Nc, H)
-            if need_dw:
-                _grad_weight_gemm(dw32, dlogits, x_c, accumulate=r0 > 0)  # (V, H) fp32
+            if need_dw:  # (V, H): fp32, or the weight's dtype for a single chunk
+                _grad_weight_gemm(dw32, dlogits, x_c, accumulate=None if direct_dw else r0 > 0)
             if need_db:
                 db32 += dlogits.sum(0, dtype=torch.float32)  # (V,)
         del buf
-    dw = dw32.to(weight.dtype) if need_dw else weight.new_empty(0)
+    dw = dw32.to(weight.dtype) if need_dw else weight.new_empty(0)  # no copy when already in that dtype
     db = db32.to(bias.dtype) if need_db else weight.new_empty(0)
     return row_loss, dx, dw, db
 

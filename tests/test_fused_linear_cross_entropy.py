@@ -227,6 +227,38 @@ def test_weight_gradient_accumulates_in_fp32(device, monkeypatch):
     assert rel_err(gw, gw64) <= 1e-2
 
 
+def test_single_chunk_writes_weight_gradient_without_fp32_buffer(device, monkeypatch):
+    # "fast" mode with all rows in one chunk: nothing to accumulate across chunks, so the one GEMM
+    # (fp32 accumulation inside, one rounding) writes dW in the weight's dtype: no (V, H) fp32 buffer
+    # (1 GB at V=128k, H=2048), which would cost small batches more than the logits it saves
+    fp32_calls, made = [], []
+    mm, empty = flce._mm_fp32, torch.empty
+
+    def spy_mm(out, a, b, accumulate):
+        fp32_calls.append(out.shape)
+        return mm(out, a, b, accumulate)
+
+    def spy_empty(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        made.append((tuple(out.shape), out.dtype))
+        return out
+
+    monkeypatch.setattr(flce, "_mm_fp32", spy_mm)
+    monkeypatch.setattr(torch, "empty", spy_empty)
+    x, w, _, t = _inputs(device, torch.bfloat16)
+    loss = fused_linear_cross_entropy(x, w, t, mode="fast", chunk_size=x.shape[0])
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    monkeypatch.setattr(torch, "empty", empty)
+    assert fp32_calls == []
+    assert (tuple(w.shape), torch.float32) not in made and (tuple(w.shape), torch.bfloat16) in made
+    ref, (x64, w64, _) = _fp64(x, w, None, t)
+    for mine, theirs in zip((gx, gw), torch.autograd.grad(ref, (x64, w64))):
+        assert mine.dtype == torch.bfloat16 and rel_err(mine, theirs) <= TOL[torch.bfloat16]
+    # two chunks: back to the fp32 accumulator
+    fused_linear_cross_entropy(x, w, t, mode="fast", chunk_size=x.shape[0] - 1).backward()
+    assert len(fp32_calls) == 2
+
+
 @pytest.mark.parametrize("mode", ["fast", "lean"])
 def test_gradients_handed_over_without_copy(mode, device, monkeypatch):
     # dx and dW are computed in the forward; autograd must take those very buffers as x.grad and
