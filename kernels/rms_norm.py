@@ -260,55 +260,93 @@ def rms_norm_residual(
 # ----------------------------------------------------------------------------------------------
 # Norm followed by the Linear layers reading it: the normalized tensor is recomputed in backward
 # ----------------------------------------------------------------------------------------------
+def _rms_norm_linear_impl(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
+    w0: torch.Tensor, b0: torch.Tensor | None, w1: torch.Tensor | None, b1: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(s | empty, rstd, F.linear(n, w0, b0), F.linear(n, w1, b1) | empty)`` with ``n = rms_norm(s)``,
+    ``s = x (+ residual)``: one or two Linears (LitGPT's ``attn.qkv``; ``mlp.fc_1`` and ``fc_2``)."""
+    n, s, rstd = _rms_norm_fwd_impl(x, residual, weight, eps, offset)  # n: (..., C)
+    out0 = F.linear(n, w0, b0)  # (..., out_0)
+    out1 = F.linear(n, w1, b1) if w1 is not None else x.new_empty(0)  # (..., out_1)
+    return s, rstd, out0, out1
+
+
+_rms_norm_linear_op = torch.library.custom_op("lit_liger::rms_norm_linear", _rms_norm_linear_impl, mutates_args=())
+
+
+@_rms_norm_linear_op.register_fake
+def _(x, residual, weight, eps, offset, w0, b0, w1, b1):
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    out1 = x.new_empty((*x.shape[:-1], w1.shape[0])) if w1 is not None else x.new_empty(0)
+    return s, x.new_empty(n_rows, dtype=torch.float32), x.new_empty((*x.shape[:-1], w0.shape[0])), out1
+
+
+def _rnl_setup_context(ctx, inputs, output):
+    """Saves s (or x), the norm weight, rstd and the Linears' weights and biases: not the normalized n."""
+    x, residual, weight, eps, offset, w0, b0, w1, b1 = inputs
+    ctx.has_residual = residual is not None
+    ctx.norm = (eps, offset)
+    ctx.save_for_backward(output[0] if residual is not None else x, weight, output[1], w0, b0, w1, b1)
+
+
+def _rnl_backward(ctx, ds, drstd, dout0, dout1, norm_fwd=_rms_norm_fwd, norm_bwd=_rms_norm_bwd):
+    """Reruns the forward kernel on the saved s (the same input and kernel, so the same n bit for bit)
+    when a Linear weight needs its gradient, then the Linear gradients, then the norm backward."""
+    saved, weight, rstd, *wb = ctx.saved_tensors
+    eps, offset = ctx.norm
+    needs = ctx.needs_input_grad  # x, residual, weight, eps, offset, w0, b0, w1, b1
+    need_dw, need_in = needs[2], needs[0] or needs[1] or needs[2]
+    douts = (dout0, dout1) if wb[2] is not None else (dout0,)
+    n2 = None  # (N, C): the normalized input, recomputed only if a Linear weight needs its gradient
+    if any(needs[5 + 2 * i] for i, d in enumerate(douts) if d is not None):
+        n = norm_fwd(saved, None, weight, eps, offset)[0]  # (..., C)
+        n2 = n.reshape(-1, n.shape[-1])
+    dn = None  # (N, C): sum over the Linears of dout_i @ W_i (only if the norm's inputs need it)
+    grads_wb = [None] * 4
+    for i, dout in enumerate(douts):
+        w_lin, b_lin = wb[2 * i], wb[2 * i + 1]
+        if dout is None:
+            continue
+        d2 = dout.reshape(-1, dout.shape[-1])  # (N, out_i)
+        grads_wb[2 * i] = d2.t().mm(n2) if needs[5 + 2 * i] else None  # (out_i, C)
+        grads_wb[2 * i + 1] = d2.sum(0) if b_lin is not None and needs[6 + 2 * i] else None  # (out_i,)
+        if need_in:
+            dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)
+    del n2
+    if not need_in:
+        return (None, None, None, None, None, *grads_wb)
+    if dn is None:
+        dn = torch.zeros_like(saved)
+    dx, dw = norm_bwd(dn.view(saved.shape), ds if ctx.has_residual else None, saved, weight, rstd, offset, need_dw)
+    return (dx, dx if ctx.has_residual else None, dw if need_dw else None, None, None, *grads_wb)
+
+
+_rms_norm_linear_op.register_autograd(_rnl_backward, setup_context=_rnl_setup_context)
+
+
 class _RMSNormLinearFn(torch.autograd.Function):
-    """``(s, *[F.linear(n, W_i, b_i)])`` with ``n = rms_norm(s)``, ``s = x (+ residual)``. Saves s,
-    rstd and the weights, not n: backward reruns the forward kernel on s (the same input and
-    kernel, so the same n bit for bit), then the Linear gradients, then the norm backward."""
+    """Eager form of ``lit_liger::rms_norm_linear`` (the same forward and autograd, without the custom
+    op dispatcher's host overhead; no zero-filled gradients for unused outputs); ``torch.compile``
+    traces the custom op, which its partitioner cannot look into, so the normalized tensor is not
+    kept there either."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, eps, offset, *wb):  # wb: W_0, b_0, W_1, b_1, ...
-        n, s, rstd = _rms_norm_fwd_impl(x, residual, weight, eps, offset)  # n: (..., C)
-        outs = [F.linear(n, wb[i], wb[i + 1]) for i in range(0, len(wb), 2)]  # (..., out_i)
-        del n
+    def forward(ctx, x, residual, weight, eps, offset, w0, b0, w1, b1):
+        out = _rms_norm_linear_impl(x, residual, weight, eps, offset, w0, b0, w1, b1)
         ctx.set_materialize_grads(False)
-        ctx.has_residual = residual is not None
-        ctx.norm = (eps, offset)
-        ctx.save_for_backward(s if residual is not None else x, weight, rstd, *wb)
+        _rnl_setup_context(ctx, (x, residual, weight, eps, offset, w0, b0, w1, b1), out)
+        ctx.mark_non_differentiable(out[1])
         if residual is None:
-            s = x.new_empty(0)  # placeholder: no residual sum to return
-            ctx.mark_non_differentiable(s)
-        return (s, *outs)
+            ctx.mark_non_differentiable(out[0])  # empty placeholder: no residual sum
+        if w1 is None:
+            ctx.mark_non_differentiable(out[3])
+        return out
 
     @staticmethod
-    def backward(ctx, ds, *douts):
-        saved, weight, rstd, *wb = ctx.saved_tensors
-        eps, offset = ctx.norm
-        needs = ctx.needs_input_grad
-        need_dw, need_in = needs[2], needs[0] or needs[1] or needs[2]
-        n2 = None  # (N, C): the normalized input, recomputed only if a Linear weight needs its gradient
-        if any(needs[5 + 2 * i] for i, d in enumerate(douts) if d is not None):
-            n = _rms_norm_fwd_impl(saved, None, weight, eps, offset)[0]  # (..., C)
-            n2 = n.reshape(-1, n.shape[-1])
-        dn = None  # (N, C): sum over the Linears of dout_i @ W_i (only if the norm's inputs need it)
-        grads_wb = []
-        for i, dout in enumerate(douts):
-            w_lin, b_lin = wb[2 * i], wb[2 * i + 1]
-            if dout is None:
-                grads_wb += [None, None]
-                continue
-            d2 = dout.reshape(-1, dout.shape[-1])  # (N, out_i)
-            grads_wb.append(d2.t().mm(n2) if needs[5 + 2 * i] else None)  # (out_i, C)
-            grads_wb.append(d2.sum(0) if b_lin is not None and needs[6 + 2 * i] else None)  # (out_i,)
-            if need_in:
-                dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)
-        del n2
-        if not need_in:
-            return (None, None, None, None, None, *grads_wb)
-        if dn is None:
-            dn = torch.zeros_like(saved)
-        dx, dw = _rms_norm_bwd_impl(dn.view(saved.shape), ds if ctx.has_residual else None, saved, weight, rstd,
-                                    offset, need_dw)
-        return (dx, dx if ctx.has_residual else None, dw if need_dw else None, None, None, *grads_wb)
+    def backward(ctx, ds, drstd, dout0, dout1):
+        return _rnl_backward(ctx, ds, drstd, dout0, dout1, norm_fwd=_rms_norm_fwd_impl, norm_bwd=_rms_norm_bwd_impl)
 
 
 def rms_norm_linear(
@@ -317,9 +355,10 @@ def rms_norm_linear(
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """``(s, [F.linear(rms_norm(s), W, b) for W, b in linears])`` with ``s = x + residual`` (``None``
     without a residual, where the norm reads ``x``). In training the normalized tensor is not kept
-    for the Linears' backward (see the module docstring). Without grad or with every Linear weight
-    frozen, under ``torch.compile`` (whose partitioner makes its own recompute choices), under
-    autocast, with weights of another dtype and on the reference path it is the plain composition."""
+    for the Linears' backward (see the module docstring), in eager mode and under ``torch.compile``
+    (a custom op, opaque to its partitioner). Without grad or with every Linear weight frozen, with
+    more than two Linears, under autocast, with weights of another dtype and on the reference path it
+    is the plain composition."""
     _check(x, weight, residual)
     if not linears:
         raise ValueError("rms_norm_linear needs at least one (weight, bias) pair")
@@ -331,8 +370,8 @@ def rms_norm_linear(
         if b_lin is not None and b_lin.shape != (w_lin.shape[0],):
             raise ValueError(f"linears[{i}] bias shape {tuple(b_lin.shape)} must be ({w_lin.shape[0]},)")
     fused = (
-        use_triton(x) and torch.is_grad_enabled() and any(w.requires_grad for w, _ in linears)
-        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
+        use_triton(x) and len(linears) <= 2 and torch.is_grad_enabled() and any(w.requires_grad for w, _ in linears)
+        and not torch.is_autocast_enabled(x.device.type)
         and all(w.dtype == x.dtype and (b is None or b.dtype == x.dtype) for w, b in linears)
     )
     if not fused:
@@ -341,6 +380,7 @@ def rms_norm_linear(
         else:
             s, n = rms_norm_residual(x, residual, weight, eps, offset)
         return s, [F.linear(n, w, b) for w, b in linears]
-    flat = [t for pair in linears for t in pair]
-    s, *outs = _RMSNormLinearFn.apply(x, residual, weight, float(eps), float(offset), *flat)
-    return (s if residual is not None else None), outs
+    (w0, b0), (w1, b1) = linears[0], (linears[1] if len(linears) > 1 else (None, None))
+    fn = _rms_norm_linear_op if torch.compiler.is_compiling() else _RMSNormLinearFn.apply
+    s, _, out0, out1 = fn(x, residual, weight, float(eps), float(offset), w0, b0, w1, b1)
+    return (s if residual is not None else None), ([out0, out1] if w1 is not None else [out0])

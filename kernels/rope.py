@@ -818,6 +818,16 @@ def rope_qkv(
     q, k, v = _qkv_views(qkv, n_head, n_query_groups)
     _check(q, k, cos, sin)
     interleave = bool(interleave)
-    if not use_triton(q) or torch.compiler.is_compiling() or not (torch.is_grad_enabled() and qkv.requires_grad):
-        return (*rope(q, k, cos, sin, interleave), v)
+    training = torch.is_grad_enabled() and qkv.requires_grad
+    if not use_triton(q) or torch.compiler.is_compiling() or not training:
+        # v in its own buffer in training here too: under torch.compile a saved view of qkv would keep
+        # the whole projection alive (the compiler's partitioner then saves the small copy instead)
+        return (*rope(q, k, cos, sin, interleave), own_buffer(v) if training else v)
     return _RopeQKVFn.apply(qkv, cos, sin, n_head, n_query_groups, interleave)
+
+
+def own_buffer(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a ``(B, heads, T, hs)`` head view (of a qkv projection) in its own ``(B, T, heads, hs)``
+    buffer, the layout the view had: what attention saves for backward then keeps only these heads
+    alive, not the whole projection the view came from."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)

@@ -280,8 +280,55 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.
 # ----------------------------------------------------------------------------------------------
 # GLU + down projection: the MLP's ``proj(glu(fc_1(x), fc_2(x)))`` without saving glu's output
 # ----------------------------------------------------------------------------------------------
+def _glu_linear_impl(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
+) -> torch.Tensor:
+    return torch.nn.functional.linear(_glu_fwd_impl(a, b, activation), weight, bias)  # (..., C)
+
+
+_glu_linear_op = torch.library.custom_op("lit_liger::glu_linear", _glu_linear_impl, mutates_args=())
+
+
+@_glu_linear_op.register_fake
+def _(a, b, weight, bias, activation):
+    return a.new_empty((*a.shape[:-1], weight.shape[0]))
+
+
+def _gl_setup_context(ctx, inputs, output):
+    a, b, weight, bias, activation = inputs
+    ctx.save_for_backward(a, b, weight)  # not the GLU product: recomputed for the weight gradient
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+
+
+def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd):
+    a, b, weight = ctx.saved_tensors
+    need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
+    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
+    dw = dbias = None
+    if need_dw:
+        h = glu_fwd(a, b, ctx.activation)  # recomputed (..., I)
+        dw = dy2.t().mm(h.reshape(-1, h.shape[-1]))  # (C, I)
+        del h
+    if need_dbias:
+        dbias = dy2.sum(0)
+    da = db = None
+    if need_da or need_db:
+        dh = dy.matmul(weight)  # (..., I)
+        da, db = glu_bwd(dh, a, b, ctx.activation, need_da, need_db)
+        da, db = (da if need_da else None), (db if need_db else None)
+    return da, db, dw, dbias, None
+
+
+_glu_linear_op.register_autograd(_gl_backward, setup_context=_gl_setup_context)
+
+
 class _GLULinearFn(torch.autograd.Function):
-    """``F.linear(glu(a, b), weight, bias)`` that saves only ``a`` and ``b`` for backward.
+    """``F.linear(glu(a, b), weight, bias)`` that saves only ``a`` and ``b`` for backward; the eager
+    form of ``lit_liger::glu_linear`` (same forward and autograd, without the dispatcher's overhead),
+    which ``torch.compile`` traces instead (opaque to its partitioner, so the product is not kept
+    there either).
 
     A plain ``proj(glu(a, b))`` keeps the ``(N, I)`` product alive for ``proj``'s weight gradient
     in addition to ``a`` and ``b`` (LitGPT's LLaMAMLP keeps three ``(N, I)`` tensors per layer).
@@ -292,31 +339,13 @@ class _GLULinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, weight, bias, activation):
-        h = _glu_fwd_impl(a, b, activation)  # (..., I)
-        ctx.save_for_backward(a, b, weight)
-        ctx.activation = activation
-        ctx.has_bias = bias is not None
-        return torch.nn.functional.linear(h, weight, bias)  # (..., C)
+        y = _glu_linear_impl(a, b, weight, bias, activation)
+        _gl_setup_context(ctx, (a, b, weight, bias, activation), y)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        a, b, weight = ctx.saved_tensors
-        need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
-        dw = dbias = None
-        if need_dw:
-            h = _glu_fwd_impl(a, b, ctx.activation)  # recomputed (..., I)
-            dw = dy2.t().mm(h.reshape(-1, h.shape[-1]))  # (C, I)
-            del h
-        if need_dbias:
-            dbias = dy2.sum(0)
-        da = db = None
-        if need_da or need_db:
-            dh = dy.matmul(weight)  # (..., I)
-            da, db = _glu_bwd_impl(dh, a, b, ctx.activation, need_da, need_db)
-            da, db = (da if need_da else None), (db if need_db else None)
-        return da, db, dw, dbias, None
+        return _gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl)
 
 
 def glu_linear(
@@ -324,8 +353,8 @@ def glu_linear(
     activation: str = "silu",
 ) -> torch.Tensor:
     """``F.linear(act(a) * b, weight, bias)`` with ``act`` one of ``silu``, ``gelu_tanh``, ``gelu``;
-    saves only ``a`` and ``b`` for backward (see ``_GLULinearFn``). Under ``torch.compile`` (whose
-    own planner decides what to keep) and on the reference path it is the plain composition."""
+    saves only ``a`` and ``b`` for backward (see ``_GLULinearFn``), in eager mode and under
+    ``torch.compile`` (a custom op). On the reference path it is the plain composition."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     _check(a, b)
@@ -333,6 +362,8 @@ def glu_linear(
     check_same_device(a=a, weight=weight, bias=bias)
     if weight.dim() != 2 or weight.shape[1] != a.shape[-1]:
         raise ValueError(f"weight shape {tuple(weight.shape)} must be (C, {a.shape[-1]}) for a, b of shape {tuple(a.shape)}")
-    if not use_triton(a) or torch.compiler.is_compiling():
+    if not use_triton(a):
         return torch.nn.functional.linear(_glu(a, b, activation), weight, bias)
+    if torch.compiler.is_compiling():
+        return _glu_linear_op(a, b, weight, bias, activation)
     return _GLULinearFn.apply(a, b, weight, bias, activation)

@@ -73,10 +73,17 @@ def _plain_linear(m: nn.Module) -> bool:
     """A plain ``nn.Linear`` whose weight the fused norm + Linear function may read directly (not LoRA
     or another subclass, not a DeepSpeed ZeRO-3 partition gathered by its own module hooks, not a
     DTensor of a module sharded or parallelized on its own)."""
-    return (
-        type(m) is nn.Linear and not hasattr(m.weight, "ds_id")
-        and not any(c.__name__ == "DTensor" for c in type(m.weight).__mro__)
-    )
+    return type(m) is nn.Linear and not hasattr(m.weight, "ds_id") and not _is_dtensor(m.weight)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """``isinstance(t, DTensor)`` without importing torch.distributed where it is not built (traceable
+    by torch.compile, unlike walking the type's MRO)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _called_plainly(*modules: nn.Module) -> bool:
@@ -200,10 +207,8 @@ class _BlockMixin:
 
     def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False) -> bool:
         """Whether ``norm_1 -> attn.qkv`` runs as :func:`rms_norm_linear` (``structure_only``: the
-        modules allow it, ignoring the call's state, for the report). Under ``torch.compile`` the
-        modules run as LitGPT's (the compiler picks what to recompute)."""
-        if torch.compiler.is_compiling() and not structure_only:
-            return False
+        modules allow it, ignoring the call's state, for the report). The same under ``torch.compile``,
+        which traces these checks (guarding on them) and the fused op as an opaque custom op."""
         attn = self.attn
         ok = (
             getattr(self, "_liger_recompute_norm", False)
@@ -219,8 +224,6 @@ class _BlockMixin:
 
     def _liger_fuse_norm_2(self, structure_only: bool = False) -> bool:
         """Whether ``norm_2 -> mlp.fc_1, fc_2`` runs as :func:`rms_norm_linear` (see above)."""
-        if torch.compiler.is_compiling() and not structure_only:
-            return False
         mlp = self.mlp
         ok = (
             getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))

@@ -141,6 +141,87 @@ def test_recompute_norm_keeps_two_activations_per_layer_less(name):
     _check_parity(ref, ours, cfg)
 
 
+def _compiled_saved_bytes(model, x, y):
+    """Loss, gradients and the bytes of activations torch.compile's forward graph saves for backward
+    (inductor's own min-cut partitioner, graphs run eagerly), and the custom ops that graph calls."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    seen = {"saved": 0, "ops": []}
+
+    def fw_compiler(gm, _inputs):
+        seen["ops"] += [str(n.target) for n in gm.graph.nodes if "lit_liger" in str(n.target)]
+        return make_boxed_func(gm.forward)
+
+    def partition(joint, inputs, **kw):
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, **kw)
+        out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+        saved = [n.meta.get("val") for n in out[kw["num_fwd_outputs"]:]
+                 if isinstance(n, torch.fx.Node) and n.op != "placeholder"]
+        # whole storages, once each: a saved view keeps the tensor it is a view of alive
+        storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in saved
+                    if isinstance(t, torch.Tensor)}
+        seen["saved"] += sum(storages.values())
+        return fw, bw
+
+    backend = aot_autograd(fw_compiler=fw_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                           partition_fn=partition)
+    torch._dynamo.reset()
+    loss = torch.compile(lambda: chunked_cross_entropy(model(x), y), fullgraph=True, backend=backend)()
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    torch._dynamo.reset()
+    return loss, grads, seen["saved"], seen["ops"]
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B"])
+def test_compile_keeps_no_more_than_eager(name, monkeypatch):
+    """Under torch.compile the swapped Block still runs the norm + Linear and GLU + Linear ops that
+    recompute in backward (as opaque custom ops the partitioner cannot undo) and rope_qkv's v in its
+    own buffer: each saves exactly what it saves in eager mode. Measured on the compiled forward graph's saved
+    tensors, part by part: the two normalized (B, T, C) tensors, the (B, T, I) GLU product and a v
+    view pinning the whole (B, T, qkv) projection are what each part keeps without it."""
+    import importlib
+
+    import lit_liger.adapter as adapter
+
+    rope_mod = importlib.import_module("lit_liger.kernels.rope")  # (the package exports a function of that name)
+
+    # the GPU's attention path: SDPA reads the shared kv heads (enable_gqa), so it saves v itself
+    # (LitGPT's repeat_interleave path saves a repeated copy instead)
+    monkeypatch.setattr(adapter, "_flash_gqa_ok", lambda attn, q: True)
+    cfg = tiny_config(name)
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    B, T = 2, 8
+    x = torch.randint(0, cfg.vocab_size, (B, T))
+    y = torch.randint(0, cfg.vocab_size, (B, T))
+    loss_c, grads_c, saved, ops = _compiled_saved_bytes(ours, x, y)
+    per_layer = {op: sum(o.startswith(f"lit_liger.{op}") for o in ops) / cfg.n_layer
+                 for op in ("rms_norm_linear", "glu_linear")}
+    assert per_layer == {"rms_norm_linear": 2, "glu_linear": 1}, ops
+    loss_e = chunked_cross_entropy(ours(x), y)
+    grads_e = torch.autograd.grad(loss_e, [p for p in ours.parameters() if p.requires_grad])
+    assert rel_err(loss_c, loss_e) <= 1e-6
+    for a, b in zip(grads_c, grads_e):
+        assert rel_err(a, b) <= 1e-5
+    e, N, L = 4, B * T, cfg.n_layer  # fp32
+    qkv_width = (cfg.n_head + 2 * cfg.n_query_groups) * cfg.head_size
+    v_width = cfg.n_query_groups * cfg.head_size
+    # each part undone in turn: what the compiled graph keeps then, over what it keeps now
+    apply_liger(ours, {"recompute_norm": False})
+    assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * 2 * N * cfg.n_embd * e
+    apply_liger(ours, {"recompute_norm": True})
+    with monkeypatch.context() as m:
+        m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act: torch.nn.functional.linear(
+            torch.nn.functional.silu(a) * b, w, bias))
+        assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * cfg.intermediate_size * e
+    if not cfg.norm_qk:  # (with qk-norm the norms' backward keeps the q, k views of qkv anyway)
+        with monkeypatch.context() as m:
+            m.setattr(rope_mod, "own_buffer", lambda v: v)
+            assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * (qkv_width - v_width) * e
+
+
 def test_recompute_norm_steps_aside_for_hooked_or_frozen_linears():
     # a module that something hooks (FSDP2 fully_shard on it, composable checkpointing, a user's
     # activation capture) must be called as a module; a frozen Linear keeps nothing to save
@@ -377,6 +458,34 @@ def test_gpu_compile_fullgraph_swapped_model():
     torch._dynamo.reset()
     out = torch.compile(ours, fullgraph=True)(x)
     assert isinstance(out, LigerLogits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-1.7B", "gemma-2-2b"])
+def test_gpu_training_step_has_no_host_sync(name):
+    """A whole swapped training step (forward, fused loss, backward, fused AdamW) never waits for the
+    GPU: no ``.item()``, no data-dependent branch, no synchronizing allocation in any swapped path
+    (rms_norm_linear, rope_qkv with its v copy, the fused loss). A host sync there would serialize
+    the CPU's launches with the GPU's work."""
+    cfg, _, ours = _real_pair(name, n_layer=2, block_size=512)
+    apply_liger(ours)
+    opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True)
+    x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+    y[:, :10] = -100
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        chunked_cross_entropy(ours(x), y).backward()
+        opt.step()
+
+    step()  # warm-up: kernel compilation, feature probes, allocator pools
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def test_zero3_partitioned_lm_head_returns_logits(monkeypatch):
