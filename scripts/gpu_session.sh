@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -13,6 +13,13 @@ case $phase in
     timeout 300 python3 -m pytest -m "gpu and not slow" tests/ -q -p no:cacheprovider -rs 2>&1 | tail -40
     timeout 100 python3 -m benchmarks kernels --ops rope --out "$R/rope"
     timeout 170 python3 -m benchmarks kernels --ops flce --out "$R/flce" ;;
+  final)  # after the compile-memory change: GPU tests of the changed ops, then the step with and without compile
+    timeout 200 python3 -m pytest -m "gpu and not slow" -q -p no:cacheprovider -rs tests/test_adapter.py \
+      tests/test_rms_norm.py tests/test_swiglu.py tests/test_fused_linear_cross_entropy.py tests/test_rope.py 2>&1 | tail -15
+    timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --variants eager,lit-liger,compile,lit-liger+compile \
+      --profile --out "$R/step"
+    timeout 150 python3 -m benchmarks step --models Qwen3-1.7B --variants lit-liger,compile,lit-liger+compile \
+      --profile --out "$R/step-qwen" ;;
   step1)
     timeout 560 python3 -m benchmarks step --models Llama-3.2-1B --profile --out "$R/step" ;;
   step2)
