@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|diag|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -20,6 +20,9 @@ case $phase in
       --profile --out "$R/step"
     timeout 150 python3 -m benchmarks step --models Qwen3-1.7B --variants lit-liger,compile,lit-liger+compile \
       --profile --out "$R/step-qwen" ;;
+  diag)  # rope_qkv host/GPU timing + sync check, fused-loss memory with one chunk; Qwen3 lit-liger+compile
+    timeout 120 python3 scripts/gpu_diag.py "$R/diag.json"
+    timeout 200 python3 -m benchmarks step --models Qwen3-1.7B --variants lit-liger+compile --profile --out "$R/step-qwen" ;;
   step1)
     timeout 560 python3 -m benchmarks step --models Llama-3.2-1B --profile --out "$R/step" ;;
   step2)
