@@ -251,6 +251,15 @@ def render(result: dict, out_dir: Path) -> list[Path]:
     ]
     notes = [f"- {m}: {t['tok_per_s']}x tokens/s at <= {t['memory']}x peak memory" for m, t in TARGETS.items()]
     md += ["Targets (issue 7, H100, Llama-3.2-1B):", *notes, ""]
+    if s.get("devices", 1) > 1:
+        multi = [f"- {m}: >= {t['tok_per_s']}x tokens/s at <= {t['memory']}x peak memory per GPU, or a micro-batch "
+                 "at least twice as large at equal memory" for m, t in MULTI_GPU_TARGETS.items()]
+        md += ["Targets (issue 6, 2 x H200, Llama-3.1-8B shape):", *multi, ""]
+    md += ["## Commands", ""]
+    if result.get("argv") is not None:
+        md += ["This benchmark:", "", "```", "python -m benchmarks finetune " + " ".join(result["argv"]), "```", ""]
+    md += ["Each run (the checkpoint and data are generated under the work folder first):", "", "```",
+           *[r["command"] for r in result["rows"] if r.get("command")], "```", ""]
     path = out_dir / "finetune.md"
     path.write_text("\n".join(md))
     written = [path]
@@ -335,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"# inputs: {ckpt} ({C.fmt(inputs['n_params'] / 1e6)} M parameters), {data_path} "
           f"({inputs['n_samples']} samples), {inputs['build_s']:.1f} s", flush=True)
     result: dict[str, Any] = {
-        "kind": "finetune", "environment": env, "smoke": smoke, "inputs": inputs, "rows": [],
+        "kind": "finetune", "environment": env, "smoke": smoke, "inputs": inputs, "rows": [], "argv": argv,
         "settings": {"model": opts.model, "methods": methods, "steps": steps, "warmup": warmup,
                      "micro_batch_size": B, "also_micro_batch": opts.also_micro_batch, "max_seq_length": T, "precision": precision, "devices": opts.devices,
                      "in_process": opts.in_process},
