@@ -270,6 +270,8 @@ PROFILE_CATEGORIES = (
 
 def _kernel_category(name: str) -> str:
     low = name.lower()
+    if low.startswith("triton_"):  # inductor's kernels (their names may contain an op's, e.g. "lit_liger")
+        return "inductor triton"
     for cat, keys in PROFILE_CATEGORIES:
         if any(k in low for k in keys):
             return cat
