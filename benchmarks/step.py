@@ -310,7 +310,8 @@ def profile_step(loss_fn, optimizer, x: torch.Tensor, y: torch.Tensor, n: int = 
                   if e.device_type.name == "CUDA" and e.device_time_total > 0]
     cats: dict[str, float] = {}
     for name, ms, _ in per_kernel:
-        cats[_kernel_category(name)] = cats.get(_kernel_category(name), 0.0) + ms
+        cat = _kernel_category(name)
+        cats[cat] = cats.get(cat, 0.0) + ms
     top = sorted(per_kernel, key=lambda t: -t[1])[:12]
     return {"kernel_ms_per_step": sum(cats.values()), "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top_kernels": [{"name": k[:120], "ms": ms, "calls": c, "category": _kernel_category(k)}

@@ -200,11 +200,13 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     per_layer = {op: sum(o.startswith(f"lit_liger.{op}") for o in ops) / cfg.n_layer
                  for op in ("rms_norm_linear", "glu_linear")}
     assert per_layer == {"rms_norm_linear": 2, "glu_linear": 1}, ops
-    loss_e = chunked_cross_entropy(ours(x), y)
-    grads_e = torch.autograd.grad(loss_e, [p for p in ours.parameters() if p.requires_grad])
-    assert rel_err(loss_c, loss_e) <= 1e-6
-    for a, b in zip(grads_c, grads_e):
-        assert rel_err(a, b) <= 1e-5
+    # against stock LitGPT (not the swapped model's own eager path), with _check_parity's tolerances
+    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+    grads_ref = torch.autograd.grad(loss_ref, [p for p in ref.parameters() if p.requires_grad])
+    assert rel_err(loss_c, loss_ref) <= 1e-5
+    assert len(grads_c) == len(grads_ref)
+    for a, b in zip(grads_c, grads_ref):
+        assert rel_err(a, b) <= 1e-4
     e, N, L = 4, B * T, cfg.n_layer  # fp32
     qkv_width = (cfg.n_head + 2 * cfg.n_query_groups) * cfg.head_size
     v_width = cfg.n_query_groups * cfg.head_size
