@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|diag|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|diag|flce|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -23,6 +23,8 @@ case $phase in
   diag)  # rope_qkv host/GPU timing + sync check, fused-loss memory with one chunk; Qwen3 lit-liger+compile
     timeout 120 python3 scripts/gpu_diag.py "$R/diag.json"
     timeout 200 python3 -m benchmarks step --models Qwen3-1.7B --variants lit-liger+compile --profile --out "$R/step-qwen" ;;
+  flce)   # fused loss: where lean's extra memory goes (memory-history replay), chunk sweep of both modes
+    timeout 400 python3 scripts/gpu_flce_diag.py "$R/flce_diag.json" ;;
   step1)
     timeout 560 python3 -m benchmarks step --models Llama-3.2-1B --profile --out "$R/step" ;;
   step2)
