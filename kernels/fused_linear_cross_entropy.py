@@ -647,6 +647,10 @@ def _setup_context(ctx, inputs, output):
      chunk_size, need_dx, need_dw, need_db) = inputs
     _, dx, dw, db = output
     ctx.mark_non_differentiable(dx, dw, db)  # internal: the public function returns only the loss
+    # Their incoming gradients stay None: materialized, they would be zero-filled (V, H) and (N, H)
+    # tensors allocated at the start of the backward, next to the stored gradients (+533 MiB at
+    # V=128k, H=2048, N=8192: measured, benchmarks/results/h100-2026-11-22/flce-diag).
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.needs = (need_dx, need_dw, need_db)
     if reduction == "none":
@@ -658,6 +662,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_loss, _gdx, _gdw, _gdb):
     need_dx, need_dw, need_db = ctx.needs
+    if grad_loss is None:  # not reachable through the public function (it returns the loss)
+        return (None,) * 16
     if ctx.reduction == "none":
         x, weight, target, bias = ctx.saved_tensors
         dx, dw, db = _flce_bwd_rows(grad_loss, x, weight, target, bias, *ctx.config, need_dx, need_dw, need_db)

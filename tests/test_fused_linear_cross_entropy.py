@@ -278,6 +278,33 @@ def test_gradients_handed_over_without_copy(mode, device, monkeypatch):
     assert made == [(x.grad.data_ptr(), w.grad.data_ptr())]
 
 
+@pytest.mark.parametrize("mode", ["fast", "lean"])
+def test_backward_allocates_nothing_gradient_sized(mode, device):
+    # The backward only scales the gradients made in the forward. Every tensor of at least x's size
+    # that an op returns during the backward must be one of the final gradients (the in-place
+    # scaling); anything else is a second copy at the start of the backward (autograd zero-filling
+    # the unused dx/dW outputs' gradients did exactly that: +dW +dx, 533 MiB at V=128k).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor) and o.numel() >= N * H:
+                    seen.append((str(func), o.untyped_storage().data_ptr()))
+            return out
+
+    x, w, b, t = _inputs(device, torch.bfloat16, bias=True)
+    loss = fused_linear_cross_entropy(x, w, t, b, mode=mode, chunk_size=CHUNK[mode])
+    with Record():
+        loss.backward()
+    grads = {g.untyped_storage().data_ptr() for g in (x.grad, w.grad)}
+    assert seen, "the backward should scale dx and dW in place"
+    assert all(ptr in grads for _, ptr in seen), seen
+
+
 def test_second_backward_fails_loudly(device):
     # the stored gradients are scaled in place by grad_output: a second backward through the same graph
     # must raise (autograd's saved-tensor version check), not return wrongly scaled gradients
