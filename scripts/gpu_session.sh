@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|diag|flce|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|diag|flce|after|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -25,6 +25,13 @@ case $phase in
     timeout 200 python3 -m benchmarks step --models Qwen3-1.7B --variants lit-liger+compile --profile --out "$R/step-qwen" ;;
   flce)   # fused loss: where lean's extra memory goes (memory-history replay), chunk sweep of both modes
     timeout 400 python3 scripts/gpu_flce_diag.py "$R/flce_diag.json" ;;
+  after)  # after the fused loss stopped zero-filling its unused outputs' gradients: its GPU tests, the kernel
+          # benchmark, and the Llama step (the backward starts next to the stored dW)
+    timeout 150 python3 -m pytest -m "gpu and not slow" -q -p no:cacheprovider -rs tests/test_fused_linear_cross_entropy.py \
+      tests/test_gpu_compile.py tests/test_adapter.py 2>      tests/test_loss.py 2>&1 | tail -81 | tail -8
+    timeout 180 python3 -m benchmarks kernels --ops flce --out "$R/flce"
+    timeout 240 python3 -m benchmarks step --models Llama-3.2-1B --variants eager,lit-liger,compile,lit-liger+compile \
+      --out "$R/step" ;;
   step1)
     timeout 560 python3 -m benchmarks step --models Llama-3.2-1B --profile --out "$R/step" ;;
   step2)
