@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from litgpt import Config
 
-from benchmarks import step as S
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the benchmarks package
+from benchmarks import step as S  # noqa: E402
 
 out_dir = Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
