@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|diag|flce|after|small|host|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|diag|flce|after|small|small2|host|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -36,6 +36,10 @@ case $phase in
     for bt in "1 512" "4 512" "2 2048"; do set -- $bt
       timeout 170 python3 -m benchmarks step --models Llama-3.2-1B --variants eager,lit-liger,compile --batch_size $1 \
         --seq_len $2 --profile --out "$R/step-B$1-T$2"; done ;;
+  small2) # the same small micro-batches, with and without compile on top of lit-liger
+    for bt in "1 512" "4 512"; do set -- $bt
+      timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --variants eager,lit-liger,compile,lit-liger+compile \
+        --batch_size $1 --seq_len $2 --out "$R/step-B$1-T$2"; done ;;
   host)   # where the host's time goes in a small-batch step (eager vs lit-liger): per phase, cProfile, torch.profiler
     timeout 400 python3 scripts/gpu_host_profile.py "$R/host" 1 512 ;;
   step1)
