@@ -45,13 +45,28 @@ __all__ = ["LigerReport", "apply_liger", "is_swapped", "remove_liger"]
 # ------------------------------------------------------------------------------------------------
 # Mixins: each overrides forward only; parameters and buffers are the original module's.
 # ------------------------------------------------------------------------------------------------
+def _stock_under_compile(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``module`` runs LitGPT's own forward: under ``torch.compile``, for inputs of fewer than
+    ``LigerConfig.compile_min_tokens`` tokens (compared as elements, ``tokens * n_embd``, so a per-head
+    qk-norm's ``(B, nh, T, hs)`` input counts like its ``(B, T, C)`` source). Such steps are bound
+    by the host: each lit-liger op costs the custom-op dispatcher and Python launch work, while
+    inductor fuses LitGPT's code into a few kernels launched from generated code (measured in the
+    README, "Small micro-batches"). Decided while tracing (a guard on the shape), free at run time;
+    in eager mode ``is_compiling()`` is False."""
+    return torch.compiler.is_compiling() and x.numel() < getattr(module, "_liger_compile_min_elems", 0)
+
+
 class _RMSNormMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _stock_under_compile(self, x):
+            return super().forward(x)
         return rms_norm(x, self.weight, self.eps, 1.0 if self.add_unit_offset else 0.0)
 
 
 class _LayerNormMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _stock_under_compile(self, x):
+            return super().forward(x)
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -101,6 +116,8 @@ class _SwiGLUMixin:
     _liger_activation = "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _stock_under_compile(self, x):
+            return super().forward(x)
         return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), "silu")  # fc_1, fc_2: (B, T, I)
 
 
@@ -110,6 +127,8 @@ class _GeGLUMixin:
         return "gelu_tanh" if self.config.gelu_approximate == "tanh" else "gelu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _stock_under_compile(self, x):
+            return super().forward(x)
         return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), self._liger_activation)
 
 
@@ -156,7 +175,7 @@ class _AttentionMixin:
         return {"q_weight": nq.weight, "k_weight": nk.weight, "eps": nq.eps, "offset": offset}
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
-        if input_pos is not None or self.apply_sliding_window_attention:
+        if input_pos is not None or self.apply_sliding_window_attention or _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
         return self._liger_attend(self.qkv(x), cos, sin, mask)  # qkv: (B, T, (nh + 2 * ng) * hs)
 
@@ -237,6 +256,8 @@ class _BlockMixin:
         )
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
+        if _stock_under_compile(self, x):
+            return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
         n1, n2 = self.norm_1, self.norm_2
         if self._liger_fuse_norm_1(input_pos):
             qkv = self.attn.qkv
@@ -559,6 +580,15 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     else f"norm_2 is {type(m.norm_2).__name__}, fused residual needs RMSNorm"
                 )
                 report.skip(path, m, why)
+    min_tokens = cfg.compile_min_tokens
+    if min_tokens is None:
+        min_tokens = (1 << 34) // (c.n_embd**2)
+    if min_tokens > 0:
+        for m in gpt.modules():
+            if m is not gpt and is_swapped(m):
+                m._liger_compile_min_elems = min_tokens * c.n_embd
+        report.skip(prefix, gpt, f"under torch.compile, micro-batches of < {min_tokens} tokens run LitGPT's norm, "
+                                 "attention and MLP code (host-bound sizes; compile_min_tokens)")
     for path, m in blocks:
         what = "residual add + norm_2 fused (rms_norm_residual)"
         recomputed = [n for n, ok in (("norm_1", m._liger_fuse_norm_1(structure_only=True)),

@@ -31,7 +31,6 @@ own modules; nothing is rank-0 state except printing the swap report.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import inspect
 import json
@@ -65,8 +64,9 @@ LIGER_HELP = (
     "lit-liger's Triton kernels. ``true`` (default) swaps in every kernel the model's config allows; "
     "``false`` runs stock litgpt. Per kernel, e.g. ``--liger.rope false``, or a ``liger:`` mapping in the "
     "``--config`` file. Switches (true|false): "
-    + ", ".join(f.name for f in dataclasses.fields(LigerConfig) if f.name != "flce_mode")
-    + "; flce_mode (fast|lean). See ``lit_liger.LigerConfig``."
+    + ", ".join(LigerConfig.switches())
+    + "; flce_mode (fast|lean); compile_min_tokens (under torch.compile, smaller micro-batches run "
+    "LitGPT's code for norms/attention/MLP; default automatic, 0 = never). See ``lit_liger.LigerConfig``."
 )
 
 _DESCRIPTION = (

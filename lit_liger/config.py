@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+# LigerConfig fields that are settings, not on/off switches
+_SETTINGS = ("flce_mode", "compile_min_tokens")
+
 
 @dataclass
 class LigerConfig:
@@ -22,6 +25,12 @@ class LigerConfig:
             gradients (two ``(B, T, C)`` activations per layer less; one extra norm pass each).
         fused_linear_cross_entropy: in training, lm_head + cross-entropy without the N x V logits.
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
+        compile_min_tokens: under ``torch.compile``, a micro-batch of fewer tokens (B x T) than this
+            runs LitGPT's own norm, attention and MLP code, which inductor fuses and launches with
+            less host work than lit-liger's kernels cost as opaque custom ops; the fused loss stays.
+            Such small steps are bound by the host, not the GPU (README, "Small micro-batches").
+            ``None`` (default): ``2**34 // n_embd**2`` tokens (4096 at n_embd 2048, 1024 at 4096);
+            ``0``: lit-liger's kernels at every size. Eager mode is not affected.
     """
 
     rms_norm: bool = True
@@ -33,6 +42,7 @@ class LigerConfig:
     recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
+    compile_min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -40,12 +50,21 @@ class LigerConfig:
             if f.name == "flce_mode":
                 if v not in ("fast", "lean"):
                     raise ValueError(f"LigerConfig.flce_mode must be 'fast' or 'lean', got {v!r}")
+            elif f.name == "compile_min_tokens":
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                    raise ValueError(
+                        f"LigerConfig.compile_min_tokens must be an integer >= 0 or None (automatic), got {v!r}")
             elif not isinstance(v, bool):
                 raise TypeError(f"LigerConfig.{f.name} must be true or false, got {v!r} ({type(v).__name__})")
 
     @classmethod
+    def switches(cls) -> tuple[str, ...]:
+        """The on/off fields (one per kernel or fusion); the others are settings."""
+        return tuple(f.name for f in fields(cls) if f.name not in _SETTINGS)
+
+    @classmethod
     def off(cls) -> "LigerConfig":
-        return cls(**{f.name: False for f in fields(cls) if f.name != "flce_mode"})
+        return cls(**{name: False for name in cls.switches()})
 
     @classmethod
     def from_value(cls, value: Any) -> "LigerConfig":
@@ -66,7 +85,7 @@ class LigerConfig:
 
     @property
     def enabled(self) -> bool:
-        return any(v for k, v in asdict(self).items() if k != "flce_mode")
+        return any(getattr(self, name) for name in self.switches())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

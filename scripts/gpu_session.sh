@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|diag|flce|after|small|small2|host|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|diag|flce|after|small|small2|smallc|crossc|host|step1|step2|multi|ft8b
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -40,6 +40,15 @@ case $phase in
     for bt in "1 512" "4 512"; do set -- $bt
       timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --variants eager,lit-liger,compile,lit-liger+compile \
         --batch_size $1 --seq_len $2 --out "$R/step-B$1-T$2"; done ;;
+  smallc) # compile_min_tokens: small micro-batches under compile (default: LitGPT's code there) vs compile
+    for bt in "1 512" "4 512"; do set -- $bt
+      timeout 250 python3 -m benchmarks step --models Llama-3.2-1B --variants compile,lit-liger+compile \
+        --batch_size $1 --seq_len $2 --out "$R/step-B$1-T$2"; done ;;
+  crossc) # 4096 tokens (B2 x T2048) under compile: lit-liger's ops (threshold 0) vs LitGPT's code (threshold 8192)
+    timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --variants compile,lit-liger+compile --batch_size 2 \
+      --seq_len 2048 --liger_config '{"compile_min_tokens": 0}' --out "$R/step-B2-T2048-ops"
+    timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --variants lit-liger+compile --batch_size 2 \
+      --seq_len 2048 --liger_config '{"compile_min_tokens": 8192}' --out "$R/step-B2-T2048-litgpt" ;;
   host)   # where the host's time goes in a small-batch step (eager vs lit-liger): per phase, cProfile, torch.profiler
     timeout 400 python3 scripts/gpu_host_profile.py "$R/host" 1 512 ;;
   step1)

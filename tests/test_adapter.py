@@ -192,7 +192,8 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     monkeypatch.setattr(adapter, "_flash_gqa_ok", lambda attn, q: True)
     cfg = tiny_config(name)
     ref, ours = _pair(cfg)
-    apply_liger(ours)
+    always = {"compile_min_tokens": 0}  # lit-liger's ops under compile at this tiny size too
+    apply_liger(ours, always)
     B, T = 2, 8
     x = torch.randint(0, cfg.vocab_size, (B, T))
     y = torch.randint(0, cfg.vocab_size, (B, T))
@@ -211,9 +212,9 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     qkv_width = (cfg.n_head + 2 * cfg.n_query_groups) * cfg.head_size
     v_width = cfg.n_query_groups * cfg.head_size
     # each part undone in turn: what the compiled graph keeps then, over what it keeps now
-    apply_liger(ours, {"recompute_norm": False})
+    apply_liger(ours, {**always, "recompute_norm": False})
     assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * 2 * N * cfg.n_embd * e
-    apply_liger(ours, {"recompute_norm": True})
+    apply_liger(ours, always)
     with monkeypatch.context() as m:
         m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act: torch.nn.functional.linear(
             torch.nn.functional.silu(a) * b, w, bias))
@@ -222,6 +223,37 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(rope_mod, "own_buffer", lambda v: v)
             assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * (qkv_width - v_width) * e
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B", "gemma-2-2b"])
+def test_compile_small_micro_batch_runs_litgpt_code(name):
+    """Under torch.compile a micro-batch below ``compile_min_tokens`` runs LitGPT's own norm, attention
+    and MLP code (inductor fuses it; lit-liger's custom ops would cost host time such small steps
+    cannot hide); only the fused loss stays. At or above the threshold, lit-liger's ops run. Eager
+    mode ignores it. Loss and gradients equal stock LitGPT's either way."""
+    cfg = tiny_config(name)
+    ref, ours = _pair(cfg)
+    B, T = 2, 8
+    x = torch.randint(0, cfg.vocab_size, (B, T))
+    y = torch.randint(0, cfg.vocab_size, (B, T))
+    loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
+    grads_ref = torch.autograd.grad(loss_ref, [p for p in ref.parameters() if p.requires_grad])
+    block_ops = ("rms_norm", "rope", "glu")  # every lit_liger op but the fused loss starts with one of these
+    for min_tokens, fused in ((B * T + 1, False), (B * T, True), (0, True), (None, False)):
+        report = apply_liger(ours, {"compile_min_tokens": min_tokens})
+        assert ("micro-batches of <" in str(report)) == (min_tokens != 0)
+        loss_c, grads_c, _, ops = _compiled_saved_bytes(ours, x, y)
+        assert any(o.startswith("lit_liger.flce") for o in ops), ops
+        assert any(o.startswith(f"lit_liger.{k}") for o in ops for k in block_ops) == fused, (min_tokens, ops)
+        assert rel_err(loss_c, loss_ref) <= 1e-5
+        for a, b in zip(grads_c, grads_ref, strict=True):
+            assert rel_err(a, b) <= 1e-4
+    # eager: lit-liger's kernels whatever the threshold (the recompute_norm saving is there)
+    apply_liger(ours, {"recompute_norm": False})
+    _, unfused = saved_bytes(lambda: ours(x))
+    apply_liger(ours, {"compile_min_tokens": 10**9})
+    _, fused_eager = saved_bytes(lambda: ours(x))
+    assert fused_eager < unfused
 
 
 def test_recompute_norm_steps_aside_for_hooked_or_frozen_linears():
@@ -439,9 +471,10 @@ def test_gpu_real_size_bf16_parity(name):
 
 
 @pytest.mark.gpu
-def test_gpu_compile_fullgraph_swapped_model():
+@pytest.mark.parametrize("min_tokens", [0, None])  # lit-liger's ops under compile; the default (LitGPT's code here)
+def test_gpu_compile_fullgraph_swapped_model(min_tokens):
     cfg, ref, ours = _real_pair("Llama-3.2-1B", n_layer=2, block_size=512)
-    apply_liger(ours)
+    apply_liger(ours, {"compile_min_tokens": min_tokens})
     x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
     y = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
     y[:, :10] = -100

@@ -451,6 +451,7 @@ def test_post_training_generate_example_same_with_and_without_liger(assets, tmp_
         (["--liger.bogus", "false"], "bogus"),
         (["--liger.rope", "2"], "rope"),
         (["--liger.flce_mode", "fastest"], "flce_mode"),
+        (["--liger.compile_min_tokens", "-5"], "compile_min_tokens"),
     ],
 )
 def test_bad_liger_values_fail_clearly(assets, tmp_path, monkeypatch, capsys, built_models, extra, needle):
