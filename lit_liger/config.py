@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
+
 # LigerConfig fields that are settings, not on/off switches
 _SETTINGS = ("flce_mode", "compile_min_tokens")
 
@@ -42,7 +44,7 @@ class LigerConfig:
     recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
-    compile_min_tokens: int | None = None
+    compile_min_tokens: NonNegativeInt | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -393,6 +393,11 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     assert "rope switched off" in capsys.readouterr().out  # in the printed swap report
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.fused_linear_cross_entropy", "false"])
     assert attn_norm_gpt(b["model"]) == (True, True, False)
+    # a setting: the small-micro-batch threshold under torch.compile (automatic by default, 0 = never)
+    assert b["model"].transformer.h[0]._liger_compile_min_elems > 0
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.compile_min_tokens", "0"])
+    assert attn_norm_gpt(b["model"]) == (True, True, True)
+    assert not hasattr(b["model"].transformer.h[0], "_liger_compile_min_elems")
     # a `liger:` mapping in a --config file
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({"liger": {"rope": False, "rms_norm": False}}))
