@@ -26,9 +26,7 @@ __all__ = [
     "ElementwisePlan",
     "device_limits",
     "row_plan",
-    "row_plan_for_limits",
     "elementwise_plan",
-    "elementwise_plan_for_limits",
     "partial_rows",
     "interpret_mode",
     "use_triton",
@@ -94,10 +92,7 @@ def _cuda_limits(index: int) -> DeviceLimits:
 
 
 def device_limits(device: torch.device | str | None = None) -> DeviceLimits:
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    elif not isinstance(device, torch.device):
-        device = torch.device(device)
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     if device.type != "cuda":
         return _CPU_LIMITS
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -141,14 +136,7 @@ def row_plan(n_cols: int, element_size: int, device: torch.device) -> RowPlan:
     The block is the next power of two >= n_cols. Warps grow with the row so each thread holds
     ~8-16 elements (16 bytes per load for 16-bit types), capped by the device's thread limit.
     """
-    return row_plan_for_limits(n_cols, element_size, device_limits(device))
-
-
-# The plans are pure functions of their arguments (DeviceLimits is frozen, so a changed limit is a new
-# key): cached, because a training step asks for the same few hundred times and small steps are
-# bound by the host's launch work.
-@functools.lru_cache(maxsize=4096)
-def row_plan_for_limits(n_cols: int, element_size: int, lim: DeviceLimits) -> RowPlan:
+    lim = device_limits(device)
     block = triton.next_power_of_2(max(n_cols, 1))
     if block * element_size > MAX_FUSED_BYTES:
         raise ValueError(
@@ -169,11 +157,7 @@ class ElementwisePlan:
 
 def elementwise_plan(n_elements: int, device: torch.device, block: int | None = None) -> ElementwisePlan:
     """Flat 1-D launch for purely elementwise kernels (SwiGLU/GeGLU)."""
-    return elementwise_plan_for_limits(n_elements, block, device_limits(device))
-
-
-@functools.lru_cache(maxsize=4096)
-def elementwise_plan_for_limits(n_elements: int, block: int | None, lim: DeviceLimits) -> ElementwisePlan:
+    lim = device_limits(device)
     if block is None:
         block = 1024 if lim.warp_size == 32 else 2048
         block = min(block, triton.next_power_of_2(max(n_elements, 1)))

@@ -44,14 +44,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ._checks import check_float, check_same_device, check_same_dtype
-from ._launch import DeviceLimits, device_limits, elementwise_plan_for_limits, partial_rows, row_plan_for_limits, use_triton
+from ._launch import elementwise_plan, partial_rows, row_plan, use_triton
 
 __all__ = ["rope", "rope_qkv", "rope_reference"]
 
@@ -392,24 +390,17 @@ def _blocks(q: torch.Tensor, k: torch.Tensor, n: int) -> tuple[int, int, int, in
     accesses per thread, within the device's thread limit). The qk-norm backward uses the same
     plan: for hs=128 bf16 (2 warps) it compiles for sm_90 to ~138 registers without spills, so
     the 4 persistent programs per SM fit at once (4 warps would need ~212 registers each)."""
-    return _block_plan(q.shape[-1], q.shape[1], k.shape[1], n, q.numel() + k.numel(), q.element_size(),
-                       device_limits(q.device))
-
-
-@functools.lru_cache(maxsize=1024)
-def _block_plan(hs: int, nh: int, ng: int, n: int, n_elements: int, element_size: int,
-                lim: DeviceLimits) -> tuple[int, int, int, int, int]:
-    """:func:`_blocks` for given sizes and device limits (cached: a pure function of them)."""
+    hs, nh, ng = q.shape[-1], q.shape[1], k.shape[1]
     half, n_tail = n // 2, hs - n
     block_d = triton.next_power_of_2(max(half, 1))
     block_tail = triton.next_power_of_2(max(n_tail, 1))
     head_cols = 2 * block_d + (block_tail if n_tail > 0 else 0)
-    chunk = elementwise_plan_for_limits(n_elements, None, lim).block
+    chunk = elementwise_plan(q.numel() + k.numel(), q.device).block
     per_step = max(1, chunk // head_cols)
     per_step = 1 << (per_step.bit_length() - 1)  # power of two, as tl.arange requires
     block_hq = min(triton.next_power_of_2(max(nh, 1)), per_step)
     block_hk = min(triton.next_power_of_2(max(ng, 1)), per_step)
-    warps = row_plan_for_limits(block_hq * head_cols, element_size, lim).num_warps
+    warps = row_plan(block_hq * head_cols, q.element_size(), q.device).num_warps
     return block_d, block_tail, block_hq, block_hk, warps
 
 
