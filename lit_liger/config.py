@@ -56,6 +56,8 @@ class LigerConfig:
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                     raise ValueError(
                         f"LigerConfig.compile_min_tokens must be an integer >= 0 or None (automatic), got {v!r}")
+                if v is not None:
+                    self.compile_min_tokens = int(v)  # a plain int (the parser passes its NonNegativeInt)
             elif not isinstance(v, bool):
                 raise TypeError(f"LigerConfig.{f.name} must be true or false, got {v!r} ({type(v).__name__})")
 

@@ -541,3 +541,17 @@ def test_zero3_partitioned_lm_head_returns_logits(monkeypatch):
     loss = chunked_cross_entropy(out, y)
     loss_ref = litgpt_ce(ref(x), y, chunk_size=0)
     assert rel_err(loss, loss_ref) <= 1e-5
+
+
+def test_liger_config_settings_are_not_switches():
+    from jsonargparse.typing import NonNegativeInt
+
+    assert "flce_mode" not in LigerConfig.switches() and "compile_min_tokens" not in LigerConfig.switches()
+    off = LigerConfig.off()
+    assert not off.enabled and off.flce_mode == "fast" and off.compile_min_tokens is None
+    assert LigerConfig(compile_min_tokens=0).enabled
+    value = LigerConfig(compile_min_tokens=NonNegativeInt(7)).compile_min_tokens  # as the command line passes it
+    assert value == 7 and type(value) is int  # a plain int: yaml.safe_dump can write the config
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="compile_min_tokens"):
+            LigerConfig(compile_min_tokens=bad)
