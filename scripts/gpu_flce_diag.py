@@ -68,7 +68,6 @@ N, H = 8192, 2048
 for frozen in (False, True):
     x, w, y = inputs(N, H, frozen)
     leaves = [x] if frozen else [x, w]
-    made = []
 
     def fn():
         return fused_linear_cross_entropy(x, w, y, mode="lean")
@@ -91,8 +90,7 @@ for frozen in (False, True):
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    trace = [ev for ev in snap["device_traces"][0]]
-    peak, rows = replay_peak(trace)
+    peak, rows = replay_peak(snap["device_traces"][0])
     out[key + "_memory"] = {"alloc_before_MiB": before, "after_forward_MiB": after_fwd,
                             "after_backward_MiB": torch.cuda.memory_allocated() / MiB,
                             "trace_peak_over_start_MiB": peak, "live_at_peak": rows, **ptrs}
