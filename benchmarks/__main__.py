@@ -1,15 +1,20 @@
-"""``python -m benchmarks kernels|step|finetune|convergence|strategies|scaling|all|plot ...`` (run from the repository root).
+"""``lit-liger bench NAME [options]``: lit-liger's benchmarks (``python -m benchmarks NAME`` from a checkout).
 
-    kernels      per-op fwd+bwd time, extra memory, time/floor          (python -m benchmarks kernels -h)
-    step         a whole LitGPT training step per variant                (python -m benchmarks step -h)
-    finetune     lit-liger finetune_lora/full, --liger false vs true     (python -m benchmarks finetune -h)
-    convergence  loss curves of a small model, eager vs lit-liger        (python -m benchmarks convergence -h)
+    kernels      per-op fwd+bwd time, extra memory, time/floor       [--ops rmsnorm,rope,...] [--quick] [--smoke]
+    step         a whole LitGPT training step per variant             [--models Llama-3.2-1B,...] [--tiny] [--smoke]
+    finetune     lit-liger finetune_lora/full, --liger false vs true  [--model M] [--methods lora,full] [--smoke]
+    convergence  loss curves of a small model, eager vs lit-liger     [--steps 300] [--smoke]
     strategies   Trainer + LigerCallback under FSDP / ModelParallel / DeepSpeed 2 and 3, several GPUs
-                 (python -m benchmarks strategies --strategies fsdp,deepspeed3 --devices 2; see benchmarks/strategies.py)
+                 [--strategies fsdp,deepspeed3] [--devices 2]
     scaling      finetune_full (FSDP) on 2/4/8 GPUs, liger off/on: largest micro-batch, tokens/s per GPU,
-                 largest context at micro-batch 1, scaling efficiency   (python -m benchmarks scaling -h)
-    all          the four above, into one folder                         [--out DIR] [--quick] [--smoke] [--tiny]
+                 largest context at micro-batch 1, scaling efficiency [--devices 2,4,8] [--model M]
+    all          kernels, step, finetune and convergence, into one folder   [--out DIR] [--quick] [--smoke] [--tiny]
     plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
+
+The benchmarks take ``--out DIR``; ``lit-liger bench NAME -h`` lists all of its options. Results go to
+``benchmarks/results/<device>-<date>/`` in a checkout, ``./lit-liger-bench-results/<device>-<date>/`` for an
+installed package, and ``/tmp/lit-liger-bench/`` with ``--smoke`` (a few tokens, CPU-friendly). Optional
+pieces: ``pip install "lit-liger[bench]"`` adds the liger-kernel peer and matplotlib (the PNG charts).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 
 
 def _all(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks all",
+    p = argparse.ArgumentParser(prog=f"{C.PROG} all",
                                 description="kernels, step, finetune and convergence, into one folder")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true")
@@ -43,7 +48,7 @@ def _all(argv: list[str]) -> None:
 
 
 def _plot(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks plot", description="re-render md + PNG from the JSON")
+    p = argparse.ArgumentParser(prog=f"{C.PROG} plot", description="re-render md + PNG from the JSON")
     p.add_argument("dir", type=Path)
     opts = p.parse_args(argv)
     from . import convergence, finetune, kernels, step
@@ -75,7 +80,7 @@ _COMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(__doc__.replace("``", ""))
         return
     cmd, rest = argv[0], argv[1:]
     if cmd in _COMMANDS:
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "plot":
         _plot(rest)
     else:
-        raise SystemExit(f"unknown command {cmd!r}\n{__doc__}")
+        raise SystemExit(f"unknown benchmark {cmd!r}\n\n{__doc__.replace('``', '')}")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,17 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+#: Running from a checkout (``python -m benchmarks``, or an editable install): this folder is the
+#: repository's ``benchmarks/``. Installed from a wheel it is ``site-packages/lit_liger/benchmarks``.
+IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and Path(__file__).resolve().parent.name == "benchmarks"
+#: Real runs: the checkout's committed results folder, or ``./lit-liger-bench-results`` for an installed package.
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results" if IN_CHECKOUT else Path.cwd() / "lit-liger-bench-results"
 SMOKE_DIR = Path("/tmp/lit-liger-bench")
+#: This package's import name (``benchmarks`` from a checkout, ``lit_liger.benchmarks`` installed): the
+#: benchmarks that start fresh processes run ``python -m {PACKAGE}.<module>``.
+PACKAGE = __package__ or "benchmarks"
+#: How the user started the benchmarks, for ``--help`` and the command lines written into results.
+PROG = "python -m benchmarks" if PACKAGE == "benchmarks" else "lit-liger bench"
 
 MiB = 1024**2
 GiB = 1024**3

@@ -325,7 +325,7 @@ def loss_plot(path: Path, result: dict) -> bool:
 # Main
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks convergence", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"{C.PROG} convergence", description=__doc__.split("\n\n")[0])
     for name, (full, smoke) in DEFAULTS.items():
         p.add_argument(f"--{name}", type=type(full), default=None, help=f"default {full}; smoke {smoke}")
     p.add_argument("--model", default="Llama-3.2-1B", help="LitGPT config name whose flags the small model keeps")

@@ -155,10 +155,12 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
         finally:
             sys.argv[:] = saved
     else:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--child", str(stats), *args],
-                              cwd=C.REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+        env, cwd = dict(os.environ), None
+        if C.PACKAGE == "benchmarks":  # a checkout's top-level folder: the child needs it on its path
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
+            cwd = C.REPO_ROOT
+        proc = subprocess.run([sys.executable, "-m", f"{C.PACKAGE}.finetune", "--child", str(stats), *args],
+                              cwd=cwd, env=env, capture_output=True, text=True, check=False)
         log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
@@ -257,7 +259,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
         md += ["Targets (issue 6, 2 x H200, Llama-3.1-8B shape):", *multi, ""]
     md += ["## Commands", ""]
     if result.get("argv") is not None:
-        md += ["This benchmark:", "", "```", "python -m benchmarks finetune " + " ".join(result["argv"]), "```", ""]
+        md += ["This benchmark:", "", "```", f"{C.PROG} finetune " + " ".join(result["argv"]), "```", ""]
     md += ["Each run (the checkpoint and data are generated under the work folder first):", "", "```",
            *[r["command"] for r in result["rows"] if r.get("command")], "```", ""]
     path = out_dir / "finetune.md"
@@ -279,7 +281,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
 # Main
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks finetune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"{C.PROG} finetune", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="Llama-3.2-1B", help="LitGPT config name whose shape the checkpoint takes")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's full depth; smoke 2)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated subset of {','.join(METHODS)}")

@@ -535,7 +535,7 @@ def anchor_ops(rows: list[dict]) -> dict[str, dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks kernels", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"{C.PROG} kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: benchmarks/results/<device>-<date>/)")
     p.add_argument("--quick", action="store_true", help="one headline shape per op, shorter timing windows")

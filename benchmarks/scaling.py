@@ -69,7 +69,7 @@ def _run(args: list[str], run_dir: Path, warmup: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"{C.PROG} scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", default="2,4,8")
     p.add_argument("--model", default="Llama-3.1-8B")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's; smoke 2)")

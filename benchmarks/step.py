@@ -448,7 +448,7 @@ def render(result: dict, out_dir: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"{C.PROG} step", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated LitGPT config names")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--batch_size", type=int, default=None, help="micro-batch B (default 4; smoke 1)")

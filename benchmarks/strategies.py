@@ -126,7 +126,7 @@ def compare(argv: list[str]) -> dict:
     """Both runs of each strategy, in fresh processes; the comparison table."""
     from . import _common as C
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks strategies")
+    p = argparse.ArgumentParser(prog=f"{C.PROG} strategies")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     _run_options(p)
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
@@ -143,14 +143,14 @@ def compare(argv: list[str]) -> dict:
         for liger in ("false", "true"):
             path = out / "strategies_runs" / f"{strat}-{liger}.json"
             path.unlink(missing_ok=True)
-            cmd = [sys.executable, "-m", "benchmarks.strategies", "--strategy", strat, "--liger", liger,
+            cmd = [sys.executable, "-m", f"{C.PACKAGE}.strategies", "--strategy", strat, "--liger", liger,
                    "--devices", str(a.devices), "--steps", str(a.steps), "--model", a.model,
                    "--micro_batch_size", str(a.micro_batch_size), "--seq", str(a.seq), "--json", str(path)]
             if a.n_layer:
                 cmd += ["--n_layer", str(a.n_layer)]
             t0 = time.perf_counter()
             try:
-                proc = subprocess.run(cmd, cwd=C.REPO_ROOT, capture_output=True, text=True, timeout=a.timeout,
+                proc = subprocess.run(cmd, cwd=C.REPO_ROOT if C.PACKAGE == "benchmarks" else None, capture_output=True, text=True, timeout=a.timeout,
                                       check=False)
                 text, rc = proc.stdout + proc.stderr, proc.returncode
             except subprocess.TimeoutExpired as e:
@@ -195,7 +195,7 @@ def compare(argv: list[str]) -> dict:
           f"bf16-true, micro-batch {a.micro_batch_size} x {a.seq} tokens per GPU, {a.steps} steps, AdamW; "
           f"torch {env['torch']}, lightning {env.get('lightning')}, lit-liger {env['lit_liger']} "
           f"({env.get('lit_liger_commit')}). ms/step: median after 3 steps, rank 0; GB: rank 0's peak.", "",
-          "Command: `python -m benchmarks strategies " + " ".join(argv) + "`", "",
+          f"Command: `{C.PROG} strategies " + " ".join(argv) + "`", "",
           C.markdown_table(cols, table), ""]
     (out / "strategies.md").write_text("\n".join(md))
     C.write_json(out / "strategies.json", result)

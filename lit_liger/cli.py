@@ -6,6 +6,7 @@
     lit-liger pretrain --config configs/pretrain-tinyllama.yaml                # `liger:` in the YAML
     lit-liger download | chat | generate | merge_lora | ...                    # litgpt's, unchanged
     lit-liger demo | doctor | check                                            # lit-liger's own
+    lit-liger bench kernels|step|finetune|... [options]                        # the benchmarks (--help)
 
 How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` mapping
 (``litgpt.__main__.PARSER_DATA``). lit-liger reuses that mapping as is, except that each training
@@ -45,7 +46,7 @@ import torch
 
 from .config import LigerConfig
 
-__all__ = ["LIGER_HELP", "TRAINING_COMMANDS", "main", "parser_data", "save_hyperparameters", "with_liger"]
+__all__ = ["LIGER_HELP", "TRAINING_COMMANDS", "bench", "main", "parser_data", "save_hyperparameters", "with_liger"]
 
 #: litgpt subcommands that build and train a model: they gain ``--liger``.
 TRAINING_COMMANDS = (
@@ -72,7 +73,8 @@ LIGER_HELP = (
 _DESCRIPTION = (
     "lit-liger: LitGPT's command line with Triton kernels for training. Every litgpt subcommand works "
     "unchanged; finetune*/pretrain gain --liger (true|false, or per kernel --liger.rope false). "
-    "Extra: demo (offline A/B run), doctor (what runs natively here), check (parity on a model)."
+    "Extra: demo (offline A/B run), doctor (what runs natively here), check (parity on a model), "
+    "bench (the benchmarks: `lit-liger bench --help` lists them)."
 )
 
 
@@ -275,21 +277,59 @@ def parser_data() -> dict[str, Callable]:
     return data
 
 
+def _urls_supported() -> bool:
+    """Whether ``--config https://...`` can work here: jsonargparse reads URLs with ``requests``."""
+    import importlib.util
+
+    return importlib.util.find_spec("requests") is not None
+
+
 def _set_litgpt_parsing_options() -> None:
-    """What ``litgpt.__main__.main`` sets before parsing (attribute docstrings, URLs in --config)."""
+    """What ``litgpt.__main__.main`` sets before parsing (attribute docstrings, URLs in --config).
+
+    URL config reading is turned on only where ``requests`` can be imported: jsonargparse imports it
+    the moment the mode is set, and an offline training run must not fail for a package that only
+    ``--config https://...`` uses (``requests`` is a dependency of lit-liger, for stock ``litgpt``'s
+    sake, but a broken or trimmed environment should still train).
+    """
     import jsonargparse
 
+    urls = _urls_supported()
     if hasattr(jsonargparse, "set_parsing_settings"):
-        jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=True)
+        jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=urls)
     else:  # pragma: no cover - jsonargparse < 4.39
         jsonargparse.set_docstring_parse_options(attribute_docstrings=True)
-        jsonargparse.set_config_read_mode(urls_enabled=True)
+        jsonargparse.set_config_read_mode(urls_enabled=urls)
+
+
+def bench(args: list[str]) -> int:
+    """``lit-liger bench NAME [options]``: the benchmarks (``lit_liger.benchmarks``, the checkout's ``benchmarks/``).
+
+    They run in a fresh interpreter: without a GPU the benchmarks run the Triton kernels through the
+    interpreter, and ``triton.jit`` reads ``TRITON_INTERPRET`` when a kernel module is imported, which
+    in this process (``lit_liger`` imports the kernels) has already happened. Returns the exit status.
+    """
+    import os
+    import subprocess
+
+    if not args or args[0] in ("-h", "--help"):  # the list of benchmarks: no need for a second interpreter
+        from .benchmarks.__main__ import main as bench_main
+
+        bench_main(args)
+        return 0
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")
+    return subprocess.run([sys.executable, "-m", "lit_liger.benchmarks", *args], env=env, check=False).returncode
 
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-liger`` and ``python -m lit_liger`` (``args`` defaults to ``sys.argv[1:]``)."""
     from jsonargparse import CLI
 
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["bench"]:  # argparse-based, its own options: not a jsonargparse subcommand
+        raise SystemExit(bench(argv[1:]))
     _set_litgpt_parsing_options()
     # as litgpt's main: a PyTorch false-positive warning (litgpt issue 1561) and TF32 matmuls
     warnings.filterwarnings(
