@@ -279,9 +279,11 @@ def parser_data() -> dict[str, Callable]:
 
 def _urls_supported() -> bool:
     """Whether ``--config https://...`` can work here: jsonargparse reads URLs with ``requests``."""
-    import importlib.util
-
-    return importlib.util.find_spec("requests") is not None
+    try:
+        import requests  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _set_litgpt_parsing_options() -> None:

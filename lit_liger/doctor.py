@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import json
 import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from .config import LigerConfig
 
-__all__ = ["TOLERANCE", "check", "doctor", "kernel_paths"]
+__all__ = ["OPTIONAL", "TOLERANCE", "check", "doctor", "kernel_paths", "optional_pieces"]
 
 #: Whole-model tolerance of ``check`` (relative error of the loss and of each parameter gradient).
 #: Each kernel matches its reference to ~1e-5 (fp32) / ~1e-2 (bf16) on its own (DESIGN.md). Across a
@@ -103,6 +104,51 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...] | None = None) -> 
     if head:
         lines.insert(1, "  ".join("-" * x for x in w + [len(head[-1])]))
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# optional pieces
+# ----------------------------------------------------------------------------------------------
+#: What lit-liger can use but does not install by default: (distribution, import name, extra, what for).
+OPTIONAL = (
+    ("liger-kernel", "liger_kernel", "bench", "the liger-kernel peer in `lit-liger bench kernels|step`"),
+    ("matplotlib", "matplotlib", "bench", "the PNG charts of `lit-liger bench`"),
+    ("deepspeed", "deepspeed", "deepspeed", "DeepSpeed ZeRO-2/3 strategies (Trainer + LigerCallback)"),
+)
+
+
+def _install_line(extra: str) -> str:
+    """The pip command that adds ``extra``: from the checkout for an editable install, else from the index."""
+    try:
+        from importlib.metadata import distribution
+
+        record = json.loads(distribution("lit-liger").read_text("direct_url.json") or "{}")  # PEP 610
+        url = record.get("url", "")
+        if record.get("dir_info", {}).get("editable") and url.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            path = Path(unquote(urlparse(url).path))
+            where = "." if path.resolve() == Path.cwd().resolve() else str(path)
+            return f'pip install -e "{where}[{extra}]"'
+    except Exception:  # not installed, or no PEP 610 record: the index form
+        pass
+    return f'pip install "lit-liger[{extra}]"'
+
+
+def optional_pieces() -> list[dict[str, str]]:
+    """One row per optional package: installed version or ``missing``, what it is for, the install line."""
+    import importlib.util
+
+    rows = []
+    for dist, module, extra, what in OPTIONAL:
+        present = importlib.util.find_spec(module) is not None
+        rows.append({
+            "package": dist,
+            "status": _version(dist) if present else "missing",
+            "for": what,
+            "fix": "" if present else _install_line(extra),
+        })
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,6 +337,14 @@ def doctor(device: str = "auto", run: bool = True) -> list[dict[str, Any]]:
         _table(
             [(r["kernel"], r["path"], r["check"] or "-", r["why"]) for r in rows],
             head=("kernel", "path here", "check", "why"),
+        )
+    )
+    opt = optional_pieces()
+    lines += ["", "optional pieces"]
+    lines.append(
+        _table(
+            [(r["package"], r["status"], r["for"] + (f"; to add it: {r['fix']}" if r["fix"] else "")) for r in opt],
+            head=("package", "installed", "used for"),
         )
     )
     if dev.type != "cuda":

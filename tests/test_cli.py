@@ -570,6 +570,24 @@ def test_doctor_runs_on_cpu(monkeypatch, capsys):
         assert out.count("ok (rel err") == 6
 
 
+def test_doctor_reports_missing_optional_pieces_with_the_install_line(monkeypatch, capsys):
+    import importlib.util
+
+    from lit_liger import doctor as doctor_mod
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    rows = {r["package"]: r for r in doctor_mod.optional_pieces()}
+    assert set(rows) == {"liger-kernel", "matplotlib", "deepspeed"}
+    assert rows["matplotlib"]["status"] == "missing" and "[bench]" in rows["matplotlib"]["fix"]
+    assert rows["matplotlib"]["fix"].startswith("pip install")
+    run_cli(monkeypatch, ["doctor", "--run", "false"])
+    out = capsys.readouterr().out
+    assert "optional pieces" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("matplotlib"))
+    assert "missing" in line and "pip install" in line and "[bench]" in line
+
+
 def test_check_on_cpu_passes_and_fails_on_parity(assets, monkeypatch, capsys):
     args = ["check", "--checkpoint_dir", assets["ckpt"], "--seq_len", 16, "--batch_size", 1]
     run_cli(monkeypatch, args)
