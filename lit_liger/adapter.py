@@ -26,7 +26,9 @@ from litgpt.api import LLM
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from .buckets import bucket_length
 from .config import LigerConfig
+from .graphs import runner_for
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
@@ -284,21 +286,52 @@ class _BlockMixin:
         return self.post_mlp_norm(mlp_out) + x
 
 
+#: tests set this to bucket CPU runs too (on a CPU there are no per-shape plans or graphs to save)
+_BUCKETS_ON_CPU = False
+
+
+def _buckets_here(idx: torch.Tensor) -> bool:
+    """Pad to buckets on GPU tensors in eager mode (``torch.compile`` handles shapes its own way)."""
+    return (idx.is_cuda or _BUCKETS_ON_CPU) and not torch.compiler.is_compiling()
+
+
 class _GPTMixin:
-    """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits."""
+    """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits.
+
+    With ``seq_buckets`` the token ids are right-padded to a bucket length first (the LigerLogits keeps
+    the caller's rows as its window, the padded rows' targets are ignored); with ``cuda_graphs`` the
+    body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.graphs``)."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
         if input_pos is not None or not torch.is_grad_enabled() or _zero3_returns_logits(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
-        T = idx.size(1)
+        B, T = idx.shape
         if self.max_seq_length < T:
             raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
-        cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
-        sin = self.sin[:T].unsqueeze(0)
+        if getattr(self, "_liger_seq_buckets", False) and _buckets_here(idx):
+            T_pad = bucket_length(T, self.max_seq_length)
+            if T_pad != T:
+                idx = F.pad(idx, (0, T_pad - T), value=0)  # (B, T_pad): causal attention, the pad comes last
         # Taken first so that, in backward, its copy's gradient reaches the sharded parameter after
         # every other node of the model (autograd runs the most recently created ready node first):
         # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
         head = _sharded_head_snapshot(self.lm_head)
+        x = None
+        if getattr(self, "_liger_cuda_graphs", False) and head is None:
+            x = runner_for(self).hidden(idx)  # None where capture does not apply
+        if x is None:
+            x = self._liger_hidden(idx)  # (B, T_pad, C)
+        out = LigerLogits(
+            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+            self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
+        )
+        return [out] if lm_head_chunk_size > 0 else out
+
+    def _liger_hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``)."""
+        T = idx.size(1)
+        cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+        sin = self.sin[:T].unsqueeze(0)
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
@@ -308,12 +341,7 @@ class _GPTMixin:
                 x = block(x, cos[..., ri[block_idx]], sin[..., ri[block_idx]], None, None, None)
             else:
                 x = block(x, cos, sin, None, None, None)
-        x = self.transformer.ln_f(x)  # (B, T, C)
-        out = LigerLogits(
-            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
-            self._liger_flce_mode, head, x.dtype,
-        )
-        return [out] if lm_head_chunk_size > 0 else out
+        return self.transformer.ln_f(x)  # (B, T, C)
 
 
 _ZERO3_WARNED = False
@@ -598,19 +626,28 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         report.add(path, m, what)
     # the fused loss
     if not cfg.fused_linear_cross_entropy:
-        report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits")
+        report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits "
+                                 "(no seq_buckets or cuda_graphs either: they work through the fused loss)")
         return
     try:
         _unwrap_linear(gpt.lm_head)
     except NotImplementedError as e:
-        report.skip(prefix, gpt, f"fused loss off: {e}")
+        report.skip(prefix, gpt, f"fused loss off (and with it seq_buckets, cuda_graphs): {e}")
         return
     _swap_class(gpt, _GPTMixin)
     gpt._liger_flce_mode = cfg.flce_mode
+    gpt._liger_seq_buckets = cfg.seq_buckets
+    gpt._liger_cuda_graphs = cfg.cuda_graphs
     what = f"fused linear cross-entropy in training ({cfg.flce_mode})"
     if c.final_logit_softcapping is not None:
         what += f" (softcap {c.final_logit_softcapping})"
     if c.lm_head_bias:
         what += " (lm_head bias)"
     report.add(prefix, gpt, what)
+    if cfg.seq_buckets:
+        report.add(prefix, gpt, "training lengths padded to buckets (64, 128, ... 512, then 8 per doubling; "
+                                "padded targets ignored; seq_buckets)")
+    if cfg.cuda_graphs:
+        report.add(prefix, gpt, "training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
+                                "one CUDA device (cuda_graphs)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens")
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs")
 
 
 @dataclass
@@ -33,6 +33,17 @@ class LigerConfig:
             Such small steps are bound by the host, not the GPU (README, "Small micro-batches").
             ``None`` (default): ``2**34 // n_embd**2`` tokens (4096 at n_embd 2048, 1024 at 4096);
             ``0``: lit-liger's kernels at every size. Eager mode is not affected.
+        seq_buckets: in training (fused loss on, eager mode), pad each micro-batch's sequence length up to
+            a bucket (multiples of 64 up to 512 tokens, then 8 buckets per doubling, never past the model's
+            ``max_seq_length``), the padded targets ignored: the loss and every gradient are the unpadded
+            batch's (attention is causal, padding is on the right), and a run on variable-length data sees
+            a handful of shapes instead of a new one per step (no per-length attention plan, CUDA graphs
+            reusable). On GPU tensors in eager mode (not under ``torch.compile``; a CPU has nothing to gain).
+        cuda_graphs: on a single CUDA device in eager mode, capture the swapped model's training forward
+            and backward once per (batch, bucket) shape and replay them, so that a small step costs its
+            GPU time rather than the host's launch time. The loss and the optimizer step run as before.
+            Falls back to uncaptured steps (with one warning) where capture cannot apply: several
+            processes (FSDP/DeepSpeed), autocast, module hooks, ``torch.compile``, a capture error.
     """
 
     rms_norm: bool = True
@@ -45,6 +56,8 @@ class LigerConfig:
     fused_linear_cross_entropy: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
     compile_min_tokens: NonNegativeInt | None = None
+    seq_buckets: bool = True
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -58,7 +71,7 @@ class LigerConfig:
                         f"LigerConfig.compile_min_tokens must be an integer >= 0 or None (automatic), got {v!r}")
                 if v is not None:
                     self.compile_min_tokens = int(v)  # a plain int (the parser passes its NonNegativeInt)
-            elif not isinstance(v, bool):
+            elif not isinstance(v, bool):  # the switches and the boolean settings
                 raise TypeError(f"LigerConfig.{f.name} must be true or false, got {v!r} ({type(v).__name__})")
 
     @classmethod

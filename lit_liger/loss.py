@@ -115,11 +115,18 @@ class LigerLogits:
     mode: str = "fast"  # fused linear cross-entropy operating point: "fast" or "lean"
     head: GatheredHead | None = None  # gathered in a sharded forward, else None
     dtype: torch.dtype | None = None  # dtype the model computed hidden in (None: hidden's own)
+    # Sequence bucketing (LigerConfig.seq_buckets): ``hidden`` is (B, T_bucket, H) and the logits that the
+    # caller sees are rows [t0, t1) of its T dim; None: the whole of hidden (no padding).
+    t0: int = 0
+    t1: int | None = None
 
     # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((*self.hidden.shape[:-1], self.vocab_size))
+        lead = tuple(self.hidden.shape[:-1])
+        if self.t1 is not None:
+            lead = (*lead[:-1], self.t1 - self.t0)
+        return torch.Size((*lead, self.vocab_size))
 
     def dim(self) -> int:
         return self.hidden.dim()
@@ -138,7 +145,20 @@ class LigerLogits:
                 f"LigerLogits only supports indexing the leading dims with the vocabulary dim whole "
                 f"(e.g. out[..., :-1, :]); got {index!r}. " + _HELP
             )
-        return dataclasses.replace(self, hidden=self.hidden[idx[:-1]])
+        if self.t1 is None:
+            return dataclasses.replace(self, hidden=self.hidden[idx[:-1]])
+        t_index = idx[-2]
+        if all(_is_full_slice(i) for i in idx[:-2]) and isinstance(t_index, slice) and t_index.step in (None, 1):
+            # a slice of the sequence (the training scripts' shift): move the window, keep the padded rows
+            start, stop, _ = t_index.indices(self.t1 - self.t0)
+            return dataclasses.replace(self, t0=self.t0 + start, t1=self.t0 + max(start, stop))
+        return self.unpadded()[index]
+
+    def unpadded(self) -> LigerLogits:
+        """The same logits without the bucket's padding rows (``hidden`` sliced to the window)."""
+        if self.t1 is None:
+            return self
+        return dataclasses.replace(self, hidden=self.hidden[..., self.t0 : self.t1, :], t0=0, t1=None)
 
     # --- the loss ----------------------------------------------------------------------------------
     def loss(
@@ -149,11 +169,19 @@ class LigerLogits:
         num_valid_targets: torch.Tensor | int | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        if tuple(targets.shape) != tuple(self.hidden.shape[:-1]):
+        if tuple(targets.shape) != tuple(self.shape[:-1]):
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} does not match the model output's leading dims "
-                f"{tuple(self.hidden.shape[:-1])} (did you shift one and not the other?)"
+                f"{tuple(self.shape[:-1])} (did you shift one and not the other?)"
             )
+        window = None
+        if self.t1 is not None and (self.t0, self.t1) != (0, self.hidden.shape[-2]):
+            # padded rows (the bucket's tail, the shifted-out first/last rows) get ignore_index: the mean is
+            # over the same valid targets as the unpadded batch's, and their rows get zero gradient
+            window = (self.t0, self.t1)
+            padded = targets.new_full(self.hidden.shape[:-1], ignore_index)  # (B, T_bucket)
+            padded[..., self.t0 : self.t1] = targets
+            targets = padded
         from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
         if self.head is not None:
@@ -163,15 +191,19 @@ class LigerLogits:
         hidden = self.hidden
         if self.dtype is not None and hidden.dtype != self.dtype:
             hidden = hidden.to(self.dtype)  # undo a wrapper's output cast (see the class docstring)
-        return fused_linear_cross_entropy(
+        loss = fused_linear_cross_entropy(
             hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
             num_valid_targets=num_valid_targets, **{"mode": self.mode, **kwargs},
         )
+        if window is not None and reduction == "none":
+            loss = loss.view(targets.shape)[..., window[0] : window[1]]  # per-token losses of the window only
+        return loss
 
     def materialize(self) -> torch.Tensor:
         """The real ``(..., V)`` logits (allocates them: only for code that truly needs logits)."""
-        hidden = self.hidden if self.dtype is None else self.hidden.to(self.dtype)
+        hidden = self.unpadded().hidden
+        hidden = hidden if self.dtype is None else hidden.to(self.dtype)
         logits = self.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
