@@ -3,6 +3,8 @@
     kernels      per-op fwd+bwd time, extra memory, time/floor       [--ops rmsnorm,rope,...] [--quick] [--smoke]
     step         a whole LitGPT training step per variant             [--models Llama-3.2-1B,...] [--tiny] [--smoke]
     finetune     lit-liger finetune_lora/full, --liger false vs true  [--model M] [--methods lora,full] [--smoke]
+    recipe       litgpt's LoRA/full recipe on Alpaca-shaped variable-length data, micro-batch 4 and 1,
+                 stock vs lit-liger (buckets, CUDA graphs)   [--models M,...] [--micro_batches 4,1] [--smoke]
     convergence  loss curves of a small model, eager vs lit-liger     [--steps 300] [--smoke]
     strategies   Trainer + LigerCallback under FSDP / ModelParallel / DeepSpeed 2 and 3, several GPUs
                  [--strategies fsdp,deepspeed3] [--devices 2]
@@ -74,6 +76,7 @@ _COMMANDS = {
     "convergence": ("convergence", "main"),
     "strategies": ("strategies", "compare"),
     "scaling": ("scaling", "main"),
+    "recipe": ("recipe", "main"),
 }
 
 

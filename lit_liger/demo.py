@@ -264,6 +264,7 @@ def _summarize(out_dir: Path, stats_path: Path, warmup: int) -> dict[str, Any]:
         "losses": [r["loss"] for r in rows],
         "tokens_per_s": sum(tokens) / seconds if seconds > 0 else float("nan"),
         "peak_memory_gb": stats["peak_memory_bytes"] / 1e9 if stats.get("peak_memory_bytes") else None,
+        "peak_reserved_gb": stats["peak_reserved_bytes"] / 1e9 if stats.get("peak_reserved_bytes") else None,
         "peak_memory_run_gb": stats["peak_memory_run_bytes"] / 1e9 if stats.get("peak_memory_run_bytes") else None,
         "wall_s": stats.get("wall_s"),
     }
@@ -547,6 +548,8 @@ def _run_and_record(stats_path: str, argv: list[str]) -> None:
     stats = {
         "wall_s": time.perf_counter() - t0,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        # what the allocator held (CUDA graphs' pools included: their freed-at-capture blocks are not "allocated")
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
         "peak_memory_run_bytes": max(run_peak[0], torch.cuda.max_memory_allocated()) if cuda else None,
     }
     Path(stats_path).write_text(json.dumps(stats), encoding="utf-8")

@@ -1,0 +1,250 @@
+"""Sequence buckets (padding parity against stock LitGPT on the unpadded batch) and CUDA graphs
+(fallbacks on CPU; capture and replay equal to uncaptured steps on a GPU)."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from helpers import rel_err
+from litgpt import GPT
+from litgpt.utils import chunked_cross_entropy as litgpt_ce
+from test_adapter import _pair, tiny_config
+
+from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy
+from lit_liger import adapter as adapter_mod
+from lit_liger.buckets import MIN_BUCKET, bucket_length
+from lit_liger.graphs import runner_for
+
+
+def test_bucket_ladder():
+    seen = {bucket_length(t, 512) for t in range(1, 513)}
+    assert seen == set(range(64, 513, 64))  # 8 shapes for every length up to 512
+    for t in range(1, 5000):
+        b = bucket_length(t)
+        assert b >= t and b % MIN_BUCKET == 0
+        assert b - t < MIN_BUCKET or (b - t) / t <= 1 / 8  # at most 1/8 padding above 512
+        assert bucket_length(t, max_length=t + 1) in (t, t + 1)  # never past max_seq_length
+    assert bucket_length(700, max_length=600) == 700  # longer than max: not shortened (the model raises)
+    assert len({bucket_length(t) for t in range(513, 4097)}) == 24  # 8 per doubling
+
+
+@pytest.fixture
+def buckets_on_cpu(monkeypatch):
+    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)
+
+
+def _grads(model):
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B", "gemma-2-2b"])
+@pytest.mark.parametrize("call", ["finetune_lora", "finetune_full"])
+def test_padded_batch_equals_unpadded_stock(name, call, buckets_on_cpu):
+    """A batch of length 21 runs padded to 64 in the swapped model; loss and every gradient equal stock
+    LitGPT's on the unpadded batch, with the training scripts' own calls and shift."""
+    cfg = tiny_config(name, block_size=96)
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    torch.manual_seed(3)
+    x = torch.randint(0, cfg.vocab_size, (2, 21))
+    y = torch.randint(0, cfg.vocab_size, (2, 21))
+    y[1, 15:] = -100  # litgpt's collate: the shorter sample's tail is ignored
+    if call == "finetune_lora":  # litgpt/finetune/lora.py
+        out = ours(x, lm_head_chunk_size=128)
+        assert out[0].hidden.shape[1] == 64 and out[0].shape == (2, 21, cfg.padded_vocab_size)
+        out[-1] = out[-1][..., :-1, :]
+        loss = chunked_cross_entropy(out, y[..., 1:])
+        ref_out = ref(x, lm_head_chunk_size=128)
+        ref_out[-1] = ref_out[-1][..., :-1, :]
+        loss_ref = litgpt_ce(ref_out, y[..., 1:])
+    else:  # litgpt/finetune/full.py
+        out = ours(x)
+        assert out.hidden.shape[1] == 64
+        loss = chunked_cross_entropy(out[..., :-1, :], y[..., 1:])
+        loss_ref = litgpt_ce(ref(x)[..., :-1, :], y[..., 1:])
+    assert rel_err(loss, loss_ref) <= 1e-5, (loss.item(), loss_ref.item())
+    loss.backward()
+    loss_ref.backward()
+    g, g_ref = _grads(ours), _grads(ref)
+    assert g.keys() == g_ref.keys() and len(g) > 0
+    for n in g:
+        assert rel_err(g[n], g_ref[n]) <= 1e-4, (n, rel_err(g[n], g_ref[n]))
+
+
+def test_padded_logits_window(buckets_on_cpu):
+    cfg = tiny_config("Llama-3.2-1B", block_size=96)
+    ref, ours = _pair(cfg)
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (2, 10))
+    y = torch.randint(0, cfg.vocab_size, (2, 10))
+    out = ours(x)
+    assert out.hidden.shape[1] == 64 and out.shape == (2, 10, cfg.padded_vocab_size)
+    with torch.no_grad():
+        logits = ref(x)
+    assert rel_err(out.materialize(), logits) <= 1e-5  # the window's logits, not the padding's
+    shifted = out[:, 2:-1, :]
+    assert shifted.shape == (2, 7, cfg.padded_vocab_size) and (shifted.t0, shifted.t1) == (2, 9)
+    per_token = shifted.loss(y[:, 3:], reduction="none")
+    ref_tok = torch.nn.functional.cross_entropy(logits[:, 2:-1].reshape(-1, logits.size(-1)), y[:, 3:].reshape(-1),
+                                                reduction="none").view(2, 7)
+    assert per_token.shape == (2, 7) and rel_err(per_token, ref_tok) <= 1e-5
+    assert rel_err(out[1, :, :].materialize(), logits[1]) <= 1e-5  # other indexing: drops the padding first
+    with pytest.raises(ValueError, match="does not match"):
+        out.loss(y[:, 1:])  # an unshifted output with shifted targets is still caught
+
+
+def test_buckets_off_and_cpu_default():
+    cfg = tiny_config("Llama-3.2-1B", block_size=96)
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (1, 10))
+    assert ours(x).hidden.shape[1] == 10  # CPU tensors: nothing to gain, no padding
+    adapter_mod._BUCKETS_ON_CPU = True
+    try:
+        apply_liger(ours, LigerConfig(seq_buckets=False))
+        assert ours(x).hidden.shape[1] == 10
+        apply_liger(ours, LigerConfig())
+        assert ours(x).hidden.shape[1] == 64
+        with torch.no_grad():
+            assert ours(x).shape[1] == 10  # validation's real logits are never padded
+    finally:
+        adapter_mod._BUCKETS_ON_CPU = False
+
+
+def test_report_and_settings():
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    text = str(apply_liger(ours))
+    assert "seq_buckets" in text and "cuda_graphs" in text
+    text = str(apply_liger(ours, LigerConfig(seq_buckets=False, cuda_graphs=False)))
+    assert "seq_buckets" not in text and "cuda_graphs" not in text
+    assert "seq_buckets" not in LigerConfig.switches() and "cuda_graphs" not in LigerConfig.switches()
+    with pytest.raises(TypeError):
+        LigerConfig(cuda_graphs="yes")
+    text = str(apply_liger(ours, LigerConfig(fused_linear_cross_entropy=False)))
+    assert "no seq_buckets or cuda_graphs" in text
+
+
+def test_graphs_not_used_on_cpu_and_no_warning():
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    x = torch.randint(0, cfg.vocab_size, (1, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chunked_cross_entropy(ours(x), x).backward()
+    runner = runner_for(ours)
+    assert runner.why_not(x) == "" and runner.captures == 0 and not runner.graphs
+
+
+def test_graph_runner_reasons(monkeypatch):
+    """Where capture cannot apply, the reason names it (the runner then warns once and runs uncaptured)."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    runner = runner_for(ours)
+    fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert runner.why_not(fake_cuda) is None
+    h = ours.transformer.h[0].register_forward_hook(lambda *a: None)
+    assert "has hooks" in runner.why_not(fake_cuda)
+    h.remove()
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    assert "several processes" in runner.why_not(fake_cuda)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1)
+    with pytest.warns(UserWarning, match="CUDA graphs off for this step"):
+        runner.warn_once("a reason")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner.warn_once("a reason")  # once
+
+
+def test_swapped_model_still_deepcopies_and_pickles():
+    import pickle
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    runner_for(ours)  # the runner lives outside the model
+    copy.deepcopy(ours)
+    pickle.loads(pickle.dumps(ours))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: graphs against uncaptured steps
+# ------------------------------------------------------------------------------------------------
+def _gpu_models(lora: bool):
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    if lora:
+        cfg = LoRAConfig.from_name("Llama-3.2-1B", n_layer=2, lora_r=8, lora_alpha=16, lora_query=True,
+                                   lora_value=True, lora_dropout=0.0, block_size=512)
+        cls = LoRAGPT
+    else:
+        cfg = tiny_config("Llama-3.2-1B").__class__.from_name("Llama-3.2-1B", n_layer=2, block_size=512)
+        cls = GPT
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        a = cls(cfg).to(torch.bfloat16)
+    a.apply(a._init_weights)
+    if lora:
+        for n, p in a.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)
+        mark_only_lora_as_trainable(a)
+    b = copy.deepcopy(a)
+    apply_liger(a, LigerConfig(cuda_graphs=True))
+    apply_liger(b, LigerConfig(cuda_graphs=False))
+    return cfg, a, b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lora", [True, False])
+def test_gpu_graphs_equal_uncaptured_with_accumulation(lora):
+    """Several micro-batches of different lengths (two buckets, a repeated one), gradient accumulation
+    over them: captured-graph grads and losses equal the uncaptured model's (same kernels, same order)."""
+    cfg, graphed, plain = _gpu_models(lora)
+    torch.manual_seed(1)
+    lengths = [100, 300, 90, 310, 120, 100]
+    for model in (graphed, plain):
+        model.zero_grad(set_to_none=True)
+    for T in lengths:
+        x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        y = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        losses = []
+        for model in (graphed, plain):
+            out = model(x, lm_head_chunk_size=128)
+            out[-1] = out[-1][..., :-1, :]
+            loss = chunked_cross_entropy(out, y[..., 1:])
+            (loss / len(lengths)).backward()
+            losses.append(loss.detach().float())
+        assert rel_err(losses[0], losses[1]) <= 1e-3, (T, losses)
+    runner = runner_for(graphed)
+    assert runner.captures == 2 and runner.replays == len(lengths)  # buckets 128 and 320
+    gp, pp = _grads(graphed), _grads(plain)
+    assert gp.keys() == pp.keys() and gp
+    for n in gp:
+        assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_recapture_and_stale_backward():
+    cfg, graphed, _ = _gpu_models(lora=True)
+    runner = runner_for(graphed)
+    x = torch.randint(0, cfg.vocab_size, (1, 64), device="cuda")
+    chunked_cross_entropy(graphed(x), x).backward()
+    assert runner.captures == 1
+    p = next(p for p in graphed.parameters() if p.requires_grad)
+    p.data = p.data.clone()  # a parameter moved: the graphs must not read the old address
+    chunked_cross_entropy(graphed(x), x).backward()
+    assert runner.captures == 2
+    first = chunked_cross_entropy(graphed(x), x)
+    second = chunked_cross_entropy(graphed(x), x)
+    with pytest.raises(RuntimeError, match="replayed over"):
+        first.backward()
+    second.backward()
