@@ -36,6 +36,10 @@ from torch.nn.modules import module as _nn_module
 
 __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
 
+#: torch.cuda.graph's capture_error_mode: only this thread's CUDA calls are checked (a data loader's
+#: pin-memory thread may allocate page-locked memory meanwhile)
+CAPTURE_ERROR_MODE = "thread_local"
+
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
@@ -58,13 +62,13 @@ class _Graphs:
             del hidden
         torch.cuda.current_stream().wait_stream(stream)
         self.fwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             self.static_hidden = gpt._liger_hidden(self.static_idx)  # (B, T, C)
         if runner.pool is None:
             runner.pool = self.fwd.pool()
         self.static_grad = torch.empty_like(self.static_hidden)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             grads = torch.autograd.grad(self.static_hidden, params, self.static_grad, allow_unused=True)
             self.used = [g is not None for g in grads]
             pairs = [(b, g) for b, g in zip(bufs, grads) if g is not None]
@@ -119,6 +123,7 @@ class GraphRunner:
         self.addresses: tuple | None = None
         self.buffers: dict[int, torch.Tensor] = {}
         self.disabled: str | None = None  # why capture was given up for this model
+        self.error: str | None = None  # the capture failure's traceback
         self.warned: set[str] = set()
         self.captures = 0
         self.replays = 0
@@ -188,6 +193,9 @@ class GraphRunner:
             try:
                 graphs = _Graphs(self, idx, params)
             except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
+                import traceback
+
+                self.error = traceback.format_exc()
                 self.reset()
                 self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 self.warn_once(self.disabled)
