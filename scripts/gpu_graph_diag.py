@@ -6,8 +6,8 @@ from lit_liger import apply_liger, chunked_cross_entropy
 from lit_liger import graphs as G
 from lit_liger.graphs import runner_for
 
-for mode in sys.argv[1:] or ["thread_local", "relaxed", "global"]:
-    for dropout in (0.05, 0.0):
+for mode in sys.argv[1:2] or ["thread_local"]:
+    for dropout in [float(d) for d in (sys.argv[2:3] or ["0.05"])]:
         G.CAPTURE_ERROR_MODE = mode
         cfg = Config.from_name("Llama-3.2-1B", n_layer=2, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
                                lora_dropout=dropout, block_size=512)
@@ -17,7 +17,8 @@ for mode in sys.argv[1:] or ["thread_local", "relaxed", "global"]:
         apply_liger(m)
         r = runner_for(m)
         try:
-            for T in (100, 300, 100, 300, 200):
+            for i, T in enumerate((100, 300, 100, 300, 200)):
+                print(f"  step {i} T={T} captures so far {r.captures}", flush=True)
                 x = torch.randint(0, 1000, (4, T), device="cuda")
                 out = m(x, lm_head_chunk_size=128)
                 out[-1] = out[-1][..., :-1, :]
