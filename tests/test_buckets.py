@@ -248,3 +248,19 @@ def test_gpu_graphs_recapture_and_stale_backward():
     with pytest.raises(RuntimeError, match="replayed over"):
         first.backward()
     second.backward()
+
+
+@pytest.mark.gpu
+def test_gpu_active_dropout_runs_uncaptured():
+    """LoRA dropout > 0: not captured (one warning), and eager dropout keeps working afterwards."""
+    cfg, graphed, _ = _gpu_models(lora=True)
+    for m in graphed.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.05
+    graphed.transformer.h[0].attn.qkv.lora_dropout = torch.nn.Dropout(0.05)
+    runner = runner_for(graphed)
+    with pytest.warns(UserWarning, match="active dropout"):
+        for T in (100, 300, 100):
+            x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+            chunked_cross_entropy(graphed(x), x).backward()
+    assert runner.captures == 0 and runner.replays == 0
