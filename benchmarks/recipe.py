@@ -11,7 +11,7 @@ instruction, an input that is empty 60% of the time, an output whose length is l
 (prompt template included) p10 ~90, median ~210, p90 ~480, so every micro-batch has a new longest sample.
 
 Variants: ``stock`` (``--liger false``, litgpt as is), ``liger`` (``--liger true``: kernels, fused loss,
-``seq_buckets`` and ``cuda_graphs`` on), ``liger-no-graphs`` (``--liger.cuda_graphs false``), ``liger-no-buckets``
+``seq_buckets``), ``liger-graphs`` (``--liger.cuda_graphs true``, experimental), ``liger-no-buckets``
 (``--liger.seq_buckets false --liger.cuda_graphs false``). Reported per run, from litgpt's own CSV log: tokens/s
 over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed ``iter_time``, the first
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
@@ -35,7 +35,7 @@ from typing import Any
 VARIANTS = {
     "stock": ["--liger", "false"],
     "liger": ["--liger", "true"],
-    "liger-no-graphs": ["--liger.cuda_graphs", "false"],
+    "liger-graphs": ["--liger.cuda_graphs", "true"],  # experimental, off by default
     "liger-no-buckets": ["--liger.seq_buckets", "false", "--liger.cuda_graphs", "false"],
     # LoRA without dropout (litgpt's default is 0.05): lit-liger's CUDA graphs skip runs with active dropout
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--micro_batches", default="4,1")
     p.add_argument("--iters", type=int, default=200, help="training iterations (micro-batches) per run")
     p.add_argument("--warmup", type=int, default=20, help="first iterations left out of tokens/s and times")
-    p.add_argument("--variants", default="stock,liger,liger-no-graphs")
+    p.add_argument("--variants", default="stock,liger")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's own)")
     p.add_argument("--n_samples", type=int, default=4000)
     p.add_argument("--work_dir", type=Path, default=F.WORK_DIR)

@@ -116,6 +116,8 @@ def test_report_and_settings():
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
     text = str(apply_liger(ours))
+    assert "seq_buckets" in text and "cuda_graphs" not in text  # graphs: opt-in (experimental)
+    text = str(apply_liger(ours, LigerConfig(cuda_graphs=True)))
     assert "seq_buckets" in text and "cuda_graphs" in text
     text = str(apply_liger(ours, LigerConfig(seq_buckets=False, cuda_graphs=False)))
     assert "seq_buckets" not in text and "cuda_graphs" not in text
