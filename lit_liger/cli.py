@@ -67,7 +67,8 @@ LIGER_HELP = (
     "``--config`` file. Switches (true|false): "
     + ", ".join(LigerConfig.switches())
     + "; flce_mode (fast|lean); compile_min_tokens (under torch.compile, smaller micro-batches run "
-    "LitGPT's code for norms/attention/MLP; default automatic, 0 = never). See ``lit_liger.LigerConfig``."
+    "LitGPT's code for norms/attention/MLP; default automatic, 0 = never); seq_buckets (true: pad training "
+    "lengths to a few buckets, on by default); cuda_graphs (experimental, off by default). See ``lit_liger.LigerConfig``."
 )
 
 _DESCRIPTION = (
