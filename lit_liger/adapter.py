@@ -305,7 +305,7 @@ class _GPTMixin:
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
         if input_pos is not None or not torch.is_grad_enabled() or _zero3_returns_logits(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
-        B, T = idx.shape
+        T = idx.size(1)
         if self.max_seq_length < T:
             raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
         if getattr(self, "_liger_seq_buckets", False) and _buckets_here(idx):

@@ -11,7 +11,7 @@ from litgpt import GPT
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import _pair, tiny_config
 
-from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy
+from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 from lit_liger import adapter as adapter_mod
 from lit_liger.buckets import MIN_BUCKET, bucket_length
 from lit_liger.graphs import runner_for

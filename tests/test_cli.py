@@ -51,13 +51,20 @@ LOSS_TOL = 1e-4  # fp32 whole-model parity (lit_liger.doctor.TOLERANCE explains 
 # ----------------------------------------------------------------------------------------------
 # Fixtures: tokenizer, checkpoints, data (made once)
 # ----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lit_liger_cli")
+def tiny_llama(root: Path) -> tuple[Path, list[Path], int]:
+    """A 2-layer tiny Llama checkpoint under ``root/checkpoints/tiny-llama`` (BPE trained on the stdlib),
+    the stdlib source files (for the instruction data) and the tokenizer's vocabulary size."""
     files = source_files()
     ckpt = root / "checkpoints" / "tiny-llama"
     vocab = train_tokenizer(ckpt, 512, files[:40])
     make_checkpoint(ckpt, "Llama-3.2-1B", vocab_size=vocab, n_layer=2, block_size=256, **tiny_overrides())
+    return ckpt, files, vocab
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lit_liger_cli")
+    ckpt, files, vocab = tiny_llama(root)
     # litgpt's adapter starts at layer 2 (adapter_start_layer): it needs a 3rd layer to train anything
     ckpt3 = root / "checkpoints" / "tiny-llama-3L"
     for f in ("tokenizer.json", "tokenizer_config.json"):

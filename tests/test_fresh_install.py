@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import assert_first_losses_match, finetune_args, losses
+from test_cli import assert_first_losses_match, finetune_args, losses, tiny_llama
 
-from lit_liger.demo import make_checkpoint, make_instruction_dataset, source_files, tiny_overrides, train_tokenizer
+from lit_liger.demo import make_instruction_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -52,10 +52,7 @@ def run(args: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProc
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("fresh_install")
-    files = source_files()
-    ckpt = root / "checkpoints" / "tiny-llama"
-    vocab = train_tokenizer(ckpt, 512, files[:40])
-    make_checkpoint(ckpt, "Llama-3.2-1B", vocab_size=vocab, n_layer=2, block_size=256, **tiny_overrides())
+    ckpt, files, _ = tiny_llama(root)
     data = root / "data.json"
     make_instruction_dataset(data, files, n=40, max_chars=1500)
     return {"root": root, "ckpt": ckpt, "data": data}
