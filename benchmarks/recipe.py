@@ -10,9 +10,11 @@ standard library), ``--train.max_seq_length 512``, bf16-true, global batch 16, L
 instruction, an input that is empty 60% of the time, an output whose length is lognormal; tokens per sample
 (prompt template included) p10 ~90, median ~210, p90 ~480, so every micro-batch has a new longest sample.
 
-Variants: ``stock`` (``--liger false``, litgpt as is), ``liger`` (``--liger true``: kernels, fused loss,
-``seq_buckets``), ``liger-graphs`` (``--liger.cuda_graphs true``, experimental), ``liger-no-buckets``
-(``--liger.seq_buckets false --liger.cuda_graphs false``). Reported per run, from litgpt's own CSV log: tokens/s
+Variants: ``stock`` (``--liger false``, litgpt as is), ``liger`` (``--liger true``, the defaults: kernels,
+fused loss, ``seq_buckets``, ``cuda_graphs`` automatic = on for LoRA/adapters, off for full fine-tuning),
+``liger-no-graphs`` (``--liger.cuda_graphs false``), ``liger-graphs`` (``--liger.cuda_graphs true``: also for
+full fine-tuning), ``liger-no-buckets`` (``--liger.seq_buckets false --liger.cuda_graphs false``), and
+``stock-no-dropout`` / ``liger-no-dropout`` (``--lora_dropout 0``). Reported per run, from litgpt's own CSV log: tokens/s
 over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed ``iter_time``, the first
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
 keep their activations in a pool that ``max_memory_allocated`` does not count once captured, so reserved is
@@ -35,9 +37,9 @@ from typing import Any
 VARIANTS = {
     "stock": ["--liger", "false"],
     "liger": ["--liger", "true"],
-    "liger-graphs": ["--liger.cuda_graphs", "true"],  # experimental, off by default
+    "liger-no-graphs": ["--liger.cuda_graphs", "false"],
+    "liger-graphs": ["--liger.cuda_graphs", "true"],
     "liger-no-buckets": ["--liger.seq_buckets", "false", "--liger.cuda_graphs", "false"],
-    # LoRA without dropout (litgpt's default is 0.05): lit-liger's CUDA graphs skip runs with active dropout
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
 }

@@ -317,8 +317,9 @@ class _GPTMixin:
         # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
         head = _sharded_head_snapshot(self.lm_head)
         x = None
-        if getattr(self, "_liger_cuda_graphs", False) and head is None:
-            x = runner_for(self).hidden(idx)  # None where capture does not apply
+        graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
+        if graphs is not False and head is None:
+            x = runner_for(self).hidden(idx, auto=graphs is None)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx)  # (B, T_pad, C)
         out = LigerLogits(
@@ -647,7 +648,9 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     if cfg.seq_buckets:
         report.add(prefix, gpt, "training lengths padded to buckets (64, 128, ... 512, then 8 per doubling; "
                                 "padded targets ignored; seq_buckets)")
-    if cfg.cuda_graphs:
-        report.add(prefix, gpt, "training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
-                                "one CUDA device (cuda_graphs)")
+    if cfg.cuda_graphs is not False:
+        when = "one CUDA device" + (", when at most 1/8 of the parameters are trained (automatic)"
+                                    if cfg.cuda_graphs is None else "")
+        report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
+                                f"{when} (cuda_graphs)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")

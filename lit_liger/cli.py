@@ -68,7 +68,8 @@ LIGER_HELP = (
     + ", ".join(LigerConfig.switches())
     + "; flce_mode (fast|lean); compile_min_tokens (under torch.compile, smaller micro-batches run "
     "LitGPT's code for norms/attention/MLP; default automatic, 0 = never); seq_buckets (true: pad training "
-    "lengths to a few buckets, on by default); cuda_graphs (experimental, off by default). See ``lit_liger.LigerConfig``."
+    "lengths to a few buckets, on by default); cuda_graphs (capture each bucket's forward+backward as CUDA "
+    "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false). See ``lit_liger.LigerConfig``."
 )
 
 _DESCRIPTION = (

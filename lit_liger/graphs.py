@@ -19,8 +19,9 @@ the trainable parameters' size). Dropout (LoRA dropout) draws fresh random numbe
 
 Never silently wrong: a replay reads the parameters and buffers at the addresses they had at capture, so
 every call compares those addresses and recaptures if one moved (``param.data = ...``, a new RoPE cache).
-A backward that comes after another forward replay (two forwards, then their backwards: the shared pool
-holds only the latest forward's activations) raises. Where capture cannot apply (several processes,
+The shared pool holds one forward's activations at a time, so a forward that comes while a replayed
+forward's backward is still due (two forwards, then their backwards) runs uncaptured; a backward whose
+activations were replayed over all the same (possible only through ``retain_graph``) raises. Where capture cannot apply (several processes,
 autocast, module hooks, ``torch.compile``, a capture error) the step runs uncaptured, with one warning.
 """
 
@@ -40,6 +41,10 @@ __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
 #: pin-memory thread may allocate page-locked memory meanwhile)
 CAPTURE_ERROR_MODE = "thread_local"
 
+#: capture steps with active dropout (LoRA dropout): PyTorch's CUDA generator is graph-safe, so every
+#: replay draws fresh random numbers
+CAPTURE_DROPOUT = True
+
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
@@ -52,6 +57,8 @@ class _Graphs:
         self.runner = runner
         self.static_idx = idx.clone()  # (B, T)
         bufs = runner.grad_buffers(params)
+        if runner.stream is None:
+            runner.stream = torch.cuda.Stream()
         stream = runner.stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -63,19 +70,24 @@ class _Graphs:
         torch.cuda.current_stream().wait_stream(stream)
         self.fwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
-            self.static_hidden = gpt._liger_hidden(self.static_idx)  # (B, T, C)
+            # kept for the graphs' lifetime, autograd graph included. Measured on an H100 (torch 2.11): when
+            # this output (and with it the captured autograd graph) was released right after its backward's
+            # capture, the *next* shape's backward capture failed ("operation failed due to a previous error
+            # during capture"), even with LitGPT's own ops, and left the CUDA generator unusable;
+            # torch.cuda.make_graphed_callables keeps its outputs alive too (scripts/gpu_graph_diag2.py)
+            self.static_out = gpt._liger_hidden(self.static_idx)  # (B, T, C)
         if runner.pool is None:
             runner.pool = self.fwd.pool()
-        self.static_grad = torch.empty_like(self.static_hidden)  # d loss / d hidden, copied in by backward
+        self.static_grad = torch.empty_like(self.static_out)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
-            grads = torch.autograd.grad(self.static_hidden, params, self.static_grad, allow_unused=True)
+            grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
             self.used = [g is not None for g in grads]
             pairs = [(b, g) for b, g in zip(bufs, grads) if g is not None]
             if pairs:
                 torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
             del grads, pairs
-        self.static_hidden = self.static_hidden.detach()
+        self.static_hidden = self.static_out.detach()
         self.grads = [b if u else None for b, u in zip(bufs, self.used)]
         self.params = params
 
@@ -92,6 +104,7 @@ class _Replay(torch.autograd.Function):
         runner = graphs.runner
         runner.generation += 1
         ctx.graphs, ctx.generation = graphs, runner.generation
+        runner.pending = weakref.ref(ctx)  # this forward's backward is due (or its graph is dropped unused)
         return graphs.static_hidden.detach()
 
     @staticmethod
@@ -108,11 +121,19 @@ class _Replay(torch.autograd.Function):
         graphs.static_grad.copy_(grad_hidden)
         graphs.bwd.replay()
         runner.generation += 1
+        runner.pending = None
         return (None, None, *graphs.grads)
 
 
 class GraphRunner:
-    """The captured graphs of one swapped GPT (held by the GPT as ``_liger_graphs``)."""
+    """The captured graphs of one swapped GPT (held by the GPT as ``_liger_graphs``).
+
+    Every call checks, cheaply (tens of microseconds: at these step sizes the host is the bottleneck), that
+    a replay still computes what the model would: no hooks registered since, same parameter and buffer
+    addresses, same trainable set, dropout as captured. The module tree itself (which parameters, buffers,
+    submodules exist) is walked again only when something in the process registered a module, parameter or
+    buffer since the last walk (PyTorch's global registration hooks), or on every call where this PyTorch
+    has no such hooks."""
 
     def __init__(self, gpt: nn.Module) -> None:
         self._gpt = weakref.ref(gpt)  # the model owns the runner (see runner_for), not the other way round
@@ -120,6 +141,7 @@ class GraphRunner:
         self.pool: Any = None
         self.stream: torch.cuda.Stream | None = None
         self.generation = 0
+        self.pending: Any = None  # weakref to the autograd context of a replayed forward awaiting its backward
         self.addresses: tuple | None = None
         self.buffers: dict[int, torch.Tensor] = {}
         self.disabled: str | None = None  # why capture was given up for this model
@@ -127,12 +149,32 @@ class GraphRunner:
         self.warned: set[str] = set()
         self.captures = 0
         self.replays = 0
+        self.few_trained = False  # at most 1/8 of the parameters are trained (cuda_graphs=None captures)
+        self.uncaptured = 0  # forwards run uncaptured because an earlier replay's backward was still due
+        self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
+        _watch_registrations()
 
     @property
     def gpt(self) -> nn.Module:
         gpt = self._gpt()
         assert gpt is not None, "the model of these CUDA graphs is gone"
         return gpt
+
+    # -- the module tree, walked only when it may have changed -------------------------------------------
+    def _walk(self) -> None:
+        gpt = self.gpt
+        self._tree = _TREE_VERSION[0]
+        modules = list(gpt.named_modules())
+        self._modules = modules
+        self._hook_dicts = [d for _, m in modules for d in (m._forward_hooks, m._forward_pre_hooks,
+                                                          m._backward_hooks, m._backward_pre_hooks)]
+        self._dropouts = [m for _, m in modules if isinstance(m, nn.Dropout)]
+        self._params = list(gpt.parameters())
+        self._buffers = list(gpt.buffers())
+        self._sharded = any(hasattr(p, "ds_id") or type(p) not in (nn.Parameter, torch.Tensor) for p in self._params)
+
+    def _tree_changed(self) -> bool:
+        return self._tree is None or self._tree != _TREE_VERSION[0] or _TREE_VERSION[0] < 0
 
     # -- when it applies ------------------------------------------------------------------------------
     def why_not(self, idx: torch.Tensor) -> str | None:
@@ -153,18 +195,16 @@ class GraphRunner:
         if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks or \
                 _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks:
             return "global module hooks are registered"
-        for name, m in self.gpt.named_modules():
-            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-                return f"module {name or '<root>'} has hooks (they would not run on a replay)"
-        if any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in self.gpt.modules()):
-            # Measured on an H100 (torch 2.11): a second capture of a dropout (LoRA dropout) in one process
-            # fails inside the forward capture ("operation would make the legacy stream depend on a
-            # capturing blocking stream") and leaves the CUDA generator unusable for eager dropout too, so
-            # runs with active dropout are not captured (--lora_dropout 0 lets them be)
-            return "active dropout (e.g. LoRA dropout > 0): capturing its random numbers fails after the first graph"
-        for p in self.gpt.parameters():
-            if hasattr(p, "ds_id") or type(p) not in (nn.Parameter, torch.Tensor):
-                return "sharded or wrapped parameters"
+        if self._tree_changed():
+            self._walk()
+        if any(self._hook_dicts):
+            name = next(n for n, m in self._modules if m._forward_hooks or m._forward_pre_hooks or
+                        m._backward_hooks or m._backward_pre_hooks)
+            return f"module {name or '<root>'} has hooks (they would not run on a replay)"
+        if not CAPTURE_DROPOUT and any(m.p > 0 and m.training for m in self._dropouts):
+            return "active dropout (e.g. LoRA dropout > 0)"
+        if self._sharded:
+            return "sharded or wrapped parameters"
         return None
 
     def warn_once(self, why: str) -> None:
@@ -172,30 +212,43 @@ class GraphRunner:
             self.warned.add(why)
             warnings.warn(f"lit-liger: CUDA graphs off for this step ({why}); running uncaptured.", stacklevel=4)
 
+    def _fingerprint(self) -> tuple:
+        """What a replay depends on besides the input: where the parameters and buffers live, which
+        parameters are trained, and each dropout's probability and mode."""
+        return (tuple(map(torch.Tensor.data_ptr, self._params)), tuple(map(torch.Tensor.data_ptr, self._buffers)),
+                tuple(p.requires_grad for p in self._params), tuple((m.p, m.training) for m in self._dropouts))
+
     # -- the one entry point ----------------------------------------------------------------------------
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor | None:
-        """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly)."""
+    def hidden(self, idx: torch.Tensor, auto: bool = False) -> torch.Tensor | None:
+        """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly).
+        ``auto``: only where at most 1/8 of the parameters are trained (see ``LigerConfig.cuda_graphs``)."""
         why = self.why_not(idx)
         if why is not None:
             self.warn_once(why)
             return None
         gpt = self.gpt
-        params = [p for p in gpt.parameters() if p.requires_grad]
-        if not params:
-            return None  # nothing to train: an uncaptured forward costs nothing extra
-        addresses = (tuple(t.data_ptr() for t in gpt.parameters()), tuple(t.data_ptr() for t in gpt.buffers()),
-                     tuple(id(p) for p in params))
-        if addresses != self.addresses:
-            self.reset()  # a parameter or buffer moved (or the trainable set changed): capture again
-            self.addresses = addresses
+        fingerprint = self._fingerprint()
+        if fingerprint != self.addresses:
+            self.reset()  # a parameter or buffer moved (or the trainable set or a dropout changed): capture again
+            self.addresses = fingerprint
+            total = sum(p.numel() for p in self._params)
+            self.few_trained = 8 * sum(p.numel() for p in self._params if p.requires_grad) <= total
+        if auto and not self.few_trained:
+            return None  # full fine-tuning / pretraining: uncaptured unless cuda_graphs=True (memory)
+        if self.pending is not None and self.pending() is not None:
+            # a replayed forward still awaits its backward (two forwards, then their backwards): replaying or
+            # capturing now would overwrite its activations in the shared pool, so this one runs uncaptured
+            self.uncaptured += 1
+            return None
         key = (tuple(idx.shape), idx.dtype, gpt.training)
         graphs = self.graphs.get(key)
         if graphs is None:
+            params = [p for p in self._params if p.requires_grad]
+            if not params:
+                return None  # nothing to train: an uncaptured forward costs nothing extra
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
-            if self.stream is None:
-                self.stream = torch.cuda.Stream()
             try:
                 graphs = _Graphs(self, idx, params)
             except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
@@ -203,12 +256,16 @@ class GraphRunner:
 
                 self.error = traceback.format_exc()
                 self.reset()
+                repaired = _repair_generator(idx.device)
                 self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                if not repaired:
+                    self.disabled += " (PyTorch's CUDA generator may be unusable after it: random ops such as dropout can fail)"
                 self.warn_once(self.disabled)
                 return None
-            # the warm-up and capture may have moved lazily created buffers (LoRA's index buffer)
-            self.addresses = (tuple(t.data_ptr() for t in gpt.parameters()),
-                              tuple(t.data_ptr() for t in gpt.buffers()), tuple(id(p) for p in params))
+            # the warm-up and capture may have registered lazily created buffers (LoRA's index buffer)
+            if self._tree_changed():
+                self._walk()
+            self.addresses = self._fingerprint()
             self.graphs[key] = graphs
             self.captures += 1
         self.replays += 1
@@ -230,6 +287,49 @@ class GraphRunner:
         self.buffers.clear()
         self.pool = None
         self.addresses = None
+
+
+def _repair_generator(device: torch.device) -> bool:
+    """After a failed capture PyTorch's default CUDA generator still holds that capture's state, and its next
+    random draw outside a capture raises ("Offset increment outside graph capture encountered unexpectedly",
+    measured on torch 2.11). Give it a fresh state with the same seed and offset. True if that was possible."""
+    try:
+        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        if not (hasattr(gen, "graphsafe_set_state") and hasattr(gen, "get_offset")):
+            return False
+        fresh = torch.Generator(device=device)
+        fresh.manual_seed(gen.initial_seed())
+        fresh.set_offset(gen.get_offset())
+        gen.graphsafe_set_state(fresh.graphsafe_get_state())
+        return True
+    except Exception:  # noqa: BLE001 - best effort; the warning says what may follow
+        return False
+
+
+#: bumped whenever any module, parameter or buffer is registered anywhere in the process (-1: this
+#: PyTorch has no global registration hooks, so every call walks the module tree)
+_TREE_VERSION = [0]
+_WATCHING = False
+
+
+def _bump(*_args: Any) -> None:
+    if _TREE_VERSION[0] >= 0:
+        _TREE_VERSION[0] += 1
+
+
+def _watch_registrations() -> None:
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    names = ("register_module_module_registration_hook", "register_module_parameter_registration_hook",
+             "register_module_buffer_registration_hook")
+    hooks = [getattr(_nn_module, n, None) for n in names]
+    if any(h is None for h in hooks):
+        _TREE_VERSION[0] = -1
+        return
+    for h in hooks:
+        h(_bump)
 
 
 # Kept outside the model (a graph cannot be pickled or deep-copied: the model still can be), and gone with it.

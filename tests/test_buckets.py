@@ -116,9 +116,9 @@ def test_report_and_settings():
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
     text = str(apply_liger(ours))
-    assert "seq_buckets" in text and "cuda_graphs" not in text  # graphs: opt-in (experimental)
+    assert "seq_buckets" in text and "cuda_graphs" in text and "automatic" in text  # default: automatic
     text = str(apply_liger(ours, LigerConfig(cuda_graphs=True)))
-    assert "seq_buckets" in text and "cuda_graphs" in text
+    assert "seq_buckets" in text and "cuda_graphs" in text and "automatic" not in text
     text = str(apply_liger(ours, LigerConfig(seq_buckets=False, cuda_graphs=False)))
     assert "seq_buckets" not in text and "cuda_graphs" not in text
     assert "seq_buckets" not in LigerConfig.switches() and "cuda_graphs" not in LigerConfig.switches()
@@ -164,6 +164,69 @@ def test_graph_runner_reasons(monkeypatch):
         runner.warn_once("a reason")  # once
 
 
+@pytest.mark.parametrize("lora", [True, False])
+def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora):
+    """cuda_graphs=None captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full
+    fine-tuning uncaptured, without a warning; cuda_graphs=True captures both."""
+    from lit_liger import graphs as graphs_mod
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)  # cuda_graphs automatic
+    if lora:
+        for n, p in ours.named_parameters():
+            p.requires_grad_(n.startswith("transformer.h.0.attn.proj"))  # a small trained part
+    attempts = []
+
+    class Capture:
+        def __init__(self, runner, idx, params):
+            attempts.append(len(params))
+            raise RuntimeError("no capture in this test")
+
+    monkeypatch.setattr(graphs_mod, "_Graphs", Capture)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    runner = runner_for(ours)
+    fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
+    if lora:
+        with pytest.warns(UserWarning, match="capture failed"):
+            assert runner.hidden(fake_cuda, auto=True) is None
+        assert attempts == [1] and runner.few_trained  # the proj weight (no bias in Llama)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert runner.hidden(fake_cuda, auto=True) is None
+        assert attempts == [] and not runner.few_trained and not runner.disabled
+        with pytest.warns(UserWarning, match="capture failed"):
+            runner.hidden(fake_cuda, auto=False)  # cuda_graphs=True: captured all the same
+        assert len(attempts) == 1
+
+
+def test_graph_runner_sees_model_changes(monkeypatch):
+    """The per-call check is cheap but complete: a new submodule (registration), a moved parameter, a
+    changed trainable set or dropout all change what a replay would compute."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    runner = runner_for(ours)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
+    assert runner.why_not(fake_cuda) is None and not runner._tree_changed()
+    before = runner._fingerprint()
+    ours.transformer.h[0].attn.proj = torch.nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)  # a new module
+    assert runner._tree_changed()
+    runner.why_not(fake_cuda)  # walks again
+    assert not runner._tree_changed() and runner._fingerprint() != before
+    fp = runner._fingerprint()
+    p = ours.lm_head.weight
+    p.data = p.data.clone()  # moved
+    assert runner._fingerprint() != fp
+    fp = runner._fingerprint()
+    p.requires_grad_(False)
+    assert runner._fingerprint() != fp
+
+
 def test_swapped_model_still_deepcopies_and_pickles():
     import pickle
 
@@ -178,14 +241,14 @@ def test_swapped_model_still_deepcopies_and_pickles():
 # ------------------------------------------------------------------------------------------------
 # GPU: graphs against uncaptured steps
 # ------------------------------------------------------------------------------------------------
-def _gpu_models(lora: bool):
+def _gpu_models(lora: bool, dropout: float = 0.0):
     from litgpt.lora import GPT as LoRAGPT
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
 
     if lora:
         cfg = LoRAConfig.from_name("Llama-3.2-1B", n_layer=2, lora_r=8, lora_alpha=16, lora_query=True,
-                                   lora_value=True, lora_dropout=0.0, block_size=512)
+                                   lora_value=True, lora_dropout=dropout, block_size=512)
         cls = LoRAGPT
     else:
         cfg = tiny_config("Llama-3.2-1B").__class__.from_name("Llama-3.2-1B", n_layer=2, block_size=512)
@@ -235,8 +298,8 @@ def test_gpu_graphs_equal_uncaptured_with_accumulation(lora):
 
 
 @pytest.mark.gpu
-def test_gpu_graphs_recapture_and_stale_backward():
-    cfg, graphed, _ = _gpu_models(lora=True)
+def test_gpu_graphs_recapture_two_forwards_and_stale_backward():
+    cfg, graphed, plain = _gpu_models(lora=True)
     runner = runner_for(graphed)
     x = torch.randint(0, cfg.vocab_size, (1, 64), device="cuda")
     chunked_cross_entropy(graphed(x), x).backward()
@@ -245,24 +308,98 @@ def test_gpu_graphs_recapture_and_stale_backward():
     p.data = p.data.clone()  # a parameter moved: the graphs must not read the old address
     chunked_cross_entropy(graphed(x), x).backward()
     assert runner.captures == 2
-    first = chunked_cross_entropy(graphed(x), x)
-    second = chunked_cross_entropy(graphed(x), x)
+    # two forwards, then their backwards (in either order): the second forward runs uncaptured
+    y = torch.randint(0, cfg.vocab_size, (1, 64), device="cuda")
+    for model in (graphed, plain):
+        model.zero_grad(set_to_none=True)
+    losses = {}
+    for name, model in (("graphed", graphed), ("plain", plain)):
+        first = chunked_cross_entropy(model(x), y)
+        second = chunked_cross_entropy(model(y), x)
+        second.backward()
+        first.backward()
+        losses[name] = (first.detach().float(), second.detach().float())
+    assert runner.uncaptured == 1 and runner.replays == 3
+    for a, b in zip(losses["graphed"], losses["plain"]):
+        assert rel_err(a, b) <= 1e-3
+    gp, pp = _grads(graphed), _grads(plain)
+    for n in gp:
+        assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
+    # a backward whose activations another replay has overwritten (kept through retain_graph) raises
+    first = chunked_cross_entropy(graphed(x), y)
+    first.backward(retain_graph=True)
+    chunked_cross_entropy(graphed(y), x).backward()
     with pytest.raises(RuntimeError, match="replayed over"):
         first.backward()
-    second.backward()
 
 
 @pytest.mark.gpu
-def test_gpu_active_dropout_runs_uncaptured():
-    """LoRA dropout > 0: not captured (one warning), and eager dropout keeps working afterwards."""
-    cfg, graphed, _ = _gpu_models(lora=True)
-    for m in graphed.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.05
-    graphed.transformer.h[0].attn.qkv.lora_dropout = torch.nn.Dropout(0.05)
+def test_gpu_graphs_with_lora_dropout():
+    """LoRA dropout is captured. PyTorch's CUDA generator is graph-safe: a replay reads the generator's
+    offset when it runs, so from the same seed a replayed step draws the same masks as the uncaptured step
+    (same random-number consumers in the same order) and its loss and gradients match; without reseeding,
+    every replay draws new masks; the generator still works afterwards."""
+    cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
+    assert any(isinstance(m, torch.nn.Dropout) for m in graphed.modules())
     runner = runner_for(graphed)
-    with pytest.warns(UserWarning, match="active dropout"):
-        for T in (100, 300, 100):
-            x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
-            chunked_cross_entropy(graphed(x), x).backward()
-    assert runner.captures == 0 and runner.replays == 0
+    for T in (100, 300):  # capture both buckets (a capture's warm-up draws random numbers of its own)
+        x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        chunked_cross_entropy(graphed(x), x).backward()
+    assert runner.captures == 2 and not runner.disabled, runner.error
+    for model in (graphed, plain):
+        model.zero_grad(set_to_none=True)
+    for i, T in enumerate((90, 310, 120)):  # replays only
+        x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        losses = []
+        for model in (graphed, plain):
+            torch.manual_seed(100 + i)
+            out = model(x, lm_head_chunk_size=128)
+            out[-1] = out[-1][..., :-1, :]
+            loss = chunked_cross_entropy(out, x[..., 1:])
+            loss.backward()
+            losses.append(loss.detach().float())
+        assert rel_err(losses[0], losses[1]) <= 1e-3, (T, losses)
+    gp, pp = _grads(graphed), _grads(plain)
+    assert gp.keys() == pp.keys() and gp
+    for n in gp:
+        assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
+    assert runner.captures == 2 and runner.replays == 5
+    x = torch.randint(0, cfg.vocab_size, (2, 100), device="cuda")
+    first = chunked_cross_entropy(graphed(x), x)
+    first.backward()
+    second = chunked_cross_entropy(graphed(x), x)
+    second.backward()
+    assert first.item() != second.item()  # new masks on every replay
+    torch.randint(0, 10, (3,), device="cuda").sum().item()  # the generator is intact
+
+
+@pytest.mark.gpu
+def test_gpu_failed_capture_falls_back_and_keeps_the_generator():
+    """A capture that fails (here: a host sync inside the captured body) turns graphs off with one warning;
+    the step and the rest of the run go on uncaptured, dropout included (the CUDA generator is repaired),
+    with the uncaptured model's loss."""
+    cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
+    body = type(graphed)._liger_hidden
+
+    def syncing_body(idx):
+        out = body(graphed, idx)
+        if torch.cuda.is_current_stream_capturing():
+            out.sum().item()  # not allowed while capturing: the capture fails
+        return out
+
+    graphed._liger_hidden = syncing_body
+    runner = runner_for(graphed)
+    x = torch.randint(0, cfg.vocab_size, (2, 100), device="cuda")
+    with pytest.warns(UserWarning, match="capture failed"):
+        chunked_cross_entropy(graphed(x), x).backward()
+    assert runner.disabled and runner.captures == 0 and "may be unusable" not in runner.disabled
+    torch.randint(0, 10, (3,), device="cuda").sum().item()
+    for model in (graphed, plain):
+        model.zero_grad(set_to_none=True)
+    losses = []
+    for model in (graphed, plain):
+        torch.manual_seed(5)
+        loss = chunked_cross_entropy(model(x), x)
+        loss.backward()
+        losses.append(loss.detach().float())
+    assert rel_err(losses[0], losses[1]) <= 1e-3, losses

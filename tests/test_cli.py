@@ -405,8 +405,16 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.compile_min_tokens", "0"])
     assert attn_norm_gpt(b["model"]) == (True, True, True)
     assert not hasattr(b["model"].transformer.h[0], "_liger_compile_min_elems")
+    # cuda_graphs: automatic (None) by default, true|false on the command line and in YAML
+    assert b["model"]._liger_cuda_graphs is None
+    for value, want in (("true", True), ("false", False)):
+        b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.cuda_graphs", value])
+        assert attn_norm_gpt(b["model"]) == (True, True, True) and b["model"]._liger_cuda_graphs is want
     # a `liger:` mapping in a --config file
     cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"liger": {"cuda_graphs": False}}))
+    b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--config", cfg])
+    assert b["model"]._liger_cuda_graphs is False
     cfg.write_text(yaml.safe_dump({"liger": {"rope": False, "rms_norm": False}}))
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--config", cfg])
     assert attn_norm_gpt(b["model"]) == (False, False, True)
