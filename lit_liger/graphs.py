@@ -207,6 +207,12 @@ class GraphRunner:
             return "sharded or wrapped parameters"
         return None
 
+    def _few_trained_now(self) -> bool:
+        """At most 1/8 of the parameters are trained (where ``cuda_graphs=None`` captures)."""
+        if self._tree_changed():
+            self._walk()
+        return 8 * sum(p.numel() for p in self._params if p.requires_grad) <= sum(p.numel() for p in self._params)
+
     def warn_once(self, why: str) -> None:
         if why and why not in self.warned:
             self.warned.add(why)
@@ -224,15 +230,15 @@ class GraphRunner:
         ``auto``: only where at most 1/8 of the parameters are trained (see ``LigerConfig.cuda_graphs``)."""
         why = self.why_not(idx)
         if why is not None:
-            self.warn_once(why)
+            if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
+                self.warn_once(why)                                  # not capture this model anyway
             return None
         gpt = self.gpt
         fingerprint = self._fingerprint()
         if fingerprint != self.addresses:
             self.reset()  # a parameter or buffer moved (or the trainable set or a dropout changed): capture again
             self.addresses = fingerprint
-            total = sum(p.numel() for p in self._params)
-            self.few_trained = 8 * sum(p.numel() for p in self._params if p.requires_grad) <= total
+            self.few_trained = self._few_trained_now()
         if auto and not self.few_trained:
             return None  # full fine-tuning / pretraining: uncaptured unless cuda_graphs=True (memory)
         if self.pending is not None and self.pending() is not None:

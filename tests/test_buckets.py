@@ -197,6 +197,14 @@ def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora):
             warnings.simplefilter("error")
             assert runner.hidden(fake_cuda, auto=True) is None
         assert attempts == [] and not runner.few_trained and not runner.disabled
+        with monkeypatch.context() as m:  # automatic mode says nothing where it would not capture anyway
+            m.setattr(torch.distributed, "is_initialized", lambda: True)
+            m.setattr(torch.distributed, "get_world_size", lambda: 2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert runner.hidden(fake_cuda, auto=True) is None
+            with pytest.warns(UserWarning, match="several processes"):
+                assert runner.hidden(fake_cuda, auto=False) is None
         with pytest.warns(UserWarning, match="capture failed"):
             runner.hidden(fake_cuda, auto=False)  # cuda_graphs=True: captured all the same
         assert len(attempts) == 1
