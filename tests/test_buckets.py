@@ -94,22 +94,19 @@ def test_padded_logits_window(buckets_on_cpu):
         out.loss(y[:, 1:])  # an unshifted output with shifted targets is still caught
 
 
-def test_buckets_off_and_cpu_default():
+def test_buckets_off_and_cpu_default(monkeypatch):
     cfg = tiny_config("Llama-3.2-1B", block_size=96)
     _, ours = _pair(cfg)
     apply_liger(ours)
     x = torch.randint(0, cfg.vocab_size, (1, 10))
     assert ours(x).hidden.shape[1] == 10  # CPU tensors: nothing to gain, no padding
-    adapter_mod._BUCKETS_ON_CPU = True
-    try:
-        apply_liger(ours, LigerConfig(seq_buckets=False))
-        assert ours(x).hidden.shape[1] == 10
-        apply_liger(ours, LigerConfig())
-        assert ours(x).hidden.shape[1] == 64
-        with torch.no_grad():
-            assert ours(x).shape[1] == 10  # validation's real logits are never padded
-    finally:
-        adapter_mod._BUCKETS_ON_CPU = False
+    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)  # as the buckets_on_cpu fixture does
+    apply_liger(ours, LigerConfig(seq_buckets=False))
+    assert ours(x).hidden.shape[1] == 10
+    apply_liger(ours, LigerConfig())
+    assert ours(x).hidden.shape[1] == 64
+    with torch.no_grad():
+        assert ours(x).shape[1] == 10  # validation's real logits are never padded
 
 
 def test_report_and_settings():
