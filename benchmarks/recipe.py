@@ -1,7 +1,8 @@
 """What litgpt's own fine-tuning recipes run: variable-length instruction data, micro-batch 1 and 4.
 
     python -m benchmarks recipe [--models Llama-3.2-1B,Qwen2.5-1.5B] [--methods lora] [--micro_batches 4,1]
-                                [--iters 200] [--variants stock,liger,liger-no-graphs] [--out DIR] [--smoke]
+                                [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed]
+                                [--out DIR] [--smoke]
 
 Each run is ``lit-liger finetune_<method> <checkpoint> --data JSON ...`` in a fresh process, on a random-init
 checkpoint with the model's real widths and vocabulary (built locally: a byte-level BPE trained on Python's
@@ -50,8 +51,9 @@ WORDS = ("data", "value", "function", "return", "list", "string", "number", "fil
          "first", "second", "example", "because", "which", "would", "should", "about", "their", "there")
 
 
-def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0) -> dict[str, float]:
-    """``n`` JSON instruction samples with Alpaca's length profile (measured with the checkpoint's tokenizer)."""
+def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0, fixed: bool = False) -> dict[str, float]:
+    """``n`` JSON instruction samples with Alpaca's length profile (measured with the checkpoint's tokenizer).
+    ``fixed``: every output long enough (~700 tokens) that litgpt truncates every sample to ``max_seq_length``."""
     from litgpt import Tokenizer
 
     tok = Tokenizer(tokenizer_dir)
@@ -62,7 +64,7 @@ def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0) -> 
         def words(k: int) -> str:
             return " ".join(rng.choice(WORDS) for _ in range(max(1, k)))
 
-        out_tokens = min(2000, int(rng.lognormvariate(math.log(150), 0.75)))
+        out_tokens = 700 if fixed else min(2000, int(rng.lognormvariate(math.log(150), 0.75)))
         row = {"instruction": words(rng.randint(6, 20)).capitalize() + ".",
                "input": "" if rng.random() < 0.6 else words(rng.randint(5, 60)),
                "output": words(max(1, int(out_tokens * 0.8)))}
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--variants", default="stock,liger")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's own)")
     p.add_argument("--n_samples", type=int, default=4000)
+    p.add_argument("--lengths", choices=("alpaca", "fixed"), default="alpaca",
+                   help="alpaca: variable lengths (default); fixed: every sample truncated to max_seq_length")
     p.add_argument("--work_dir", type=Path, default=F.WORK_DIR)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="tiny model, a few iterations (CPU: Triton interpreter)")
@@ -113,20 +117,23 @@ def main(argv: list[str] | None = None) -> dict:
     iters = 4 if smoke else opts.iters
     warmup = 1 if smoke else min(opts.warmup, iters - 1)
     result: dict[str, Any] = {"environment": C.environment(), "argv": argv, "smoke": smoke, "rows": [],
-                              "settings": {"iters": iters, "warmup": warmup, "precision": precision}}
+                              "settings": {"iters": iters, "warmup": warmup, "precision": precision,
+                                           "lengths": opts.lengths}}
     for model in [m for m in opts.models.split(",") if m]:
         from litgpt import Config
 
         n_layer = opts.n_layer or (2 if smoke else Config.from_name(model).n_layer)
         ckpt, _, info = F.build_inputs(opts.work_dir, model, n_layer, smoke=smoke, n_samples=8, max_seq_length=512)
-        data = opts.work_dir / "data" / f"alpaca-like-{ckpt.name}-{opts.n_samples}.json"
-        result.setdefault("data", {})[model] = make_alpaca_like(data, ckpt, 64 if smoke else opts.n_samples)
+        fixed = opts.lengths == "fixed"
+        data = opts.work_dir / "data" / f"alpaca-like{'-fixed' if fixed else ''}-{ckpt.name}-{opts.n_samples}.json"
+        result.setdefault("data", {})[model] = make_alpaca_like(data, ckpt, 64 if smoke else opts.n_samples,
+                                                                fixed=fixed)
         result.setdefault("inputs", {})[model] = info
         for method in [m for m in opts.methods.split(",") if m]:
             for mb in [int(b) for b in opts.micro_batches.split(",") if b]:
                 stock = None
                 for variant in [v for v in opts.variants.split(",") if v]:
-                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}-B{mb}-{variant}"
+                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}-B{mb}-{variant}-{opts.lengths}"
                     args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant)
                     row: dict[str, Any] = {"model": model, "method": method, "B": mb, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
@@ -171,7 +178,8 @@ def render(result: dict, out_dir: Path) -> list[Path]:
              r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
              r.get("peak_reserved_gb"), r.get("x_stock_peak_reserved_gb"),
              (r.get("losses") or [None])[0], (r.get("losses") or [None])[-1], r["status"]] for r in result["rows"]]
-    md = [f"# Recipe benchmark: {env['device']}, {env['date']}", "",
+    md = [f"# Recipe benchmark: {env['device']}, {env['date']}"
+          + (" (fixed lengths: every sample truncated to max_seq_length)" if s.get("lengths") == "fixed" else ""), "",
           f"torch {env['torch']}, triton {env['triton']}, litgpt {env['litgpt']}, lit-liger {env['lit_liger']} "
           f"({env.get('lit_liger_commit')})" + (" — SMOKE RUN (not a measurement)" if result.get("smoke") else ""),
           "", f"{s['iters']} iterations per run, the first {s['warmup']} left out; {s['precision']}; data: "

@@ -63,6 +63,26 @@ case $phase in
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     timeout 570 python3 -m benchmarks finetune --model Llama-3.1-8B --methods full --devices 2 --steps 8 \
       --micro_batch_size 8 --also_micro_batch 16 --max_seq_length 4096 --out "$R/finetune" ;;
+  mem)    # issue 16: GPU tests of the graph paths; the graphs' memory settings (one process each, same lengths);
+          # the fixed 4x512 recipe (every sample truncated) stock vs lit-liger with and without graphs
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_buckets.py > "$R/pytest.log" 2>&1
+    grep -E "^E |Error|passed|failed" "$R/pytest.log" | head -30
+    for b in 4 1; do for v in stock nog g0 gpool ggrow gboth; do
+      [ $b = 1 ] && [ $v != stock ] && [ $v != nog ] && [ $v != gboth ] && continue
+      timeout 90 python3 scripts/gpu_recipe_mem.py $v $b 64 "$R/mem.jsonl" 2>&1 | grep -v -i warn | tail -1 | cut -c1-420
+    done; done
+    [ -n "${FIXED:-}" ] && timeout 240 python3 -m benchmarks recipe --lengths fixed --micro_batches 4 --iters 60 \
+      --variants stock,liger-no-graphs,liger --out "$R/recipe-fixed" 2>&1 | grep "lora B" ;;
+  compile) # issue 16: GPU tests of the graph paths, the default memory settings again, torch.compile on the same
+           # lengths (stock and lit-liger), and the 200-step LoRA recipe at B4 (800 iterations)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_buckets.py > "$R/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed" "$R/pytest.log" | head -20
+    for b in 4 1; do timeout 90 python3 scripts/gpu_recipe_mem.py gboth $b 64 "$R/mem.jsonl" 2>&1 | grep -v -i warn \
+      | tail -1 | cut -c1-300; done
+    for v in compile liger+compile; do timeout 130 python3 scripts/gpu_recipe_mem.py $v 4 64 "$R/mem.jsonl" 2>&1 \
+      | grep -v -i warn | tail -1 | cut -c1-300; done
+    timeout 300 python3 -m benchmarks recipe --micro_batches 4 --iters 800 --warmup 40 --variants stock,liger \
+      --out "$R/recipe-200steps" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
