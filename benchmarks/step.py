@@ -2,6 +2,7 @@
 
     python -m benchmarks step [--models Llama-3.2-1B,Qwen3-1.7B,gemma-2-2b] [--batch_size 4]
                               [--seq_len 2048] [--max_batch] [--out DIR] [--quick] [--smoke --tiny]
+                              [--n_layer 8] [--sliding_window_size 1024]
 
 Random tokens, a LitGPT config by name, the model built in bf16 on the GPU, variants in one run:
 
@@ -50,9 +51,13 @@ LOSS_RTOL = 1e-2  # step-1 loss of a variant vs eager (bf16 logits vs fp32-accum
 # ----------------------------------------------------------------------------------------------
 
 
-def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool) -> tuple[Any, dict]:
+def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool, n_layer: int | None = None,
+                 sliding_window_size: int | None = None) -> tuple[Any, dict]:
     """The LitGPT config, and the overrides applied to it (recorded in the results).
 
+    ``n_layer``: keep that many layers (a model's shape at reduced depth). ``sliding_window_size``: the
+    window of the configs that have one (e.g. Mistral-7B-v0.1's 4096 shortened below its 4096-token
+    ``block_size``, so that a sequence is longer than its window); configs without one are left as they are.
     Unless ``--stock_config``: a sliding window at least as long as the sequence is dropped. The
     attention is identical (every key is inside the window), but LitGPT builds that mask with a
     Python loop over T per layer, per step, which dominates an eager gemma-2 step and makes
@@ -60,7 +65,16 @@ def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool) -> tuple[A
     from litgpt import Config
 
     overrides = dict(TINY) if tiny else {}
+    if n_layer is not None:
+        if n_layer < 1:
+            raise ValueError(f"--n_layer must be >= 1, got {n_layer}")
+        overrides["n_layer"] = n_layer
     config = Config.from_name(name, **overrides)
+    if sliding_window_size is not None and config.sliding_window_size is not None:
+        if sliding_window_size < 1:
+            raise ValueError(f"--sliding_window_size must be >= 1, got {sliding_window_size}")
+        overrides["sliding_window_size"] = sliding_window_size
+        config = Config.from_name(name, **overrides)
     if not stock and config.sliding_window_size is not None and config.sliding_window_size >= seq_len:
         overrides["sliding_window_size"] = None
         config = Config.from_name(name, **overrides)
@@ -466,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="after timing, profile 3 steps per variant: GPU kernel time by category, the costliest "
                         "kernels, memory at the end of forward")
+    p.add_argument("--n_layer", type=int, default=None, help="keep this many layers of each model (reduced depth)")
+    p.add_argument("--sliding_window_size", type=int, default=None,
+                   help="the window of the models that have one (e.g. 1024 for Mistral-7B-v0.1 at T 2048)")
     p.add_argument("--tiny", action="store_true", help=f"shrink each config to a toy size ({TINY})")
     p.add_argument("--stock_config", action="store_true",
                    help="keep a sliding window that covers the whole sequence (see model_config)")
@@ -523,7 +540,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     for name in models:
         try:
-            config, overrides = model_config(name, tiny=opts.tiny, seq_len=T, stock=opts.stock_config)
+            config, overrides = model_config(name, tiny=opts.tiny, seq_len=T, stock=opts.stock_config,
+                                             n_layer=opts.n_layer, sliding_window_size=opts.sliding_window_size)
         except Exception as exc:  # noqa: BLE001 - an unknown name: record and go on
             result["rows"].append({"model": name, "B": B, "T": T, "variant": "-", "status": C.failure_status(exc)})
             continue

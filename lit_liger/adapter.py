@@ -8,9 +8,10 @@ Parameter objects, names and ``state_dict`` keys stay, and ``isinstance(m, Block
 wrap / activation-checkpointing policies) still holds. LitGPT's LoRA and adapter subclasses are
 covered because the swap subclasses whatever class the module has.
 
+Attention with logit softcapping or a sliding window runs on FlexAttention (``lit_liger.attention``).
 What is left alone (and why) is reported: latent attention (MLA), the KV-cache ``input_pos``
-path and sliding-window masks (LitGPT's code runs for those calls), GptNeoxMLP's GELU (already
-one elementwise kernel between two GEMMs: nothing to fuse), an lm_head with a LoRA update.
+path (LitGPT's code runs for those calls), GptNeoxMLP's GELU (already one elementwise kernel between
+two GEMMs: nothing to fuse), an lm_head with a LoRA update.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from litgpt.api import LLM
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from . import attention as _attention
 from .buckets import bucket_length
 from .config import LigerConfig
 from .graphs import runner_for
@@ -158,9 +160,36 @@ class _AttentionMixin:
 
     With LitGPT's per-head qk-norm (``norm_qk_type="default"`` with RMSNorm ``norm_q``/``norm_k``:
     Qwen3, Gemma-3) the norm runs in that same launch; LayerNorm qk-norms and OLMo-2's norm over
-    the whole q/k projection keep their modules. The KV-cache (``input_pos``) and sliding-window
-    calls run LitGPT's forward unchanged.
+    the whole q/k projection keep their modules. Layers with attention logit softcapping (Gemma-2) or
+    a sliding window (``apply_sliding_window_attention``) attend through FlexAttention on CUDA tensors
+    (``lit_liger.attention``; LitGPT's math elsewhere); the others through SDPA. The KV-cache
+    (``input_pos``) calls run LitGPT's forward unchanged.
     """
+
+    def _liger_window(self) -> int | None:
+        """This layer's sliding window (LitGPT's ``sliding_window_size`` where the layer applies it)."""
+        return self.config.sliding_window_size if self.apply_sliding_window_attention else None
+
+    def _liger_attention_path(self) -> str:
+        """``"sdpa"`` (plain causal layer), ``"flex"`` (softcap / sliding window on FlexAttention where the
+        tensors are CUDA ones), or why LitGPT's math runs for this softcap / window layer."""
+        if self.config.attention_logit_softcapping is None and self._liger_window() is None:
+            return "sdpa"
+        if not getattr(self, "_liger_flex", True):
+            return "flex_attention switched off"
+        if not _attention.flex_available():
+            return f"FlexAttention needs torch >= 2.5, this is {torch.__version__}"
+        if type(self).scaled_dot_product_attention is not lm.CausalSelfAttention.scaled_dot_product_attention:
+            return f"{getattr(self, '_liger_orig_class', type(self)).__module__}'s own scaled_dot_product_attention"
+        return "flex"
+
+    def _liger_flex_here(self, q: torch.Tensor) -> bool:
+        """Whether this call attends through FlexAttention (``q``: the query, or the layer's input)."""
+        return (
+            (q.is_cuda or _attention._FLEX_ON_CPU)
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and self._liger_attention_path() == "flex"
+        )
 
     def _liger_qk_norm(self) -> dict | None:
         """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head
@@ -177,12 +206,16 @@ class _AttentionMixin:
         return {"q_weight": nq.weight, "k_weight": nk.weight, "eps": nq.eps, "offset": offset}
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
-        if input_pos is not None or self.apply_sliding_window_attention or _stock_under_compile(self, x):
+        # small micro-batches under torch.compile: LitGPT's code, except where FlexAttention serves a softcap /
+        # window layer (compile would trace LitGPT's row-by-row window mask and keep (B, nh, T, T) scores)
+        if input_pos is not None or (_stock_under_compile(self, x) and not self._liger_flex_here(x)):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
         return self._liger_attend(self.qkv(x), cos, sin, mask)  # qkv: (B, T, (nh + 2 * ng) * hs)
 
     def _liger_attend(self, qkv, cos, sin, mask=None):
-        """The attention after the qkv projection (training / no-cache path)."""
+        """The attention after the qkv projection (training / no-cache path). ``mask``: as in LitGPT, an
+        explicit mask replaces the causal one, except in a sliding-window layer (LitGPT uses its window
+        mask there)."""
         cfg = self.config
         hs, n_head, n_groups = cfg.head_size, cfg.n_head, cfg.n_query_groups
         B, T, _ = qkv.size()
@@ -202,10 +235,20 @@ class _AttentionMixin:
                 q, k = self.norm_q(q), self.norm_k(k)
             # rotary on the first rope_n_elem dims of every q and k head, tail passed through: one launch
             q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave, **(qk_norm or {}))  # (B, nh|ng, T, hs)
+        window = self._liger_window()
+        scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale  # LitGPT's
+        if window is not None or cfg.attention_logit_softcapping is not None:
+            if (window is not None or mask is None) and self._liger_flex_here(q):
+                # softcap as score_mod, LitGPT's causal / window mask as a block mask, GQA without copies
+                y = _attention.flex_attend(q, k, v, scale=scale, softcap=cfg.attention_logit_softcapping,
+                                           window=window)  # (B, nh, T, hs)
+                y = y.transpose(1, 2).reshape(B, T, hs * n_head)  # (B, T, C*)
+                return self.proj(y)  # (B, T, C)
+            if window is not None:  # LitGPT's math below, with its window mask built without a loop
+                mask = _attention.dense_mask(T, window, q.device, q.dtype)  # (1, 1, T, T)
         if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
             # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
             # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward
-            scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=scale, is_causal=True, enable_gqa=True)
             y = y.transpose(1, 2)  # (B, T, nh, hs)
         else:
@@ -234,7 +277,7 @@ class _BlockMixin:
         ok = (
             getattr(self, "_liger_recompute_norm", False)
             and isinstance(self.norm_1, _RMSNormMixin) and isinstance(attn, _AttentionMixin)
-            and not attn.apply_sliding_window_attention and _plain_linear(attn.qkv)
+            and _plain_linear(attn.qkv)
         )
         if structure_only or not ok:
             return ok
@@ -318,7 +361,9 @@ class _GPTMixin:
         head = _sharded_head_snapshot(self.lm_head)
         x = None
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
-        if graphs is not False and head is None:
+        if graphs is not False and head is None and not torch.compiler.is_compiling():
+            # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
+            # traced graph must not do)
             x = runner_for(self).hidden(idx, auto=graphs is None)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx)  # (B, T_pad, C)
@@ -591,8 +636,9 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                 if m._liger_qk_norm() is not None:
                     what += " + qk-norm fused"
                 report.add(path, m, what)
-                if m.apply_sliding_window_attention:
-                    report.skip(path, m, "sliding-window mask: LitGPT's attention forward runs for this layer")
+                m._liger_flex = cfg.flex_attention
+                report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(),
+                                                        m._liger_attention_path()))
         elif isinstance(m, lm.Block):
             fusable = (
                 cfg.fused_residual and cfg.rms_norm and not c.parallel_residual

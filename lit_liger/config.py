@@ -19,6 +19,12 @@ class LigerConfig:
         rms_norm: RMSNorm (with or without Gemma's unit offset) -> Triton RMSNorm.
         layer_norm: LayerNorm (with or without affine parameters) -> Triton LayerNorm.
         rope: q/k rotary embedding in one launch (partial rotary, GQA, interleaved layout).
+        flex_attention: layers with attention logit softcapping (Gemma-2) or a sliding window (Gemma-2/3,
+            Mistral-7B-v0.1, Phi-3 ...) attend through PyTorch's FlexAttention on CUDA tensors: softcap and
+            LitGPT's causal / window mask fused into one kernel (no ``(B, nh, T, T)`` scores, no per-step
+            ``(T, T)`` mask), GQA without kv copies; under ``torch.compile`` too, also for micro-batches
+            below ``compile_min_tokens``. Off, or on CPU tensors: LitGPT's own attention math (after
+            lit-liger's RoPE). Needs ``rope`` (the swapped attention module).
         swiglu: ``LLaMAMLP`` (and each ``LLaMAMoE`` expert) -> ``silu(fc_1) * fc_2`` kernel.
         geglu: ``GemmaMLP`` -> ``gelu(fc_1) * fc_2`` kernel (tanh or exact GELU per config).
         fused_residual: residual add + norm_2 fused in the Block where the structure allows.
@@ -45,7 +51,8 @@ class LigerConfig:
             dropout is captured, a replay draws fresh masks). ``None`` (default, "auto"): on where at most
             1/8 of the parameters are trained (LoRA, adapters), off for full fine-tuning and pretraining,
             where the graphs' own memory pool and gradient buffers cost more than they save (measured on an
-            H100, Llama-3.2-1B, litgpt's recipes: LoRA 7.7x stock tokens/s at 0.84x its reserved memory;
+            H100, Llama-3.2-1B, litgpt's recipes: LoRA 5.5-7.7x stock tokens/s at 0.72x its reserved memory
+            over 200 steps (0.66x with the current pool settings in scripts/gpu_recipe_mem.py);
             full fine-tuning 4.3x at 1.07x, against 2.2x at 0.65x uncaptured). ``True``: on whenever it
             can apply; ``False``: off. Falls back to uncaptured steps (with one warning) where capture
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
@@ -55,6 +62,7 @@ class LigerConfig:
     rms_norm: bool = True
     layer_norm: bool = True
     rope: bool = True
+    flex_attention: bool = True
     swiglu: bool = True
     geglu: bool = True
     fused_residual: bool = True

@@ -373,6 +373,7 @@ def check(
     seed: int = 0,
     liger: bool | LigerConfig = True,
     tolerance: float | None = None,
+    sliding_window_size: int | None = None,
 ) -> dict[str, Any]:
     """Parity of a lit-liger-swapped LitGPT model against the untouched one: loss and every gradient.
 
@@ -393,6 +394,9 @@ def check(
         seed: Seed of the weights (random init) and tokens.
         liger: Which kernels (as ``--liger`` of the training commands).
         tolerance: Relative error allowed; default per dtype: fp32 1e-4, bf16 2e-2, fp16 1e-2.
+        sliding_window_size: Shorten the sliding window of a model that has one (Gemma-2/3, Mistral-7B-v0.1,
+            Phi-3 ...) below ``--seq_len``, so that the check exercises the window (at the default
+            ``--seq_len`` every real window covers the whole sequence, which is then causal attention).
     """
     from litgpt.model import GPT, Config
     from litgpt.utils import chunked_cross_entropy as litgpt_chunked_cross_entropy
@@ -408,6 +412,12 @@ def check(
         config = Config.from_file(Path(checkpoint_dir) / "model_config.yaml", **overrides)
     else:
         config = Config.from_name(model, **overrides)
+    if sliding_window_size is not None:
+        if config.sliding_window_size is None or not any(config.sliding_window_indices or []):
+            raise ValueError(f"--sliding_window_size: {config.name} has no sliding-window layers")
+        if sliding_window_size < 1:
+            raise ValueError(f"--sliding_window_size must be >= 1, got {sliding_window_size}")
+        config.sliding_window_size = sliding_window_size  # read by each attention layer at every call
     if seq_len > config.block_size:
         raise ValueError(f"--seq_len {seq_len} is longer than the model's block_size {config.block_size}")
 
@@ -428,7 +438,8 @@ def check(
     report = apply_liger(swapped, LigerConfig.from_value(liger))
     print(
         f"lit-liger check: {config.name}, {config.n_layer} layers, {note}, {dtype} on {dev}, "
-        f"batch {batch_size} x {seq_len} tokens\n"
+        f"batch {batch_size} x {seq_len} tokens"
+        + (f", sliding window {config.sliding_window_size}" if sliding_window_size is not None else "") + "\n"
     )
     print(report, "\n")
 

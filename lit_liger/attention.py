@@ -1,0 +1,241 @@
+"""Attention for the layers where LitGPT does not call plain causal SDPA: attention logit softcapping
+(Gemma-2) and sliding windows (Gemma-2/3, Mistral-7B-v0.1, Phi-3 ... any ``sliding_window_size``).
+
+LitGPT computes those layers (training, no KV cache) as ``q @ kᵀ`` -> scale -> softcap -> + a (T, T)
+mask -> fp32 softmax -> ``@ v``, keeping ``(B, nh, T, T)`` tensors, and builds a sliding window's
+``(T, T)`` mask with a Python loop over its rows in every forward of every such layer. On CUDA tensors
+the same math runs here as one fused PyTorch FlexAttention kernel, forward and backward (the softcap's
+derivative comes from autograd of its ``score_mod``):
+
+* scale: ``1 / sqrt(attention_scores_scalar or head_size) * mscale**2`` (LitGPT's), applied to ``q·k``
+  before the softcap, as LitGPT does;
+* softcap: ``score_mod = cap * tanh(score / cap)``, then the mask, as LitGPT adds it after the softcap;
+* mask: LitGPT's training mask as a FlexAttention block mask (:func:`window_mask_mod`): causal, or in
+  a sliding-window layer query ``i`` sees keys ``i - W < j <= i`` (``W = sliding_window_size``). Blocks
+  wholly outside it are skipped: a window layer costs ``O(T·W)``, not ``O(T²)``;
+* GQA/MQA: ``enable_gqa`` reads each kv head where it is (no ``repeat_interleave`` copies).
+
+Where it runs: on CUDA tensors where ``torch.nn.attention.flex_attention`` exists (torch >= 2.5). In
+eager mode a module-level ``torch.compile(flex_attention)`` runs it (see :func:`_compiled_flex` for its
+shapes and recompiles); under an outer ``torch.compile`` the plain function is traced
+(dynamo handles FlexAttention natively). Elsewhere -- CPU tensors (eager, or Triton's interpreter in
+CI) -- the adapter runs LitGPT's own math after lit-liger's RoPE, with :func:`dense_mask` in window
+layers: FlexAttention has no CPU backward, and CI's reference is LitGPT's result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's math (reported)
+    create_block_mask = flex_attention = None
+
+__all__ = [
+    "RECOMPILE_LIMIT",
+    "block_mask",
+    "dense_mask",
+    "describe",
+    "effective_window",
+    "flex_attend",
+    "flex_available",
+    "softcap_score_mod",
+    "window_mask_mod",
+]
+
+#: dynamo's recompile limit while the eager-mode compiled FlexAttention is called (default 8 per code object).
+#: Every (score_mod, mask_mod) variant, dtype and grad mode is its own cache entry, and automatic dynamic
+#: shapes add one more per variant when a second sequence length arrives: a Gemma-2 model (local and
+#: global layers) in training and validation reaches 8. Past the limit dynamo would run the frame uncompiled,
+#: i.e. FlexAttention's unfused reference that materializes the (B, nh, T, T) scores (a log line and a
+#: warning say so, nothing fails).
+RECOMPILE_LIMIT = 64
+
+#: tests set this to run the FlexAttention path on CPU tensors (FlexAttention's unfused eager reference:
+#: forward only, it has no CPU backward); lit-liger itself uses FlexAttention on CUDA tensors only
+_FLEX_ON_CPU = False
+
+# eager-mode caches (never read or written while torch.compile traces: there each call builds its own)
+_BLOCK_MASKS: dict[tuple[int, int | None, torch.device], Any] = {}
+_MASK_MODS: dict[int | None, Callable] = {}
+_SCORE_MODS: dict[float, Callable] = {}
+_COMPILED: Callable | None = None
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5)."""
+    return flex_attention is not None
+
+
+def _check_window(window: Any) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window_size must be a positive integer or None, got {window!r}")
+
+
+def effective_window(T: int, window: int | None) -> int | None:
+    """The window that limits a length-``T`` sequence: None where every key is inside it (no window, or
+    ``window >= T``: LitGPT's window mask is then exactly the causal mask)."""
+    _check_window(window)
+    return None if window is None or window >= T else window
+
+
+def window_mask_mod(window: int | None) -> Callable:
+    """LitGPT's training attention mask as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``:
+    causal (``kv_idx <= q_idx``) without a window; with a window ``W`` (LitGPT's loop sets row ``i`` to 0
+    on columns ``max(0, i - W + 1) .. i``) ``q_idx - W < kv_idx <= q_idx``. One function object per
+    window in eager mode (the compiled FlexAttention guards on it); the block mask, :func:`dense_mask`
+    and the tests all evaluate this one definition."""
+    _check_window(window)
+    if torch.compiler.is_compiling():
+        return _make_mask_mod(window)
+    fn = _MASK_MODS.get(window)
+    if fn is None:
+        fn = _MASK_MODS[window] = _make_mask_mod(window)
+    return fn
+
+
+def _make_mask_mod(window: int | None) -> Callable:
+    if window is None:
+
+        def causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx
+
+        return causal
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return sliding_window
+
+
+def softcap_score_mod(cap: float) -> Callable:
+    """LitGPT's ``do_softcapping`` on the scaled score, ``tanh(score / cap) * cap``, as a FlexAttention
+    ``score_mod``; its derivative ``1 - tanh²`` comes from autograd through FlexAttention's backward.
+    One function object per cap in eager mode, as :func:`window_mask_mod`."""
+    cap = float(cap)
+    if not cap > 0:
+        raise ValueError(f"attention_logit_softcapping must be > 0, got {cap!r}")
+    if torch.compiler.is_compiling():
+        return _make_score_mod(cap)
+    fn = _SCORE_MODS.get(cap)
+    if fn is None:
+        fn = _SCORE_MODS[cap] = _make_score_mod(cap)
+    return fn
+
+
+def _make_score_mod(cap: float) -> Callable:
+    def softcap(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+
+    return softcap
+
+
+def dense_mask(T: int, window: int | None, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """``(1, 1, T, T)`` additive mask (0 where :func:`window_mask_mod` allows, ``-inf`` elsewhere, as
+    LitGPT builds its sliding-window mask): the reference path's mask, built without a loop over rows."""
+    i = torch.arange(T, device=device)
+    allowed = window_mask_mod(window)(0, 0, i[:, None], i[None, :])  # (T, T) bool
+    mask = torch.zeros(T, T, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    return mask.view(1, 1, T, T)
+
+
+def block_mask(T: int, window: int | None, device: torch.device):
+    """FlexAttention ``BlockMask`` of :func:`window_mask_mod` for a length-``T`` self-attention.
+
+    In eager mode one per ``(T, window, device)``, built on first use and kept (sequence buckets keep the
+    lengths few; a mask holds ``O((T / 128)²)`` small integers). Built outside any CUDA-graph capture: the
+    capture in ``lit_liger.graphs`` runs the same shape once before capturing, which fills this cache, and
+    a capture that meets an unbuilt shape raises (the capture then falls back to uncaptured steps). Under
+    ``torch.compile`` the mask is built inside the traced graph (no Python state read or written)."""
+    mask_mod = window_mask_mod(window)
+    if torch.compiler.is_compiling():
+        return create_block_mask(mask_mod, None, None, T, T, device=device)
+    key = (T, window, torch.device(device))
+    bm = _BLOCK_MASKS.get(key)
+    if bm is None:
+        if key[2].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"lit-liger: FlexAttention block mask for T={T}, window={window} requested during CUDA-graph "
+                "capture; run the same shape once uncaptured first (a warm-up) so it is built outside capture"
+            )
+        bm = _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=key[2])
+    return bm
+
+
+def _compiled_flex() -> Callable:
+    """The eager-mode FlexAttention: ``torch.compile(flex_attention)``, made once. ``dynamic=None``
+    (dynamo's automatic dynamic shapes) rather than ``dynamic=False``: the first shape of each variant
+    compiles a static kernel (the fastest; a fixed-shape run such as a benchmark keeps it), and a second
+    sequence length or batch size recompiles with those sizes symbolic, so variable-length fine-tuning
+    compiles a few times per variant instead of once per sequence bucket (each compile of FlexAttention's
+    forward and backward takes seconds). ``fullgraph``: a graph break is an error, not a silent unfused
+    fallback. Its recompiles are allowed up to :data:`RECOMPILE_LIMIT` (see :func:`flex_attend`)."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(flex_attention, dynamic=None, fullgraph=True)
+    return _COMPILED
+
+
+def _limit_name() -> str:
+    cfg = torch._dynamo.config
+    return "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.6
+
+
+def flex_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal self-attention of ``q (B, nh, T, hs)`` over ``k, v (B, ng, T, hs)`` (``nh`` a multiple of
+    ``ng``) with LitGPT's scale / softcap / sliding-window semantics, on FlexAttention. Returns
+    ``(B, nh, T, hs)`` in ``q``'s dtype."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be (B, heads, T, hs); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, nh, T, hs = q.shape
+    ng = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != T or k.shape[3] != hs or nh % ng:
+        raise ValueError(f"k, v must be (B, ng, T, hs) with nh % ng == 0 for q {tuple(q.shape)}; got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    kw = dict(
+        score_mod=softcap_score_mod(softcap) if softcap is not None else None,
+        block_mask=block_mask(T, effective_window(T, window), q.device),
+        scale=scale,
+        enable_gqa=ng != nh,
+    )
+    if torch.compiler.is_compiling() or q.device.type != "cuda":
+        # traced into the caller's graph by an outer torch.compile; on CPU (tests only) the eager reference
+        return flex_attention(q, k, v, **kw)
+    cfg, name = torch._dynamo.config, _limit_name()
+    old = getattr(cfg, name)
+    old_float = getattr(cfg, "specialize_float", None)
+    setattr(cfg, name, max(old, RECOMPILE_LIMIT))  # ~6 us on the host per call; see RECOMPILE_LIMIT
+    if old_float is not None:
+        # the scale as a constant: measured on an H100 (torch 2.11), a second scale value in one process (another
+        # model) made dynamo trace it as a symbolic float, which FlexAttention's backward cannot take ("Pending
+        # unbacked symbols"); specialized, each scale value compiles its own static kernel, as the first did
+        cfg.specialize_float = True
+    try:
+        return _compiled_flex()(q, k, v, **kw)
+    finally:
+        setattr(cfg, name, old)
+        if old_float is not None:
+            cfg.specialize_float = old_float
+
+
+def describe(softcap: float | None, window: int | None, path: str) -> str:
+    """The report's name of a layer's attention kernel. ``path``: ``"flex"`` (FlexAttention on CUDA,
+    LitGPT's math elsewhere), ``"sdpa"`` (plain causal layers), or why LitGPT's math runs everywhere."""
+    what = ", ".join(x for x in (f"softcap {softcap}" if softcap is not None else "",
+                                 f"sliding window {window}" if window is not None else "") if x)
+    if path == "sdpa":
+        return "attention: SDPA (causal)"
+    if path == "flex":
+        return f"attention: flex attention ({what}) on CUDA; LitGPT's math on CPU"
+    return f"attention: LitGPT's math ({what}; {path})"
