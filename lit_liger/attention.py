@@ -89,11 +89,17 @@ def window_mask_mod(window: int | None) -> Callable:
     window in eager mode (the compiled FlexAttention guards on it); the block mask, :func:`dense_mask`
     and the tests all evaluate this one definition."""
     _check_window(window)
+    return _one_per_key(_MASK_MODS, window, _make_mask_mod)
+
+
+def _one_per_key(cache: dict, key: Any, make: Callable) -> Callable:
+    """``make(key)``, one function object per key in eager mode (kept in ``cache``); under ``torch.compile``
+    a fresh one each call (no Python state read or written while tracing)."""
     if torch.compiler.is_compiling():
-        return _make_mask_mod(window)
-    fn = _MASK_MODS.get(window)
+        return make(key)
+    fn = cache.get(key)
     if fn is None:
-        fn = _MASK_MODS[window] = _make_mask_mod(window)
+        fn = cache[key] = make(key)
     return fn
 
 
@@ -118,12 +124,7 @@ def softcap_score_mod(cap: float) -> Callable:
     cap = float(cap)
     if not cap > 0:
         raise ValueError(f"attention_logit_softcapping must be > 0, got {cap!r}")
-    if torch.compiler.is_compiling():
-        return _make_score_mod(cap)
-    fn = _SCORE_MODS.get(cap)
-    if fn is None:
-        fn = _SCORE_MODS[cap] = _make_score_mod(cap)
-    return fn
+    return _one_per_key(_SCORE_MODS, cap, _make_score_mod)
 
 
 def _make_score_mod(cap: float) -> Callable:

@@ -275,8 +275,8 @@ class GraphRunner:
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
-            longest = max((g.static_idx.numel() for g in self.graphs.values()), default=0)
-            if RECAPTURE_ON_GROWTH and self.graphs and idx.numel() > longest:
+            if RECAPTURE_ON_GROWTH and self.graphs and \
+                    idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
                 self.graphs.clear()  # the next captures start a new pool, sized by this (largest so far) shape
                 self.pool = self._mempool = None
                 torch.cuda.synchronize()
@@ -332,6 +332,10 @@ class GraphRunner:
         self.addresses = None
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @contextlib.contextmanager
 def _allocating_to(pool: Any, device: torch.device) -> Iterator[None]:
     """Allocations on the current stream (by any thread: autograd's backward runs on its own) come from ``pool``
@@ -342,7 +346,7 @@ def _allocating_to(pool: Any, device: torch.device) -> Iterator[None]:
     if pool is None or begin is None or end is None or release is None:
         yield
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     begin(index, pool)
     try:
         yield
@@ -358,7 +362,7 @@ def _end_allocating(pool: Any, device: torch.device) -> None:
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     if pool is None or end is None:
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     try:
         end(index, pool)
     except RuntimeError:  # the capture had ended after all (it failed later, or PyTorch ended it itself)
@@ -370,7 +374,7 @@ def _repair_generator(device: torch.device) -> bool:
     random draw outside a capture raises ("Offset increment outside graph capture encountered unexpectedly",
     measured on torch 2.11). Give it a fresh state with the same seed and offset. True if that was possible."""
     try:
-        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        gen = torch.cuda.default_generators[_device_index(device)]
         if not (hasattr(gen, "graphsafe_set_state") and hasattr(gen, "get_offset")):
             return False
         fresh = torch.Generator(device=device)

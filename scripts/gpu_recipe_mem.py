@@ -88,7 +88,7 @@ res = {"variant": v, "B": B, "iters": iters, "tokens": sum(lens) * B,
        "ms_first8": [round(1e3 * t, 1) for t in times[:8]],
        "max_alloc_gb": torch.cuda.max_memory_allocated() / 1e9, "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
        "end_reserved_gb": torch.cuda.memory_reserved() / 1e9,
-       "segments_gb": {k: [round(a / 1e9, 3), round(b / 1e9, 3)] for k, b_a in pools.items() for a, b in [b_a]},
+       "segments_gb": {k: [round(total / 1e9, 3), round(used / 1e9, 3)] for k, (total, used) in pools.items()},
        "captures": r.captures if r else None, "replays": r.replays if r else None,
        "regrown": getattr(r, "regrown", None) if r else None, "graphs": len(r.graphs) if r else None,
        "disabled": r.disabled if r else None}
