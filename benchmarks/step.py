@@ -104,9 +104,14 @@ def make_batch(config, B: int, T: int, seed: int) -> tuple[torch.Tensor, torch.T
 
 def flops_per_step(config, n_params: int, n_embedding: int, B: int, T: int) -> int:
     """Training FLOPs of one step, PaLM appendix B convention: 6 * (non-embedding params, lm_head
-    included) per token + 12 * n_layer * (n_head * head_size) * T per token for attention (the causal
-    half not subtracted). The embedding lookup is not a matmul and is left out."""
-    attn = 12 * config.n_layer * config.n_head * config.head_size * T
+    included) per token + 12 * (n_head * head_size) * context per layer per token for attention, the
+    context being T (the causal half not subtracted) or, in a sliding-window layer, min(T, window) (the
+    keys such a layer's queries can see, by the same convention). The embedding lookup is not a matmul
+    and is left out."""
+    window = config.sliding_window_size
+    placed = config.sliding_window_indices if window is not None else None
+    context = sum(min(T, window) if placed is not None and placed[i] else T for i in range(config.n_layer))
+    attn = 12 * config.n_head * config.head_size * context
     return (6 * (n_params - n_embedding) + attn) * B * T
 
 
@@ -353,13 +358,33 @@ def attempt(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | No
     return res, status
 
 
+def attempt_isolated(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | None, str]:
+    """:func:`attempt` in a fresh (spawned) process, the default on CUDA: whatever one variant leaves
+    behind (the allocator's cache and fragmentation, a leak, compiled graphs, global hooks) cannot make a
+    later variant run out of memory or run differently, and a variant whose process dies (an abort in a
+    library) is a row, not the end of the benchmark."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    try:
+        with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+            return ex.submit(attempt, config, variant, B, T, opts, **kw).result()
+    except cf.process.BrokenProcessPool as exc:
+        return None, f"failed: the variant's process died ({exc})"
+
+
+def _attempt(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | None, str]:
+    run = attempt_isolated if getattr(opts, "isolate", False) else attempt
+    return run(config, variant, B, T, opts, **kw)
+
+
 def find_max_batch(config, variant: str, T: int, opts) -> dict[str, Any]:
     """Largest micro-batch that runs (doubling, then bisection), with its tokens/s and peak memory."""
     kw = {"steps": opts.max_batch_steps, "warmup": 2}
     good, good_res, bad = 0, None, None
     b = 1
     while b <= opts.max_batch_limit:
-        res, status = attempt(config, variant, b, T, opts, **kw)
+        res, status = _attempt(config, variant, b, T, opts, **kw)
         if res is None:
             if status != "OOM":
                 return {"max_batch_status": status}
@@ -370,7 +395,7 @@ def find_max_batch(config, variant: str, T: int, opts) -> dict[str, Any]:
     if bad is not None:
         while bad - good > 1:
             mid = (good + bad) // 2
-            res, status = attempt(config, variant, mid, T, opts, **kw)
+            res, status = _attempt(config, variant, mid, T, opts, **kw)
             if res is None and status != "OOM":
                 return {"max_batch_status": status, "max_batch": good}
             good, good_res, bad = (mid, res, bad) if res is not None else (good, good_res, mid)
@@ -490,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder (default: benchmarks/results/<device>-<date>/)")
     p.add_argument("--quick", action="store_true", help="first model only, fewer steps")
     p.add_argument("--smoke", action="store_true", help="harness test: small B/T/steps (use with --tiny on CPU)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each variant (and each --max_batch try) in its own process (default: on with CUDA, "
+                        "so no variant inherits another's memory; off on CPU, where the smoke runs are small)")
     p.add_argument("--anchor", default=None,
                    help="reference JSON to quote (default: newest ../shared/anchors/*.json; 'none' to skip)")
     return p
@@ -513,6 +541,8 @@ def main(argv: list[str] | None = None) -> dict:
     warmup = max(1, opts.warmup or (1 if opts.smoke else 3))
     opts.max_batch_limit = opts.max_batch_limit or (4 if opts.smoke else 256)
     opts.dtype = getattr(torch, opts.dtype)
+    if opts.isolate is None:
+        opts.isolate = C.CUDA
     out_dir = opts.out or C.default_out_dir(opts.smoke)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_float32_matmul_precision("high")
@@ -533,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {"B": B, "T": T, "steps": steps, "warmup": warmup, "seed": opts.seed, "tiny": opts.tiny,
                      "optimizer": "AdamW(fused=True)" if C.CUDA else "AdamW", "max_batch": opts.max_batch,
                      "liger_config": opts.liger_config, "stock_config": opts.stock_config,
-                     "profile": opts.profile},
+                     "profile": opts.profile, "isolate": opts.isolate},
     }
     json_path = out_dir / "step.json"
     print("  ".join(COLUMNS), flush=True)
@@ -550,7 +580,12 @@ def main(argv: list[str] | None = None) -> dict:
         eager_row = None
         for variant in variants:
             row: dict[str, Any] = {"model": name, "B": B, "T": T, "variant": variant}
-            res, row["status"] = attempt(config, variant, B, T, opts, steps=steps, warmup=warmup)
+            res, row["status"] = _attempt(config, variant, B, T, opts, steps=steps, warmup=warmup)
+            if C.CUDA and not opts.isolate:  # what the variant left behind after its cleanup (in one process)
+                row["left_allocated_GiB"] = torch.cuda.memory_allocated() / C.GiB
+                if row["left_allocated_GiB"] > 0.5:
+                    print(f"# {name} {variant}: {row['left_allocated_GiB']:.2f} GiB still allocated after cleanup",
+                          flush=True)
             if res:
                 row.update(res)
                 row["tok_per_s"] = B * T / (res["step_ms"] * 1e-3)

@@ -662,8 +662,11 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         for m in gpt.modules():
             if m is not gpt and is_swapped(m):
                 m._liger_compile_min_elems = min_tokens * c.n_embd
+        flex = any(is_swapped(m) and hasattr(m, "_liger_attention_path") and m._liger_attention_path() == "flex"
+                   for m in gpt.modules())
         report.skip(prefix, gpt, f"under torch.compile, micro-batches of < {min_tokens} tokens run LitGPT's norm, "
-                                 "attention and MLP code (host-bound sizes; compile_min_tokens)")
+                                 "attention and MLP code (host-bound sizes; compile_min_tokens)"
+                                 + ("; softcap / sliding-window layers keep RoPE + FlexAttention" if flex else ""))
     for path, m in blocks:
         what = "residual add + norm_2 fused (rms_norm_residual)"
         recomputed = [n for n, ok in (("norm_1", m._liger_fuse_norm_1(structure_only=True)),

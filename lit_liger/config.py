@@ -35,7 +35,9 @@ class LigerConfig:
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
         compile_min_tokens: under ``torch.compile``, a micro-batch of fewer tokens (B x T) than this
             runs LitGPT's own norm, attention and MLP code, which inductor fuses and launches with
-            less host work than lit-liger's kernels cost as opaque custom ops; the fused loss stays.
+            less host work than lit-liger's kernels cost as opaque custom ops; the fused loss stays, and
+            so do the softcap / sliding-window layers' RoPE + FlexAttention (LitGPT's math there
+            builds (T, T) scores and, for a window, a mask row by row).
             Such small steps are bound by the host, not the GPU (README, "Small micro-batches").
             ``None`` (default): ``2**34 // n_embd**2`` tokens (4096 at n_embd 2048, 1024 at 4096);
             ``0``: lit-liger's kernels at every size. Eager mode is not affected.

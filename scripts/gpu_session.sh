@@ -83,6 +83,28 @@ case $phase in
       | grep -v -i warn | tail -1 | cut -c1-300; done
     timeout 300 python3 -m benchmarks recipe --micro_batches 4 --iters 800 --warmup 40 --variants stock,liger \
       --out "$R/recipe-200steps" 2>&1 | grep "lora B" ;;
+  attn1)  # issue 15: GPU parity of the FlexAttention layers (softcap scale specialized), then gemma-2-2b, 5 variants
+    timeout 220 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_attention.py > "$R/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed" "$R/pytest.log" | head -20
+    timeout 330 python3 -m benchmarks step --models gemma-2-2b --out "$R/step-gemma2" 2>&1 | tail -25 ;;
+  attn2)  # issue 15: the GPU tests not reached in attn1 (per-test durations), then the Mistral-7B shape (8 layers,
+          # window 1024 < T 2048), 5 variants, lit-liger's last (anything it leaves allocated can only hurt its own)
+    timeout -s INT -k 20 250 python3 -m pytest -m gpu -k "not module_matches" -q -p no:cacheprovider -rs --tb=short \
+      --durations=0 tests/test_attention.py > "$R/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|s call" "$R/pytest.log" | head -30
+    timeout 300 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
+      --variants eager,compile,liger-kernel,lit-liger,lit-liger+compile --out "$R/step-mistral" 2>&1 | tail -9 ;;
+  rec)    # issue 15: gemma-3-1b (window 512 < T 2048); issue 16 with the final graphs default: LoRA B4 and B1
+    timeout 270 python3 -m benchmarks step --models gemma-3-1b-it \
+      --variants eager,compile,liger-kernel,lit-liger,lit-liger+compile --out "$R/step-gemma3" 2>&1 | tail -9
+    timeout 270 python3 -m benchmarks recipe --micro_batches 4,1 --iters 160 --variants stock,liger \
+      --out "$R/recipe-llama" 2>&1 | grep "lora B" ;;
+  last)   # the last minutes: the Mistral-7B shape (8 layers, window 1024 < T 2048), then LoRA B4 with the final graphs
+          # default; written straight to $OUT so a run cut short still brings back what finished
+    timeout 320 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
+      --variants eager,compile,lit-liger,lit-liger+compile --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -7
+    timeout 125 python3 -m benchmarks recipe --micro_batches 4 --iters 100 --variants stock,liger \
+      --out "$OUT/recipe-llama" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -121,3 +121,44 @@ def test_convergence_gpu_bf16_within_one_percent(tmp_path):
     assert cmp is not None, result["runs"]
     assert cmp["max_rel_diff"] <= convergence.TARGET_REL_DIFF and cmp["final_rel_diff"] <= convergence.TARGET_REL_DIFF
     assert cmp["val_ppl_rel_diff"] <= convergence.TARGET_REL_DIFF
+
+
+def test_step_flops_count_only_the_keys_a_window_layer_sees():
+    """The step benchmark's MFU: a sliding-window layer's attention FLOPs use min(T, window) keys per query,
+    a global layer's T (same convention); the parameter term is the same for both."""
+    from litgpt import Config
+
+    from benchmarks.step import flops_per_step
+
+    n_params, n_emb, B, T = 10_000, 1_000, 2, 2048
+    dense = 6 * (n_params - n_emb) * B * T
+    per_key = 12 * B * T  # x n_head * head_size x keys per layer
+
+    llama = Config.from_name("Llama-3.2-1B")
+    assert flops_per_step(llama, n_params, n_emb, B, T) == dense + per_key * llama.n_head * llama.head_size * 16 * T
+    mistral = Config.from_name("Mistral-7B-v0.1", n_layer=8, sliding_window_size=1024)  # every layer windowed
+    hw = mistral.n_head * mistral.head_size
+    assert flops_per_step(mistral, n_params, n_emb, B, T) == dense + per_key * hw * 8 * 1024
+    gemma3 = Config.from_name("gemma-3-1b-it")  # window 512: 22 local layers, 4 global of 26
+    hw = gemma3.n_head * gemma3.head_size
+    assert flops_per_step(gemma3, n_params, n_emb, B, T) == dense + per_key * hw * (22 * 512 + 4 * T)
+    # a window at least as long as the sequence is the global count
+    assert flops_per_step(gemma3, n_params, n_emb, B, 256) == flops_per_step(
+        Config.from_name("gemma-3-1b-it", sliding_window_size=None), n_params, n_emb, B, 256)
+
+
+def test_step_variant_in_its_own_process_gives_the_in_process_result(tmp_path, argv_guard):
+    """``benchmarks step --isolate`` (the default on CUDA) runs each variant in a spawned process: the same
+    first-step loss as in-process (same seed and weights), the row's status and timings come back."""
+    from benchmarks import step
+
+    rows = {}
+    for flag in ("--isolate", "--no-isolate"):
+        res = step.main(["--tiny", "--smoke", "--models", "Llama-3.2-1B", "--variants", "eager", "--anchor", "none",
+                         flag, "--out", str(tmp_path / flag)])
+        assert res["settings"]["isolate"] is (flag == "--isolate")
+        (rows[flag],) = res["rows"]
+    iso, inproc = rows["--isolate"], rows["--no-isolate"]
+    assert iso["status"] == inproc["status"] == "ok"
+    assert iso["loss"] == inproc["loss"] and math.isfinite(iso["loss"])
+    assert iso["step_ms"] > 0 and iso["n_params"] == inproc["n_params"]
