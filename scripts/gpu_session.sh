@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|diag|flce|after|small|small2|smallc|crossc|host|step1|step2|multi|ft8b
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -105,6 +105,22 @@ case $phase in
       --variants eager,compile,lit-liger,lit-liger+compile --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -7
     timeout 125 python3 -m benchmarks recipe --micro_batches 4 --iters 100 --variants stock,liger \
       --out "$OUT/recipe-llama" 2>&1 | grep "lora B" ;;
+  next15) # what issue 15 still needs on a GPU (each variant in its own process now): the check test cut in attn2,
+          # gemma-2-2b's 5 variants again, Mistral's shape without stock compile (its LitGPT mask loop unrolls under
+          # dynamo; run it alone with a long limit if at all), gemma-3-1b
+    timeout 150 python3 -m pytest -m gpu -k check_covers -q -p no:cacheprovider -rs --tb=short tests/test_attention.py \
+      2>&1 | tail -3
+    timeout 330 python3 -m benchmarks step --models gemma-2-2b --out "$OUT/step-gemma2" 2>&1 | tail -7 ;;
+  next15b)
+    timeout 280 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
+      --variants eager,lit-liger,lit-liger+compile,liger-kernel --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -6
+    timeout 280 python3 -m benchmarks step --models gemma-3-1b-it --variants eager,lit-liger,compile,lit-liger+compile \
+      --steps 6 --warmup 2 --out "$OUT/step-gemma3" 2>&1 | tail -6 ;;
+  next16) # issue 16: micro-batch 1 with the final graphs default; issue 15: the gemma-2 LoRA curve (200 iterations)
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 160 --variants stock,liger \
+      --out "$OUT/recipe-llama-b1" 2>&1 | grep "lora B"
+    timeout 330 python3 -m benchmarks recipe --models gemma-2-2b --micro_batches 4 --iters 200 --variants stock,liger \
+      --out "$OUT/recipe-gemma2" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
