@@ -184,11 +184,12 @@ class GraphRunner:
     def _walk(self) -> None:
         gpt = self.gpt
         self._tree = _TREE_VERSION[0]
-        modules = list(gpt.named_modules())
-        self._modules = modules
-        self._hook_dicts = [d for _, m in modules for d in (m._forward_hooks, m._forward_pre_hooks,
-                                                          m._backward_hooks, m._backward_pre_hooks)]
-        self._dropouts = [m for _, m in modules if isinstance(m, nn.Dropout)]
+        # nothing kept here may reach the model itself (nor its hooks, which may): _RUNNERS holds this runner
+        # strongly under the model's weak key, so a way back would keep the model, its weights and gradients
+        # alive for the rest of the process
+        modules = list(gpt.modules())
+        self._module_refs = [weakref.ref(m) for m in modules]
+        self._dropouts = [m for m in modules if isinstance(m, nn.Dropout)]
         self._params = list(gpt.parameters())
         self._buffers = list(gpt.buffers())
         self._sharded = any(hasattr(p, "ds_id") or type(p) not in (nn.Parameter, torch.Tensor) for p in self._params)
@@ -217,9 +218,8 @@ class GraphRunner:
             return "global module hooks are registered"
         if self._tree_changed():
             self._walk()
-        if any(self._hook_dicts):
-            name = next(n for n, m in self._modules if m._forward_hooks or m._forward_pre_hooks or
-                        m._backward_hooks or m._backward_pre_hooks)
+        if any(_hooked(r()) for r in self._module_refs):
+            name = next(n for n, m in self.gpt.named_modules() if _hooked(m))
             return f"module {name or '<root>'} has hooks (they would not run on a replay)"
         if not CAPTURE_DROPOUT and any(m.p > 0 and m.training for m in self._dropouts):
             return "active dropout (e.g. LoRA dropout > 0)"
@@ -390,6 +390,11 @@ def _repair_generator(device: torch.device) -> bool:
 #: PyTorch has no global registration hooks, so every call walks the module tree)
 _TREE_VERSION = [0]
 _WATCHING = False
+
+
+def _hooked(m: nn.Module | None) -> bool:
+    return m is not None and bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
+                                  m._backward_pre_hooks)
 
 
 def _bump(*_args: Any) -> None:

@@ -232,6 +232,50 @@ def test_graph_runner_sees_model_changes(monkeypatch):
     assert runner._fingerprint() != fp
 
 
+@pytest.mark.parametrize("lora", [True, False])
+def test_graph_runner_does_not_keep_the_model_alive(monkeypatch, lora):
+    """The runners live in a dict under their model's weak key: a runner that has walked its model (every
+    CUDA training forward does, captured or not) must not reach the model back, or the model, its weights
+    and gradients stay allocated for the rest of the process. Found on an H100: after a lit-liger variant
+    of ``benchmarks step`` (full training, graphs automatic, so uncaptured), the next variants ran out of
+    memory. Here with a model hook that references the model, and, for LoRA, a failed capture."""
+    import functools
+    import gc
+    import weakref
+
+    from lit_liger import graphs as graphs_mod
+
+    class Capture:
+        def __init__(self, runner, idx, params):
+            raise RuntimeError("no capture in this test")
+
+    monkeypatch.setattr(graphs_mod, "_Graphs", Capture)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def make():
+        cfg = tiny_config("Llama-3.2-1B")
+        _, ours = _pair(cfg)
+        apply_liger(ours)
+        if lora:
+            for n, p in ours.named_parameters():
+                p.requires_grad_(n.startswith("transformer.h.0.attn.proj"))
+        runner = runner_for(ours)
+        fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert runner.hidden(fake_cuda, auto=True) is None  # walked the model; LoRA: the capture failed
+        assert runner._tree is not None and runner.few_trained is lora and bool(runner.disabled) is lora
+        # a hook that holds the model (a cycle the garbage collector frees, unless something outside holds it)
+        ours.transformer.h[1].register_forward_hook(functools.partial(lambda model, *a: None, ours))
+        assert "has hooks" in runner.why_not(fake_cuda) or lora
+        return weakref.ref(ours), weakref.ref(ours.lm_head.weight)
+
+    model, weight = make()
+    gc.collect()
+    assert model() is None and weight() is None
+
+
 def test_swapped_model_still_deepcopies_and_pickles():
     import pickle
 
