@@ -245,7 +245,7 @@ def test_window_family_parity_on_cpu(name, monkeypatch):
     assert calls == []  # CPU tensors: LitGPT's math, not FlexAttention
     # the fused norm_1 -> qkv now covers the window layers too
     assert sum(1 for _, _, k in report.swapped if "norm_1 and norm_2 outputs recomputed" in k) == cfg.n_layer
-    assert not any("sliding" in why for _, _, why in report.skipped)
+    assert not any("sliding" in why for path, _, why in report.skipped if path.startswith("transformer.h."))
 
 
 def test_report_names_each_layers_attention():
