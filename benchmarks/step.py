@@ -365,12 +365,28 @@ def attempt_isolated(config, variant: str, B: int, T: int, opts, **kw) -> tuple[
     library) is a row, not the end of the benchmark."""
     import concurrent.futures as cf
     import multiprocessing as mp
+    import os
 
     try:
-        with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+        with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                    initializer=_exit_with_parent, initargs=(os.getpid(),)) as ex:
             return ex.submit(attempt, config, variant, B, T, opts, **kw).result()
     except cf.process.BrokenProcessPool as exc:
         return None, f"failed: the variant's process died ({exc})"
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In a variant's process: exit as soon as the benchmark's process is gone (killed by a time limit, for
+    one), instead of holding the GPU while the next command runs."""
+    import os
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def _attempt(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | None, str]:
