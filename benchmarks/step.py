@@ -64,6 +64,8 @@ def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool, n_layer: i
     ``torch.compile`` unroll T x n_layer assignments."""
     from litgpt import Config
 
+    from lit_liger.attention import check_window
+
     overrides = dict(TINY) if tiny else {}
     if n_layer is not None:
         if n_layer < 1:
@@ -71,8 +73,7 @@ def model_config(name: str, *, tiny: bool, seq_len: int, stock: bool, n_layer: i
         overrides["n_layer"] = n_layer
     config = Config.from_name(name, **overrides)
     if sliding_window_size is not None and config.sliding_window_size is not None:
-        if sliding_window_size < 1:
-            raise ValueError(f"--sliding_window_size must be >= 1, got {sliding_window_size}")
+        check_window(sliding_window_size, "--sliding_window_size")
         overrides["sliding_window_size"] = sliding_window_size
         config = Config.from_name(name, **overrides)
     if not stock and config.sliding_window_size is not None and config.sliding_window_size >= seq_len:

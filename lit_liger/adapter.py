@@ -588,6 +588,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     c = gpt.config
     pre = f"{prefix}." if prefix else ""
     blocks = []
+    flex = False  # some layer attends through FlexAttention (the compile_min_tokens line says so)
     for name, m in gpt.named_modules():
         path = pre + name if name else prefix
         if isinstance(m, lm.RMSNorm):
@@ -637,8 +638,9 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     what += " + qk-norm fused"
                 report.add(path, m, what)
                 m._liger_flex = cfg.flex_attention
-                report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(),
-                                                        m._liger_attention_path()))
+                attn_path = m._liger_attention_path()
+                flex = flex or attn_path == "flex"
+                report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(), attn_path))
         elif isinstance(m, lm.Block):
             fusable = (
                 cfg.fused_residual and cfg.rms_norm and not c.parallel_residual
@@ -662,8 +664,6 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         for m in gpt.modules():
             if m is not gpt and is_swapped(m):
                 m._liger_compile_min_elems = min_tokens * c.n_embd
-        flex = any(is_swapped(m) and hasattr(m, "_liger_attention_path") and m._liger_attention_path() == "flex"
-                   for m in gpt.modules())
         report.skip(prefix, gpt, f"under torch.compile, micro-batches of < {min_tokens} tokens run LitGPT's norm, "
                                  "attention and MLP code (host-bound sizes; compile_min_tokens)"
                                  + ("; softcap / sliding-window layers keep RoPE + FlexAttention" if flex else ""))

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's
 __all__ = [
     "RECOMPILE_LIMIT",
     "block_mask",
+    "check_window",
     "dense_mask",
     "describe",
     "effective_window",
@@ -70,15 +71,16 @@ def flex_available() -> bool:
     return flex_attention is not None
 
 
-def _check_window(window: Any) -> None:
+def check_window(window: Any, name: str = "sliding_window_size") -> None:
+    """A sliding window is a positive integer or None (``name``: how the caller's user spells it)."""
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"sliding_window_size must be a positive integer or None, got {window!r}")
+        raise ValueError(f"{name} must be a positive integer or None, got {window!r}")
 
 
 def effective_window(T: int, window: int | None) -> int | None:
     """The window that limits a length-``T`` sequence: None where every key is inside it (no window, or
     ``window >= T``: LitGPT's window mask is then exactly the causal mask)."""
-    _check_window(window)
+    check_window(window)
     return None if window is None or window >= T else window
 
 
@@ -88,7 +90,7 @@ def window_mask_mod(window: int | None) -> Callable:
     on columns ``max(0, i - W + 1) .. i``) ``q_idx - W < kv_idx <= q_idx``. One function object per
     window in eager mode (the compiled FlexAttention guards on it); the block mask, :func:`dense_mask`
     and the tests all evaluate this one definition."""
-    _check_window(window)
+    check_window(window)
     return _one_per_key(_MASK_MODS, window, _make_mask_mod)
 
 

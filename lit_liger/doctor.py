@@ -402,6 +402,7 @@ def check(
     from litgpt.utils import chunked_cross_entropy as litgpt_chunked_cross_entropy
 
     from . import apply_liger, chunked_cross_entropy
+    from .attention import check_window
 
     if (model is None) == (checkpoint_dir is None):
         raise ValueError("pass exactly one of --model (a LitGPT config name) and --checkpoint_dir")
@@ -415,8 +416,7 @@ def check(
     if sliding_window_size is not None:
         if config.sliding_window_size is None or not any(config.sliding_window_indices or []):
             raise ValueError(f"--sliding_window_size: {config.name} has no sliding-window layers")
-        if sliding_window_size < 1:
-            raise ValueError(f"--sliding_window_size must be >= 1, got {sliding_window_size}")
+        check_window(sliding_window_size, "--sliding_window_size")
         config.sliding_window_size = sliding_window_size  # read by each attention layer at every call
     if seq_len > config.block_size:
         raise ValueError(f"--seq_len {seq_len} is longer than the model's block_size {config.block_size}")

@@ -8,8 +8,8 @@ AdamW every 16/B micro-batches; each micro-batch's length is its longest sample'
 comparing the graphs' memory settings and torch.compile on the same lengths.
 
 Variants: ``stock`` (LitGPT, its chunked_cross_entropy), ``nog`` (lit-liger, cuda_graphs off), ``g0`` (graphs,
-neither memory setting), ``gpool`` (WARMUP_IN_POOL), ``ggrow`` (RECAPTURE_ON_GROWTH), ``gboth`` (both: the
-defaults), ``compile`` (stock under torch.compile), ``liger+compile``.
+neither memory setting), ``gpool`` (WARMUP_IN_POOL: the default), ``ggrow`` (RECAPTURE_ON_GROWTH, off by default),
+``gboth`` (both), ``compile`` (stock under torch.compile), ``liger+compile``.
 """
 import json
 import math
