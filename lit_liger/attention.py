@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 import torch
 
+from .kernels._launch import flex_kernel_options
+
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's math (reported)
@@ -212,6 +214,9 @@ def flex_attend(
         scale=scale,
         enable_gqa=ng != nh,
     )
+    options = flex_kernel_options(hs, q.dtype, q.device)
+    if options is not None:
+        kw["kernel_options"] = options
     if torch.compiler.is_compiling() or q.device.type != "cuda":
         # traced into the caller's graph by an outer torch.compile; on CPU (tests only) the eager reference
         return flex_attention(q, k, v, **kw)

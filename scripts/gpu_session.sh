@@ -111,6 +111,26 @@ case $phase in
     timeout 150 python3 -m pytest -m gpu -k check_covers -q -p no:cacheprovider -rs --tb=short tests/test_attention.py \
       2>&1 | tail -3
     timeout 330 python3 -m benchmarks step --models gemma-2-2b --out "$OUT/step-gemma2" 2>&1 | tail -7 ;;
+  s5a)    # session 5: the leak's GPU test, the check test, gemma-2-2b without eager (it OOMs) with a GPU profile
+    timeout 100 python3 -m pytest -m gpu -k freed -q -p no:cacheprovider -rs --tb=short tests/test_buckets.py \
+      2>&1 | tail -4
+    timeout 130 python3 -m pytest -m gpu -k check_covers -q -p no:cacheprovider -rs --tb=short tests/test_attention.py \
+      2>&1 | tail -3
+    timeout 300 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile,liger-kernel \
+      --steps 6 --warmup 2 --profile --out "$OUT/step-gemma2" 2>&1 | tail -7 ;;
+  s5b)    # session 5: FlexAttention launch settings (explicit candidates, inductor's autotune), then gemma-3-1b
+    timeout 320 python3 scripts/flex_sweep.py --out "$OUT/flex" 2> "$OUT/flex_sweep.err"
+    grep -A4 "^AUTOTUNE\|^# autotuning" "$OUT/flex_sweep.err" | head -60
+    timeout 210 python3 -m benchmarks step --models gemma-3-1b-it --variants eager,lit-liger,compile,lit-liger+compile \
+      --steps 6 --warmup 2 --out "$OUT/step-gemma3" 2>&1 | tail -6 ;;
+  s5c)    # session 5: with the FlexAttention launch settings for head size 256 (kernels/_launch.flex_kernel_options)
+    timeout 90 python3 scripts/flex_sweep.py --out "$OUT/flex-after" --no_autotune --no_candidates 2>&1 | grep "fwd+bwd"
+    timeout 150 python3 -m pytest -m gpu -k "(bf16 and gemma) or fullgraph" -q -p no:cacheprovider -rs --tb=short \
+      tests/test_attention.py 2>&1 | tail -3
+    timeout 200 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger,lit-liger+compile \
+      --steps 6 --warmup 2 --profile --out "$OUT/step-gemma2" 2>&1 | tail -4
+    timeout 110 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
+      --variants eager,lit-liger --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -4 ;;
   next15b)
     timeout 280 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
       --variants eager,lit-liger,lit-liger+compile,liger-kernel --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -6

@@ -121,6 +121,31 @@ def test_flex_attend_refuses_bad_shapes():
         A.flex_attend(q, torch.randn(4, 6, 8), torch.randn(4, 6, 8), scale=1.0)
 
 
+def test_flex_launch_settings_only_where_measured(monkeypatch):
+    from lit_liger.kernels import _launch as L
+
+    cuda = torch.device("cuda", 0)
+    assert L.flex_kernel_options(256, torch.bfloat16, torch.device("cpu")) is None
+    monkeypatch.setattr(L, "device_limits", lambda d: L.DeviceLimits("h100", 32, 1024, 132, (9, 0), False))
+    opts = L.flex_kernel_options(256, torch.bfloat16, cuda)
+    assert opts["bwd_num_warps"] == 8 and opts["fwd_BLOCK_M"] == 128
+    assert all(k.startswith(("fwd_", "bwd_")) for k in opts)  # each pass takes only its own settings
+    assert L.flex_kernel_options(128, torch.bfloat16, cuda) is None  # torch's sm90 default kept
+    assert L.flex_kernel_options(256, torch.float32, cuda) is None
+    monkeypatch.setattr(L, "device_limits", lambda d: L.DeviceLimits("a100", 32, 1024, 108, (8, 0), False))
+    assert L.flex_kernel_options(256, torch.bfloat16, cuda) is None
+
+
+def test_flex_attend_hands_the_launch_settings_to_flex_attention(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(A, "flex_kernel_options", lambda hs, dtype, device: {"bwd_num_warps": hs})
+    monkeypatch.setattr(A, "flex_attention", lambda q, k, v, **kw: seen.update(kw) or q)
+    monkeypatch.setattr(A, "block_mask", lambda T, window, device: None)
+    q = torch.randn(1, 2, 6, 8)
+    A.flex_attend(q, q, q, scale=1.0)
+    assert seen["kernel_options"] == {"bwd_num_warps": 8}
+
+
 # ------------------------------------------------------------------------------------------------
 # The swapped attention module: FlexAttention forced on CPU tensors vs LitGPT's module
 # ------------------------------------------------------------------------------------------------

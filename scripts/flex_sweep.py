@@ -1,0 +1,103 @@
+"""FlexAttention launch settings for the families of issue 15, measured (GPU only).
+
+For each shape (B, heads, groups, T, head size, softcap, window) this times forward+backward of the
+FlexAttention lit-liger runs (lit_liger.attention.flex_attend: torch's default launch settings, or the ones
+lit-liger's launch heuristics pick: kernels/_launch.flex_kernel_options), then a few explicit settings
+(CANDIDATES), then lets inductor autotune the same call
+(``mode="max-autotune-no-cudagraphs"``) and times that; inductor prints the configs it tried to stderr
+("AUTOTUNE flex_attention..."), which the run's log keeps. Writes ``flex_sweep.json``.
+
+    python scripts/flex_sweep.py --out DIR [--shapes gemma2,gemma3,mistral] [--no_autotune]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from lit_liger import attention as A
+
+SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, window, scale)
+    "gemma2": (4, 8, 4, 2048, 256, 50.0, None, 256 ** -0.5),
+    "gemma3": (4, 4, 1, 2048, 256, None, 512, 256 ** -0.5),
+    "mistral": (4, 32, 8, 2048, 128, None, 1024, 128 ** -0.5),
+}
+
+
+#: explicit launch settings tried on every shape (kernel_options of flex_attention; fwd_/bwd_ prefixes)
+CANDIDATES = {
+    "bwd 32x64 s3 w4": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=32, bwd_num_stages=3,
+                            bwd_num_warps=4),
+    "bwd 64x64 s2 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64, bwd_num_stages=2,
+                            bwd_num_warps=8),
+    "bwd 32x128 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=128, bwd_BLOCK_M2=128, bwd_BLOCK_N2=32, bwd_num_stages=2,
+                             bwd_num_warps=8),
+    "fwd 64x64 s3 w4": dict(fwd_BLOCK_M=64, fwd_BLOCK_N=64, fwd_num_stages=3, fwd_num_warps=4),
+    "fwd 128x64 s2 w8": dict(fwd_BLOCK_M=128, fwd_BLOCK_N=64, fwd_num_stages=2, fwd_num_warps=8),
+}
+
+
+def _time(fn, q, k, v, n=20, warmup=3) -> float:
+    g = torch.randn_like(q)
+    for _ in range(warmup):
+        fn(q, k, v).backward(g)
+    times = []
+    for _ in range(n):
+        q.grad = k.grad = v.grad = None
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(q, k, v).backward(g)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--no_autotune", action="store_true")
+    p.add_argument("--no_candidates", action="store_true")
+    opts = p.parse_args()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in opts.shapes.split(","):
+        B, nh, ng, T, hs, cap, window, scale = SHAPES[name]
+        torch.manual_seed(0)
+        mk = lambda h: torch.randn(B, h, T, hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+        q, k, v = mk(nh), mk(ng), mk(ng)
+        row = {"shape": name, "B": B, "n_head": nh, "n_query_groups": ng, "T": T, "head_size": hs,
+               "softcap": cap, "window": window}
+        row["lit_liger_ms"] = _time(lambda q, k, v: A.flex_attend(q, k, v, scale=scale, softcap=cap, window=window),
+                                    q, k, v)
+        print(f"{name}: lit-liger flex fwd+bwd {row['lit_liger_ms']:.3f} ms", flush=True)
+        kw = dict(score_mod=A.softcap_score_mod(cap) if cap is not None else None,
+                  block_mask=A.block_mask(T, A.effective_window(T, window), q.device), scale=scale,
+                  enable_gqa=ng != nh)
+        row["candidates_ms"] = {}
+        for label, ko in ({} if opts.no_candidates else CANDIDATES).items():
+            try:
+                fn = torch.compile(A.flex_attention, fullgraph=True, dynamic=False)
+                ms = _time(lambda q, k, v: fn(q, k, v, kernel_options=dict(ko), **kw), q, k, v, n=10)
+            except Exception as exc:  # noqa: BLE001 - a setting the kernel refuses (shared memory): a row
+                ms = f"{type(exc).__name__}: {str(exc)[:160]}"
+            row["candidates_ms"][label] = ms
+            print(f"{name}: {label}: {ms if isinstance(ms, str) else f'{ms:.3f} ms'}", flush=True)
+            torch._dynamo.reset()
+        if not opts.no_autotune:
+            tuned = torch.compile(A.flex_attention, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+            print(f"# autotuning {name}", file=sys.stderr, flush=True)
+            row["autotuned_ms"] = _time(lambda q, k, v: tuned(q, k, v, **kw), q, k, v)
+            print(f"{name}: autotuned fwd+bwd {row['autotuned_ms']:.3f} ms", flush=True)
+        rows.append(row)
+        (opts.out / "flex_sweep.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
