@@ -182,17 +182,16 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device)
     """FlexAttention launch settings (``flex_attention(kernel_options=...)``) where torch's own default was
     measured slower, else ``None`` (torch's default).
 
-    Measured on an H100 (torch 2.11, ``benchmarks/results/h100-2026-11-23e/flex/``), forward+backward of one
+    Measured on an H100 (torch 2.11, ``benchmarks/results/h100-2026-11-23e/flex*/``), forward+backward of one
     layer at B4 T2048, bf16, head size 256: torch's sm90 default for the backward is 64x64 blocks, 2 stages,
     4 warps; 8 warps took gemma-2-2b's shape (8 heads, 4 groups, softcap) from 3.11 to 2.72 ms and gemma-3-1b's
-    (4 heads, 1 group, window 512) from 1.36 to 1.05 ms. For the forward, inductor's autotune picked 128x128
-    blocks, 1 stage, 8 warps at gemma-2's shape (1.30 ms against 1.44 for the next setting it tried). Other
-    head sizes keep torch's default (up to 128 it is already 8 warps on sm90 for the backward; sizes between
-    128 and 256 were not measured)."""
+    (4 heads, 1 group, window 512) from 1.36 to 1.05 ms. The forward keeps torch's default: the 128x128 /
+    1-stage / 8-warp forward inductor's autotune picked at gemma-2's shape, added to that backward, gave 2.69 ms
+    there but 1.23 ms at gemma-3's. Other head sizes keep torch's default (up to 128 it is already 8 warps on
+    sm90 for the backward; sizes between 128 and 256 were not measured)."""
     if device.type != "cuda" or torch.version.hip is not None or dtype not in (torch.bfloat16, torch.float16):
         return None
     if device_limits(device).capability != (9, 0) or head_dim != 256:
         return None
-    return {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_stages": 1, "fwd_num_warps": 8,
-            "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+    return {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
             "bwd_num_stages": 2, "bwd_num_warps": 8}

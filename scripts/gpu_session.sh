@@ -131,6 +131,11 @@ case $phase in
       --steps 6 --warmup 2 --profile --out "$OUT/step-gemma2" 2>&1 | tail -4
     timeout 110 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
       --variants eager,lit-liger --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -4 ;;
+  s5d)    # session 5: the backward-only launch settings; the gemma-2 LoRA recipe, 200 iterations (loss curve)
+    timeout 60 python3 scripts/flex_sweep.py --out "$OUT/flex-bwd" --shapes gemma2,gemma3 --no_autotune \
+      --no_candidates 2>&1 | grep "fwd+bwd"
+    timeout 390 python3 -m benchmarks recipe --models gemma-2-2b --micro_batches 4 --iters 200 --variants stock,liger \
+      --out "$OUT/recipe-gemma2" 2>&1 | grep "lora B" ;;
   next15b)
     timeout 280 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 8 --sliding_window_size 1024 \
       --variants eager,lit-liger,lit-liger+compile,liger-kernel --steps 6 --warmup 2 --out "$OUT/step-mistral" 2>&1 | tail -6
