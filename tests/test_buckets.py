@@ -520,3 +520,19 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
     torch.cuda.synchronize()
     left = torch.cuda.memory_allocated() - base
     assert used > 100 * 2**20 and left < 0.05 * used, (used, left)
+
+
+@pytest.mark.parametrize("name, flex", [("gemma-2-2b", True), ("Llama-3.2-1B", False)])
+def test_graphs_leave_flex_attention_models_uncaptured(monkeypatch, name, flex):
+    """A model with FlexAttention layers is not captured (its replays across several sequence buckets failed
+    with an illegal memory access on an H100): the runner gives the reason, which is warned once, and the
+    forward runs uncaptured. A plain causal model is not refused for it."""
+    from lit_liger import graphs as graphs_mod
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _, ours = _pair(tiny_config(name))
+    apply_liger(ours)
+    fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    why = runner_for(ours).why_not(fake_cuda)
+    assert (why == graphs_mod.FLEX_WHY) if flex else why is None
