@@ -58,7 +58,8 @@ class LigerConfig:
             full fine-tuning 4.3x at 1.07x, against 2.2x at 0.65x uncaptured). ``True``: on whenever it
             can apply; ``False``: off. Falls back to uncaptured steps (with one warning) where capture
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
-            module hooks, ``torch.compile``, a capture error.
+            module hooks, ``torch.compile``, FlexAttention layers (softcap / sliding window: their replays
+            failed across several buckets on an H100, see ``graphs.FLEX_WHY``), a capture error.
     """
 
     rms_norm: bool = True

@@ -23,7 +23,8 @@ every call compares those addresses and recaptures if one moved (``param.data = 
 The shared pool holds one forward's activations at a time, so a forward that comes while a replayed
 forward's backward is still due (two forwards, then their backwards) runs uncaptured; a backward whose
 activations were replayed over all the same (possible only through ``retain_graph``) raises. Where capture cannot apply (several processes,
-autocast, module hooks, ``torch.compile``, a capture error) the step runs uncaptured, with one warning.
+autocast, module hooks, ``torch.compile``, FlexAttention layers (:data:`FLEX_WHY`), a capture error) the step runs
+uncaptured, with one warning.
 """
 
 from __future__ import annotations
