@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from litgpt import lora as litgpt_lora
 from litgpt import model as lm
 from litgpt.api import LLM
 from torch import nn
@@ -35,6 +36,7 @@ from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, swiglu
+from .lora import lora_linear, lora_parts
 from .loss import (
     GatheredHead,
     LigerLogits,
@@ -114,6 +116,34 @@ def _called_plainly(*modules: nn.Module) -> bool:
     return not any(
         m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in modules
     )
+
+
+class _LoRAMixin:
+    """LitGPT's ``LoRALinear`` / ``LoRAQKVLinear`` (r > 0): the frozen projection and the LoRA update in one
+    autograd function of GEMMs (:func:`lit_liger.lora.lora_linear`: no grouped conv1d, zero-padded update, cat or
+    scaling op). LitGPT's forward runs when merged, under ``torch.compile`` (inductor fuses LitGPT's ops itself),
+    under autocast, for a quantized or hooked base Linear, or for sharded (DTensor / ZeRO-3) LoRA weights."""
+
+    def _liger_lora_here(self, x: torch.Tensor) -> bool:
+        a = self.lora_A
+        return (
+            not self.merged
+            and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled(x.device.type)
+            and _plain_linear(self.linear)
+            and not hasattr(a, "ds_id") and not _is_dtensor(a)
+            and x.dtype == self.linear.weight.dtype == a.dtype == self.lora_B.dtype
+            and (isinstance(self.lora_dropout, nn.Dropout) or not isinstance(self.lora_dropout, nn.Module))
+            and _called_plainly(self.linear)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._liger_lora_here(x):
+            return super().forward(x)
+        drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
+        xd = drop(x) if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else None  # (B, T, C)
+        lin = self.linear
+        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd)
 
 
 class _SwiGLUMixin:
@@ -205,6 +235,18 @@ class _AttentionMixin:
         offset = 1.0 if nq.add_unit_offset else 0.0
         return {"q_weight": nq.weight, "k_weight": nk.weight, "eps": nq.eps, "offset": offset}
 
+    def _liger_sdpa_flags(self, q: torch.Tensor) -> tuple | None:
+        """The SDPA flags of ``LigerConfig.sdpa_backend`` for this call (None: PyTorch's own choice): CUDA
+        tensors in eager mode; resolved once per device (``attention.sdpa_backend_for``)."""
+        if not q.is_cuda or torch.compiler.is_compiling():
+            return None
+        cache = self.__dict__.setdefault("_liger_sdpa_cache", {})
+        flags = cache.get(q.device, False)
+        if flags is False:
+            backend = _attention.sdpa_backend_for(getattr(self, "_liger_sdpa", "auto"), q.device)
+            flags = cache[q.device] = _attention.SDPA_BACKENDS[backend]
+        return flags
+
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         # small micro-batches under torch.compile: LitGPT's code, except where FlexAttention serves a softcap /
         # window layer (compile would trace LitGPT's row-by-row window mask and keep (B, nh, T, T) scores)
@@ -246,17 +288,19 @@ class _AttentionMixin:
                 return self.proj(y)  # (B, T, C)
             if window is not None:  # LitGPT's math below, with its window mask built without a loop
                 mask = _attention.dense_mask(T, window, q.device, q.dtype)  # (1, 1, T, T)
-        if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
-            # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
-            # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=scale, is_causal=True, enable_gqa=True)
-            y = y.transpose(1, 2)  # (B, T, nh, hs)
-        else:
-            if n_groups != n_head:
-                q_per_kv = n_head // n_groups
-                k = k.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
-                v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
-            y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
+        with _attention.sdpa_flags(self._liger_sdpa_flags(q)):  # LigerConfig.sdpa_backend (eager, CUDA)
+            if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
+                # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
+                # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=scale, is_causal=True,
+                                                   enable_gqa=True)
+                y = y.transpose(1, 2)  # (B, T, nh, hs)
+            else:
+                if n_groups != n_head:
+                    q_per_kv = n_head // n_groups
+                    k = k.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+                    v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
+                y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
         y = y.reshape(B, T, hs * n_head)  # (B, T, C*)
         return self.proj(y)  # (B, T, C)
 
@@ -589,6 +633,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     pre = f"{prefix}." if prefix else ""
     blocks = []
     flex = False  # some layer attends through FlexAttention (the compile_min_tokens line says so)
+    sdpa = False  # some layer attends through SDPA (the sdpa_backend line)
     for name, m in gpt.named_modules():
         path = pre + name if name else prefix
         if isinstance(m, lm.RMSNorm):
@@ -619,6 +664,16 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                 report.add(path, m, "swiglu")
             else:
                 report.skip(path, m, "swiglu switched off")
+        elif isinstance(m, litgpt_lora.LoRALinear):
+            if m.r <= 0 or not any(getattr(m, "enable_lora", (True,))):
+                pass  # no LoRA update: LitGPT's forward is its base Linear's
+            elif not cfg.lora:
+                report.skip(path, m, "lora switched off")
+            else:
+                _swap_class(m, _LoRAMixin)
+                parts = ",".join(n for n, on in zip("qkv", getattr(m, "enable_lora", ())) if on)
+                report.add(path, m, f"LoRA r={m.r}" + (f" on {parts}" if parts else "")
+                           + " in one autograd function of GEMMs (no conv1d / zero pad)")
         elif isinstance(m, lm.GptNeoxMLP):
             report.skip(path, m, "GELU is one elementwise kernel between two GEMMs already: nothing to fuse")
         elif isinstance(m, lm.LLaMAMoE):
@@ -638,8 +693,10 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     what += " + qk-norm fused"
                 report.add(path, m, what)
                 m._liger_flex = cfg.flex_attention
+                m._liger_sdpa = cfg.sdpa_backend
                 attn_path = m._liger_attention_path()
                 flex = flex or attn_path == "flex"
+                sdpa = sdpa or attn_path == "sdpa"
                 report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(), attn_path))
         elif isinstance(m, lm.Block):
             fusable = (
@@ -657,6 +714,10 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     else f"norm_2 is {type(m.norm_2).__name__}, fused residual needs RMSNorm"
                 )
                 report.skip(path, m, why)
+    if sdpa:
+        report.skip(prefix, gpt, f"causal attention layers: SDPA backend {cfg.sdpa_backend!r} in eager mode on CUDA"
+                                 + (" (flash attention on NVIDIA sm80+, no per-shape plans; PyTorch's choice elsewhere)"
+                                    if cfg.sdpa_backend == "auto" else "") + " (sdpa_backend)")
     min_tokens = cfg.compile_min_tokens
     if min_tokens is None:
         min_tokens = (1 << 34) // (c.n_embd**2)

@@ -38,6 +38,9 @@ except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's
 
 __all__ = [
     "RECOMPILE_LIMIT",
+    "SDPA_BACKENDS",
+    "sdpa_backend_for",
+    "sdpa_flags",
     "block_mask",
     "check_window",
     "dense_mask",
@@ -247,3 +250,66 @@ def describe(softcap: float | None, window: int | None, path: str) -> str:
     if path == "flex":
         return f"attention: flex attention ({what}) on CUDA; LitGPT's math on CPU"
     return f"attention: LitGPT's math ({what}; {path})"
+
+
+# ------------------------------------------------------------------------------------------------
+# SDPA backend of the plain causal layers (LigerConfig.sdpa_backend)
+# ------------------------------------------------------------------------------------------------
+#: the settings of ``LigerConfig.sdpa_backend`` -> the SDPA backends left enabled, in the flags' order
+#: ``(flash, mem_efficient, math, cudnn)`` of ``torch.backends.cuda``; ``"torch"``: PyTorch's own choice (its flags
+#: untouched). Each leaves a fallback on, so a call that the preferred kernel cannot take (fp32 for flash, a head
+#: size it does not support) still runs.
+SDPA_BACKENDS: dict[str, tuple[bool, bool, bool, bool] | None] = {
+    "torch": None,
+    "flash": (True, True, True, False),
+    "efficient": (False, True, True, False),
+    "cudnn": (True, True, True, True),
+    "math": (False, False, True, False),
+}
+
+
+def sdpa_backend_for(setting: str, device: torch.device) -> str:
+    """The backend ``setting`` (a key of :data:`SDPA_BACKENDS` or ``"auto"``) means on ``device``.
+
+    ``"auto"``: ``"flash"`` on CUDA devices of compute capability 8.0 and up (NVIDIA; flash attention needs sm80+),
+    PyTorch's own choice elsewhere. Measured on an H100 (torch 2.11, ``benchmarks/results/h100-2026-11-24/``): PyTorch
+    picks cuDNN attention there, which builds a plan for every new (batch, length) shape, 110-220 ms of host time
+    each (forward + backward of one layer); flash attention's first call at a new shape costs under 2 ms, and
+    its repeat was as fast as cuDNN's at the recipe's shapes (32/8 heads of 64, B 1-4, T 64-512). ROCm keeps
+    PyTorch's choice (not measured here)."""
+    if setting != "auto":
+        return setting
+    if device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0):
+        return "flash"
+    return "torch"
+
+
+class sdpa_flags:
+    """Context manager: only the SDPA backends of ``flags`` (see :data:`SDPA_BACKENDS`) enabled, the previous
+    flags restored on exit. Flips just the flags that differ (a few microseconds: it runs once per layer and
+    step on the host). Eager mode only: ``torch.compile`` chooses its own kernel."""
+
+    __slots__ = ("flags", "old")
+    _GET = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+            torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)
+    _SET = (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+            torch.backends.cuda.enable_math_sdp, torch.backends.cuda.enable_cudnn_sdp)
+
+    def __init__(self, flags: tuple[bool, bool, bool, bool] | None) -> None:
+        self.flags = flags
+        self.old: tuple | None = None
+
+    def __enter__(self) -> None:
+        if self.flags is None:
+            return
+        self.old = tuple(get() for get in self._GET)
+        for set_, old, new in zip(self._SET, self.old, self.flags):
+            if old != new:
+                set_(new)
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            for set_, old, new in zip(self._SET, self.old, self.flags):
+                if old != new:
+                    set_(old)
+            self.old = None

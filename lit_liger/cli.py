@@ -69,7 +69,9 @@ LIGER_HELP = (
     + "; flce_mode (fast|lean); compile_min_tokens (under torch.compile, smaller micro-batches run "
     "LitGPT's code for norms/attention/MLP; default automatic, 0 = never); seq_buckets (true: pad training "
     "lengths to a few buckets, on by default); cuda_graphs (capture each bucket's forward+backward as CUDA "
-    "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false). See ``lit_liger.LigerConfig``."
+    "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false); sdpa_backend (auto|flash|"
+    "cudnn|efficient|math|torch: the causal layers' SDPA kernel; auto = flash on NVIDIA sm80+, no per-shape plans). "
+    "See ``lit_liger.LigerConfig``."
 )
 
 _DESCRIPTION = (

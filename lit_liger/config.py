@@ -8,7 +8,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs")
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs", "sdpa_backend")
 
 
 @dataclass
@@ -25,6 +25,9 @@ class LigerConfig:
             ``(T, T)`` mask), GQA without kv copies; under ``torch.compile`` too, also for micro-batches
             below ``compile_min_tokens``. Off, or on CPU tensors: LitGPT's own attention math (after
             lit-liger's RoPE). Needs ``rope`` (the swapped attention module).
+        lora: LitGPT's LoRA layers (``LoRALinear``, ``LoRAQKVLinear`` with r > 0): the frozen projection and the
+            LoRA update in one autograd function of GEMMs (``lit_liger.lora``) instead of LitGPT's dropout ->
+            A -> grouped conv1d -> zero pad -> scale -> add chain (host-bound at fine-tuning sizes).
         swiglu: ``LLaMAMLP`` (and each ``LLaMAMoE`` expert) -> ``silu(fc_1) * fc_2`` kernel.
         geglu: ``GemmaMLP`` -> ``gelu(fc_1) * fc_2`` kernel (tanh or exact GELU per config).
         fused_residual: residual add + norm_2 fused in the Block where the structure allows.
@@ -60,12 +63,21 @@ class LigerConfig:
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
             module hooks, ``torch.compile``, FlexAttention layers (softcap / sliding window: their replays
             failed across several buckets on an H100, see ``graphs.FLEX_WHY``), a capture error.
+        sdpa_backend: the SDPA kernel of the plain causal attention layers, on CUDA tensors in eager mode (CUDA
+            graphs included; under ``torch.compile`` inductor chooses). ``"auto"`` (default): flash attention on
+            NVIDIA sm80+ (Ampere, Hopper), PyTorch's own choice elsewhere: on an H100 PyTorch 2.11 picks cuDNN
+            attention, which builds a plan for every new (batch, length) shape (110-220 ms of host time each,
+            measured), while flash attention needs none and ran as fast at fine-tuning shapes
+            (``attention.sdpa_backend_for``). ``"flash"``, ``"cudnn"``, ``"efficient"``, ``"math"``: that backend
+            first (cuDNN left off except for ``"cudnn"``; a call the kernel cannot take falls back to the next);
+            ``"torch"``: PyTorch's flags untouched.
     """
 
     rms_norm: bool = True
     layer_norm: bool = True
     rope: bool = True
     flex_attention: bool = True
+    lora: bool = True
     swiglu: bool = True
     geglu: bool = True
     fused_residual: bool = True
@@ -75,11 +87,16 @@ class LigerConfig:
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
     cuda_graphs: bool | None = None
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "flce_mode":
+            if f.name == "sdpa_backend":
+                if v not in ("auto", "flash", "cudnn", "efficient", "math", "torch"):
+                    raise ValueError("LigerConfig.sdpa_backend must be one of 'auto', 'flash', 'cudnn', 'efficient', "
+                                     f"'math', 'torch', got {v!r}")
+            elif f.name == "flce_mode":
                 if v not in ("fast", "lean"):
                     raise ValueError(f"LigerConfig.flce_mode must be 'fast' or 'lean', got {v!r}")
             elif f.name == "compile_min_tokens":

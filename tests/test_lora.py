@@ -1,0 +1,171 @@
+"""LitGPT's LoRA layers in one autograd function (``lit_liger.lora``) against LitGPT's own LoRA forward."""
+
+import copy
+
+import pytest
+import torch
+from litgpt.lora import GPT, Config, LoRALinear, LoRAQKVLinear, mark_only_lora_as_trainable, merge_lora_weights
+
+from lit_liger import LigerConfig, apply_liger
+from lit_liger.adapter import _LoRAMixin, _swap_class, is_swapped
+from lit_liger.lora import lora_linear, lora_parts
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def _qkv(enable, n_head=8, n_query_groups=2, head_size=16, dropout=0.0, bias=False):
+    C = n_head * head_size
+    m = LoRAQKVLinear(C, (n_head + 2 * n_query_groups) * head_size, r=4, lora_alpha=8, lora_dropout=dropout,
+                      enable_lora=enable, head_size=head_size, n_head=n_head, n_query_groups=n_query_groups, bias=bias)
+    torch.nn.init.normal_(m.lora_B, std=0.2)  # LitGPT starts B at zero: the update would vanish
+    return m
+
+
+CASES = {
+    "qkv GQA q+v": lambda d: _qkv((True, False, True), dropout=d),
+    "qkv GQA k only, bias": lambda d: _qkv((False, True, False), dropout=d, bias=True),
+    "qkv MHA q+k+v": lambda d: _qkv((True, True, True), n_query_groups=8, dropout=d),
+    "qkv MQA q+v": lambda d: _qkv((True, False, True), n_query_groups=1, dropout=d),
+    "linear": lambda d: _init_b(LoRALinear(96, 80, r=6, lora_alpha=12, lora_dropout=d, bias=True)),
+}
+
+
+def _init_b(m):
+    torch.nn.init.normal_(m.lora_B, std=0.2)
+    return m
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("trainable_base", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layer_matches_litgpt(case, trainable_base, dropout, dtype, device):
+    torch.manual_seed(0)
+    stock = CASES[case](dropout).to(device=device, dtype=dtype)
+    stock.linear.weight.requires_grad_(trainable_base)
+    if stock.linear.bias is not None:
+        stock.linear.bias.requires_grad_(trainable_base)
+    ours = copy.deepcopy(stock)
+    _swap_class(ours, _LoRAMixin)  # the class swap apply_liger does, on one layer
+    C = stock.linear.in_features
+    x0 = torch.randn(3, 7, C + 5, device=device, dtype=dtype)[..., 2:C + 2]  # a non-contiguous view
+    xs, xo = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    torch.manual_seed(1)
+    ys = stock(xs)
+    torch.manual_seed(1)  # the same dropout mask (the LoRA branch draws it first in both)
+    yo = ours(xo)
+    g = torch.randn_like(ys)
+    ys.backward(g)
+    yo.backward(g)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(yo, ys) < tol
+    assert rel(xo.grad, xs.grad) < tol
+    for (name, ps), (_, po) in zip(stock.named_parameters(), ours.named_parameters()):
+        if ps.requires_grad:
+            assert po.grad is not None, name
+            assert rel(po.grad, ps.grad) < tol, name
+        else:
+            assert po.grad is None, name
+    # the LoRA branch changes the output (the test above would not notice a dropped update otherwise)
+    assert rel(ys, torch.nn.functional.linear(xs, stock.linear.weight, stock.linear.bias)) > 10 * tol
+
+
+def test_parts_follow_litgpt_layout():
+    m = _qkv((True, False, True), n_head=8, n_query_groups=2, head_size=16)
+    assert lora_parts(m) == ((0, 128), (160, 192))
+    assert lora_parts(LoRALinear(10, 20, r=2)) == ((0, 20),)
+
+
+@pytest.mark.parametrize("kw", [dict(lora_query=True, lora_value=True),
+                                dict(lora_query=True, lora_key=True, lora_value=True, lora_projection=True,
+                                     lora_mlp=True)])
+def test_model_matches_litgpt_and_checkpoints_unchanged(kw):
+    torch.manual_seed(0)
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=2, n_embd=128, n_head=8, n_query_groups=2, head_size=16,
+                           intermediate_size=256, padded_vocab_size=320, vocab_size=300, block_size=64, lora_r=4,
+                           lora_alpha=8, lora_dropout=0.1, **kw)
+    stock = GPT(cfg)
+    for n, p in stock.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)
+    mark_only_lora_as_trainable(stock)
+    ours = copy.deepcopy(stock)
+    report = apply_liger(ours, {"fused_linear_cross_entropy": False})
+    lora_layers = [n for n, m in ours.named_modules() if isinstance(m, LoRALinear) and m.r > 0]
+    assert lora_layers and all(is_swapped(ours.get_submodule(n)) for n in lora_layers)
+    assert set(report.paths(next(k for _, _, k in report.swapped if k.startswith("LoRA r=4 on q")))) >= {
+        "transformer.h.0.attn.qkv", "transformer.h.1.attn.qkv"}
+    assert list(ours.state_dict()) == list(stock.state_dict())
+    x = torch.randint(0, 300, (2, 19))
+    torch.manual_seed(3)
+    ys = stock(x)
+    torch.manual_seed(3)
+    yo = ours(x)
+    ys.float().logsumexp(-1).mean().backward()
+    yo.float().logsumexp(-1).mean().backward()
+    assert rel(yo, ys) < 1e-5
+    for (n, ps), (_, po) in zip(stock.named_parameters(), ours.named_parameters()):
+        if ps.requires_grad:
+            assert rel(po.grad, ps.grad) < 1e-5, n
+    # merging after training with lit-liger: the same merged weights as LitGPT's, and LitGPT's forward after it
+    stock.eval(), ours.eval()
+    merge_lora_weights(stock)
+    merge_lora_weights(ours)
+    for (n, ps), (_, po) in zip(stock.state_dict().items(), ours.state_dict().items()):
+        assert torch.equal(ps, po), n
+    with torch.no_grad():
+        assert rel(ours(x), stock(x)) < 1e-5
+
+
+def test_fallbacks_run_litgpt_forward():
+    m = _qkv((True, False, True))
+    _swap_class(m, _LoRAMixin)
+    x = torch.randn(2, 5, 128)
+    assert m._liger_lora_here(x)
+    m.merged = True
+    assert not m._liger_lora_here(x)  # merged: W already holds the update, LitGPT's plain Linear
+    m.merged = False
+    h = m.linear.register_forward_hook(lambda *a: None)
+    assert not m._liger_lora_here(x)  # a hook on the base Linear must run: LitGPT's forward calls it
+    h.remove()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not m._liger_lora_here(x)  # autocast: LitGPT's forward (its casts per op)
+    assert not m._liger_lora_here(x.double())  # dtypes differ from the weights'
+    assert m._liger_lora_here(x)
+
+
+def test_switch_off_and_r0_layers_are_left_alone():
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=64, n_head=4, n_query_groups=2, head_size=16,
+                           intermediate_size=128, padded_vocab_size=128, vocab_size=128, block_size=32, lora_r=2,
+                           lora_alpha=4, lora_query=True, lora_value=True)
+    m = GPT(cfg)
+    rep = apply_liger(m, LigerConfig(lora=False))
+    assert not is_swapped(m.transformer.h[0].attn.qkv)
+    assert ("transformer.h.0.attn.qkv", "LoRAQKVLinear", "lora switched off") in rep.skipped
+    apply_liger(m)
+    assert is_swapped(m.transformer.h[0].attn.qkv)
+    assert not is_swapped(m.transformer.h[0].mlp.fc_1)  # r = 0 (lora_mlp off): LitGPT's forward is its Linear
+
+
+def test_bad_inputs_raise():
+    w, a, b = torch.randn(12, 8), torch.randn(4, 8), torch.randn(12, 2)
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="multiple"):
+        lora_linear(x, w, None, torch.randn(3, 8), b, 1.0, ((0, 6), (6, 12)))
+    with pytest.raises(ValueError, match="lora_B"):
+        lora_linear(x, w, None, a, torch.randn(10, 2), 1.0, ((0, 6), (6, 12)))
+    with pytest.raises(ValueError, match="in_features"):
+        lora_linear(torch.randn(3, 9), w, None, a, b, 1.0, ((0, 6), (6, 12)))
+    with pytest.raises(TypeError, match="dtype"):
+        lora_linear(x.bfloat16(), w, None, a, b, 1.0, ((0, 6), (6, 12)))
+    y = lora_linear(x, w, None, a, b, 0.5, ((0, 6), (6, 12)))
+    ref = x @ w.t()
+    ref[:, :6] += 0.5 * (x @ a[:2].t()) @ b[:6].t()
+    ref[:, 6:] += 0.5 * (x @ a[2:].t()) @ b[6:].t()
+    assert rel(y, ref) < 1e-6
