@@ -241,10 +241,11 @@ class _AttentionMixin:
         if not q.is_cuda or torch.compiler.is_compiling():
             return None
         cache = self.__dict__.setdefault("_liger_sdpa_cache", {})
-        flags = cache.get(q.device, False)
+        key = (q.device, _attention.CAPTURING[0])
+        flags = cache.get(key, False)
         if flags is False:
-            backend = _attention.sdpa_backend_for(getattr(self, "_liger_sdpa", "auto"), q.device)
-            flags = cache[q.device] = _attention.SDPA_BACKENDS[backend]
+            backend = _attention.sdpa_backend_for(getattr(self, "_liger_sdpa", "auto"), *key)
+            flags = cache[key] = _attention.SDPA_BACKENDS[backend]
         return flags
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
@@ -716,7 +717,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                 report.skip(path, m, why)
     if sdpa:
         report.skip(prefix, gpt, f"causal attention layers: SDPA backend {cfg.sdpa_backend!r} in eager mode on CUDA"
-                                 + (" (flash attention on NVIDIA sm80+, no per-shape plans; PyTorch's choice elsewhere)"
+                                 + (" (uncaptured steps: flash attention on NVIDIA sm80+, no per-shape plans; CUDA-graph "
+                                    "captured steps and other devices: PyTorch's choice)"
                                     if cfg.sdpa_backend == "auto" else "") + " (sdpa_backend)")
     min_tokens = cfg.compile_min_tokens
     if min_tokens is None:

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's
     create_block_mask = flex_attention = None
 
 __all__ = [
+    "CAPTURING",
     "RECOMPILE_LIMIT",
     "SDPA_BACKENDS",
     "sdpa_backend_for",
@@ -268,17 +269,30 @@ SDPA_BACKENDS: dict[str, tuple[bool, bool, bool, bool] | None] = {
 }
 
 
-def sdpa_backend_for(setting: str, device: torch.device) -> str:
-    """The backend ``setting`` (a key of :data:`SDPA_BACKENDS` or ``"auto"``) means on ``device``.
+#: set by ``lit_liger.graphs`` while a shape's CUDA graphs are warmed up and captured (their replays run the
+#: kernels chosen then)
+CAPTURING = [False]
 
-    ``"auto"``: ``"flash"`` on CUDA devices of compute capability 8.0 and up (NVIDIA; flash attention needs sm80+),
-    PyTorch's own choice elsewhere. Measured on an H100 (torch 2.11, ``benchmarks/results/h100-2026-11-24/``): PyTorch
-    picks cuDNN attention there, which builds a plan for every new (batch, length) shape, 110-220 ms of host time
-    each (forward + backward of one layer); flash attention's first call at a new shape costs under 2 ms, and
-    its repeat was as fast as cuDNN's at the recipe's shapes (32/8 heads of 64, B 1-4, T 64-512). ROCm keeps
-    PyTorch's choice (not measured here)."""
+
+def sdpa_backend_for(setting: str, device: torch.device, captured: bool = False) -> str:
+    """The backend ``setting`` (a key of :data:`SDPA_BACKENDS` or ``"auto"``) means on ``device``; ``captured``:
+    for a step captured as a CUDA graph (``LigerConfig.cuda_graphs``).
+
+    ``"auto"``, by measurement on an H100 (torch 2.11, litgpt's LoRA recipe on Llama-3.2-1B, Alpaca-shaped
+    lengths in buckets, ``benchmarks/results/h100-2026-11-24/``): PyTorch picks cuDNN attention there, which
+    builds a plan per new (batch, length) shape (110-220 ms of host time for one layer's forward + backward,
+    against under 2 ms for flash attention's first call):
+
+    * uncaptured steps: ``"flash"`` on NVIDIA sm80+ (no plans; 16,985 vs 16,144 tokens/s with cuDNN at
+      micro-batch 4), PyTorch's choice elsewhere;
+    * captured steps: ``"torch"`` (cuDNN on an H100): its plans are built once per bucket in the warm-up, and
+      the replayed kernels are faster (51,726 vs 48,494 tokens/s at micro-batch 4; 21,592 vs 19,899 at 1).
+
+    ROCm keeps PyTorch's choice (not measured here)."""
     if setting != "auto":
         return setting
+    if captured:
+        return "torch"
     if device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0):
         return "flash"
     return "torch"

@@ -64,11 +64,12 @@ class LigerConfig:
             module hooks, ``torch.compile``, FlexAttention layers (softcap / sliding window: their replays
             failed across several buckets on an H100, see ``graphs.FLEX_WHY``), a capture error.
         sdpa_backend: the SDPA kernel of the plain causal attention layers, on CUDA tensors in eager mode (CUDA
-            graphs included; under ``torch.compile`` inductor chooses). ``"auto"`` (default): flash attention on
-            NVIDIA sm80+ (Ampere, Hopper), PyTorch's own choice elsewhere: on an H100 PyTorch 2.11 picks cuDNN
-            attention, which builds a plan for every new (batch, length) shape (110-220 ms of host time each,
-            measured), while flash attention needs none and ran as fast at fine-tuning shapes
-            (``attention.sdpa_backend_for``). ``"flash"``, ``"cudnn"``, ``"efficient"``, ``"math"``: that backend
+            graphs included; under ``torch.compile`` inductor chooses). ``"auto"`` (default), chosen by measurement on an
+            H100 (``attention.sdpa_backend_for``): for uncaptured steps flash attention on NVIDIA sm80+ (PyTorch
+            2.11 picks cuDNN attention there, which builds a plan per new (batch, length) shape, 110-220 ms of
+            host time each; flash needs none: 1.05x cuDNN's tokens/s on litgpt's LoRA recipe without graphs);
+            for steps captured as CUDA graphs PyTorch's choice (cuDNN on an H100: its plans are built once per
+            bucket, and its replays were 1.07x flash's tokens/s); PyTorch's choice on other devices. ``"flash"``, ``"cudnn"``, ``"efficient"``, ``"math"``: that backend
             first (cuDNN left off except for ``"cudnn"``; a call the kernel cannot take falls back to the next);
             ``"torch"``: PyTorch's flags untouched.
     """

@@ -41,6 +41,19 @@ from torch.nn.modules import module as _nn_module
 
 __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
 
+
+@contextlib.contextmanager
+def _captured_attention() -> Iterator[None]:
+    """While a shape's warm-up and capture run, ``attention.CAPTURING`` is set: ``sdpa_backend="auto"`` picks the
+    kernel measured fastest for replayed steps there (``attention.sdpa_backend_for``)."""
+    from . import attention
+
+    attention.CAPTURING[0] = True
+    try:
+        yield
+    finally:
+        attention.CAPTURING[0] = False
+
 #: torch.cuda.graph's capture_error_mode: only this thread's CUDA calls are checked (a data loader's
 #: pin-memory thread may allocate page-locked memory meanwhile)
 CAPTURE_ERROR_MODE = "thread_local"
@@ -298,7 +311,8 @@ class GraphRunner:
                 torch.cuda.empty_cache()  # the old pool's memory goes before the new shape's warm-up needs its own
                 self.regrown += 1
             try:
-                graphs = _Graphs(self, idx, params)
+                with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
+                    graphs = _Graphs(self, idx, params)
             except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
                 import traceback
 

@@ -1,0 +1,105 @@
+"""``LigerConfig.sdpa_backend``: the measured choice per device and capture, the flags it sets and restores."""
+
+import pytest
+import torch
+
+from lit_liger import LigerConfig
+from lit_liger import attention as A
+from lit_liger.graphs import _captured_attention
+
+
+def _flags():
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+
+
+def test_config_accepts_the_backends_and_rejects_others():
+    assert LigerConfig().sdpa_backend == "auto"
+    for name in ("auto", *A.SDPA_BACKENDS):
+        assert LigerConfig(sdpa_backend=name).sdpa_backend == name
+    with pytest.raises(ValueError, match="sdpa_backend"):
+        LigerConfig(sdpa_backend="fast")
+    assert "sdpa_backend" not in LigerConfig.switches()
+
+
+def test_auto_is_flash_uncaptured_on_nvidia_sm80_and_torch_when_captured(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert A.sdpa_backend_for("auto", cuda) == "flash"
+    assert A.sdpa_backend_for("auto", cuda, captured=True) == "torch"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
+    assert A.sdpa_backend_for("auto", cuda) == "torch"  # no flash attention before sm80
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 4))
+    assert A.sdpa_backend_for("auto", cuda) == "torch"  # ROCm: not measured, PyTorch's choice
+    assert A.sdpa_backend_for("auto", torch.device("cpu")) == "torch"
+    for name in A.SDPA_BACKENDS:
+        assert A.sdpa_backend_for(name, cuda) == A.sdpa_backend_for(name, cuda, captured=True) == name
+
+
+def test_flags_set_inside_and_restored_after_even_on_error():
+    before = _flags()
+    for name, flags in A.SDPA_BACKENDS.items():
+        with A.sdpa_flags(flags):
+            assert _flags() == (before if flags is None else flags), name
+        assert _flags() == before
+    with pytest.raises(RuntimeError):
+        with A.sdpa_flags(A.SDPA_BACKENDS["math"]):
+            raise RuntimeError("boom")
+    assert _flags() == before
+    # every setting keeps a fallback that can take any call (math)
+    assert all(f is None or f[2] for f in A.SDPA_BACKENDS.values())
+    assert A.SDPA_BACKENDS["flash"][3] is False and A.SDPA_BACKENDS["flash"][0] is True  # cuDNN off, flash on
+
+
+def test_capture_marks_the_attention_choice():
+    assert A.CAPTURING[0] is False
+    with _captured_attention():
+        assert A.CAPTURING[0] is True
+    assert A.CAPTURING[0] is False
+    with pytest.raises(ValueError):
+        with _captured_attention():
+            raise ValueError
+    assert A.CAPTURING[0] is False
+
+
+def test_adapter_reads_the_setting_and_leaves_cpu_alone():
+    from litgpt import GPT, Config
+
+    from lit_liger import apply_liger
+
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=64, n_head=4, n_query_groups=2, head_size=16,
+                           intermediate_size=128, padded_vocab_size=128, vocab_size=128, block_size=32)
+    m = GPT(cfg)
+    rep = apply_liger(m, LigerConfig(sdpa_backend="efficient"))
+    attn = m.transformer.h[0].attn
+    assert attn._liger_sdpa == "efficient"
+    assert any("SDPA backend 'efficient'" in why for _, _, why in rep.skipped)
+    assert attn._liger_sdpa_flags(torch.zeros(1, 4, 2, 16)) is None  # CPU tensors: PyTorch's flags untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["auto", "flash", "cudnn", "efficient", "math", "torch"])
+def test_gpu_each_backend_gives_litgpt_attention(backend):
+    import copy
+
+    from litgpt import GPT, Config
+
+    from lit_liger import apply_liger
+
+    torch.manual_seed(0)
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=2, block_size=320, padded_vocab_size=512, vocab_size=512)
+    with torch.device("cuda"):
+        stock = GPT(cfg).to(torch.bfloat16)
+    ours = copy.deepcopy(stock)
+    apply_liger(ours, {"sdpa_backend": backend, "fused_linear_cross_entropy": False})
+    x = torch.randint(0, 512, (2, 300), device="cuda")
+    ys, yo = stock(x), ours(x)
+    ys.float().logsumexp(-1).mean().backward()
+    yo.float().logsumexp(-1).mean().backward()
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    assert rel(yo, ys) < 1e-2
+    for (n, ps), (_, po) in zip(stock.named_parameters(), ours.named_parameters()):
+        assert rel(po.grad, ps.grad) < 2e-2, n  # bf16 gradients: the bound of the graph tests
