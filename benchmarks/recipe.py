@@ -89,7 +89,7 @@ def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters:
             "--data", "JSON", "--data.json_path", str(data), "--data.val_split_fraction", "0.02",
             "--data.num_workers", "0" if smoke else "2", "--train.micro_batch_size", str(mb),
             "--train.global_batch_size", str(global_batch), "--train.max_seq_length", "64" if smoke else "512",
-            "--train.max_steps", str(steps), "--train.epochs", "1000", "--train.lr_warmup_steps", "10",
+            "--train.max_steps", str(steps), "--train.epochs", "1000", "--train.lr_warmup_steps", str(min(10, steps // 2)),
             "--train.save_interval", str(10**9), "--eval.interval", str(10**9), "--eval.final_validation", "false",
             "--eval.max_iters", "2", "--eval.max_new_tokens", "8", "--logger_name", "csv", "--seed", "1337",
             *VARIANTS[variant]]
