@@ -84,9 +84,9 @@ class _LoRAFn(torch.autograd.Function):
             dh = dy2.new_empty(dy2.shape[0], lora_a.shape[0])  # (N, n·r)
             row = 0
             for i, (lo, hi) in enumerate(parts):
-                torch.mm(dy2[:, lo:hi], lora_b[row:row + hi - lo], out=dh[:, i * r:(i + 1) * r])
+                # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
+                dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0, alpha=scaling)
                 row += hi - lo
-            dh.mul_(scaling)
         dx = dxd = da = dlb = dw = db = None
         if need_x:
             dx = dy2 @ weight  # (N, C)
@@ -102,9 +102,8 @@ class _LoRAFn(torch.autograd.Function):
             dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
             row = 0
             for i, (lo, hi) in enumerate(parts):
-                torch.mm(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], out=dlb[row:row + hi - lo])
+                dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0, alpha=scaling)
                 row += hi - lo
-            dlb.mul_(scaling)
         if need_w:
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:

@@ -87,6 +87,8 @@ def test_gpu_each_backend_gives_litgpt_attention(backend):
 
     from litgpt import GPT, Config
 
+    from helpers import rel_err
+
     from lit_liger import apply_liger
 
     torch.manual_seed(0)
@@ -99,7 +101,6 @@ def test_gpu_each_backend_gives_litgpt_attention(backend):
     ys, yo = stock(x), ours(x)
     ys.float().logsumexp(-1).mean().backward()
     yo.float().logsumexp(-1).mean().backward()
-    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-    assert rel(yo, ys) < 1e-2
+    assert rel_err(yo, ys) < 1e-2
     for (n, ps), (_, po) in zip(stock.named_parameters(), ours.named_parameters()):
-        assert rel(po.grad, ps.grad) < 2e-2, n  # bf16 gradients: the bound of the graph tests
+        assert rel_err(po.grad, ps.grad) < 2e-2, n  # bf16 gradients: the bound of the graph tests
