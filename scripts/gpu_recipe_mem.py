@@ -86,6 +86,8 @@ warm = times[8:]
 res = {"variant": v, "B": B, "iters": iters, "tokens": sum(lens) * B,
        "ms_p50": 1e3 * statistics.median(warm), "ms_mean": 1e3 * statistics.fmean(warm), "s_total": t_all,
        "ms_first8": [round(1e3 * t, 1) for t in times[:8]],
+       # compiles / captures: the iterations over 3x the median, (index, length, ms)
+       "slow_iters": [(i, lens[i], round(1e3 * t, 1)) for i, t in enumerate(times) if t > 3 * statistics.median(times)],
        "max_alloc_gb": torch.cuda.max_memory_allocated() / 1e9, "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
        "end_reserved_gb": torch.cuda.memory_reserved() / 1e9,
        "segments_gb": {k: [round(total / 1e9, 3), round(used / 1e9, 3)] for k, (total, used) in pools.items()},
