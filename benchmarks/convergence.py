@@ -89,15 +89,20 @@ def train_batches(data) -> Iterator[torch.Tensor]:
 
 
 def model_config(model: str, vocab_size: int, *, n_layer: int, n_embd: int, n_head: int, n_query_groups: int,
-                 intermediate_size: int, block_size: int):
+                 intermediate_size: int, block_size: int, sliding_window: int | None = None):
     """``model``'s LitGPT config (its flags: norm, MLP class, RoPE, ...) at the given widths; the
-    vocabulary is the tokenizer's, padded up to a multiple of 64 as LitGPT pads its own."""
+    vocabulary is the tokenizer's, padded up to a multiple of 64 as LitGPT pads its own. ``sliding_window``
+    shortens the window of a config that has one (gemma-2's 4096 would never bite at a short ``seq_len``)."""
     from litgpt import Config
 
     from lit_liger.demo import tiny_overrides
 
     widths = dict(tiny_overrides(n_embd, n_head, n_query_groups), intermediate_size=intermediate_size)
     padded = 64 * math.ceil(vocab_size / 64)
+    if sliding_window is not None:
+        if not Config.from_name(model).sliding_window_size:
+            raise ValueError(f"--sliding_window: {model}'s config has no sliding window")
+        widths["sliding_window_size"] = sliding_window
     return Config.from_name(model, n_layer=n_layer, vocab_size=vocab_size, padded_vocab_size=padded,
                             block_size=block_size, **widths)
 
@@ -329,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (full, smoke) in DEFAULTS.items():
         p.add_argument(f"--{name}", type=type(full), default=None, help=f"default {full}; smoke {smoke}")
     p.add_argument("--model", default="Llama-3.2-1B", help="LitGPT config name whose flags the small model keeps")
+    p.add_argument("--sliding_window", type=int, default=None,
+                   help="window of the model's sliding-window layers (only for configs that have one)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="weights, activations and optimizer state (default bfloat16 on a GPU, float32 on CPU)")
     p.add_argument("--seed", type=int, default=1234)
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = data.tokenizer.vocab_size
     config = model_config(opts.model, vocab, n_layer=opts.n_layer, n_embd=opts.n_embd, n_head=opts.n_head,
                           n_query_groups=opts.n_query_groups, intermediate_size=opts.intermediate_size,
-                          block_size=max(opts.seq_len, 64))
+                          block_size=max(opts.seq_len, 64), sliding_window=opts.sliding_window)
     n_train, n_val = len(data._train), len(data._val)
     print(f"# data: {n_files} stdlib files, BPE vocabulary {vocab} ({tok_dir}), {n_train} training / {n_val} "
           f"validation blocks of {opts.seq_len}+1 tokens ({time.perf_counter() - t0:.1f} s)", flush=True)

@@ -16,7 +16,8 @@ fused loss, ``seq_buckets``, ``cuda_graphs`` automatic = on for LoRA/adapters, o
 ``liger-no-graphs`` (``--liger.cuda_graphs false``), ``liger-graphs`` (``--liger.cuda_graphs true``: also for
 full fine-tuning), ``liger-no-buckets`` (``--liger.seq_buckets false --liger.cuda_graphs false``), ``liger-sdpa-torch`` /
 ``liger-no-graphs-sdpa-torch`` (PyTorch's own SDPA backend choice, cuDNN on an H100, with and without graphs),
-``liger-no-lora`` (LitGPT's LoRA layers, no graphs), and
+``liger-no-lora`` (LitGPT's LoRA layers, no graphs), ``liger-mt`` / ``liger-no-graphs-mt`` (autograd's backward on
+PyTorch's device thread, ``--liger.caller_thread_backward false``, with and without graphs), and
 ``stock-no-dropout`` / ``liger-no-dropout`` (``--lora_dropout 0``). Reported per run, from litgpt's own CSV log: tokens/s
 over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed ``iter_time``, the first
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
@@ -46,6 +47,8 @@ VARIANTS = {
     "liger-sdpa-torch": ["--liger.sdpa_backend", "torch"],
     "liger-no-graphs-sdpa-torch": ["--liger.cuda_graphs", "false", "--liger.sdpa_backend", "torch"],
     "liger-no-lora": ["--liger.lora", "false", "--liger.cuda_graphs", "false"],
+    "liger-mt": ["--liger.caller_thread_backward", "false"],
+    "liger-no-graphs-mt": ["--liger.cuda_graphs", "false", "--liger.caller_thread_backward", "false"],
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
 }

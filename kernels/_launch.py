@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 __all__ = [
     "DeviceLimits",
@@ -33,10 +32,25 @@ __all__ = [
     "check_dtype_supported",
     "MAX_FUSED_BYTES",
     "flex_kernel_options",
+    "cdiv",
+    "next_pow2",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
 MAX_FUSED_BYTES = 65536
+
+
+# Host-side integer helpers. ``triton.cdiv`` / ``triton.next_power_of_2`` are ``@triton.jit`` functions in recent
+# Triton releases: called from Python each goes through ``JITFunction.__call__`` (~5 us of host time on an H100
+# machine's CPU, measured by scripts/gpu_op_host.py), several per kernel launch. These are plain Python.
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @dataclass(frozen=True)
@@ -93,11 +107,13 @@ def _cuda_limits(index: int) -> DeviceLimits:
 
 
 def device_limits(device: torch.device | str | None = None) -> DeviceLimits:
-    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if device is None:
+        return _cuda_limits(torch.cuda.current_device())
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type != "cuda":
         return _CPU_LIMITS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_limits(index)
+    return _cuda_limits(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
@@ -136,16 +152,21 @@ def row_plan(n_cols: int, element_size: int, device: torch.device) -> RowPlan:
 
     The block is the next power of two >= n_cols. Warps grow with the row so each thread holds
     ~8-16 elements (16 bytes per load for 16-bit types), capped by the device's thread limit.
+    Memoized per (n_cols, element size, device limits): it runs on every launch.
     """
-    lim = device_limits(device)
-    block = triton.next_power_of_2(max(n_cols, 1))
+    return _row_plan(n_cols, element_size, device_limits(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_plan(n_cols: int, element_size: int, lim: DeviceLimits) -> RowPlan:
+    block = next_pow2(n_cols)
     if block * element_size > MAX_FUSED_BYTES:
         raise ValueError(
             f"row of {n_cols} elements ({element_size} bytes each) is too wide for a fused row kernel "
             f"(limit {MAX_FUSED_BYTES} bytes)"
         )
     elems_per_thread = 8 if element_size >= 4 else 16
-    warps = triton.cdiv(block, elems_per_thread * lim.warp_size)
+    warps = cdiv(block, elems_per_thread * lim.warp_size)
     return RowPlan(block=block, num_warps=_clamp_warps(warps, lim))
 
 
@@ -157,13 +178,17 @@ class ElementwisePlan:
 
 
 def elementwise_plan(n_elements: int, device: torch.device, block: int | None = None) -> ElementwisePlan:
-    """Flat 1-D launch for purely elementwise kernels (SwiGLU/GeGLU)."""
-    lim = device_limits(device)
+    """Flat 1-D launch for purely elementwise kernels (SwiGLU/GeGLU). Memoized like :func:`row_plan`."""
+    return _elementwise_plan(n_elements, device_limits(device), block)
+
+
+@functools.lru_cache(maxsize=4096)
+def _elementwise_plan(n_elements: int, lim: DeviceLimits, block: int | None) -> ElementwisePlan:
     if block is None:
         block = 1024 if lim.warp_size == 32 else 2048
-        block = min(block, triton.next_power_of_2(max(n_elements, 1)))
+        block = min(block, next_pow2(n_elements))
     warps = _clamp_warps(max(1, block // (8 * lim.warp_size)), lim)
-    return ElementwisePlan(block=block, num_warps=warps, grid=(triton.cdiv(max(n_elements, 1), block),))
+    return ElementwisePlan(block=block, num_warps=warps, grid=(cdiv(max(n_elements, 1), block),))
 
 
 def partial_rows(n_rows: int, device: torch.device) -> int:

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
-from ._launch import row_plan, use_triton
+from ._launch import cdiv, next_pow2, row_plan, use_triton
 
 __all__ = ["fused_linear_cross_entropy", "fused_linear_cross_entropy_reference", "CHECK_TARGETS"]
 
@@ -408,8 +408,8 @@ def _chunk_budget(device: torch.device, default: int) -> int:
 def _balanced(total: int, chunk: int, align: int) -> int:
     """Same number of chunks, equal sizes rounded up to ``align`` (no tiny tail chunk)."""
     chunk = max(1, min(chunk, total))
-    n_chunks = triton.cdiv(total, chunk)
-    return min(total, triton.cdiv(triton.cdiv(total, n_chunks), align) * align)
+    n_chunks = cdiv(total, chunk)
+    return min(total, cdiv(cdiv(total, n_chunks), align) * align)
 
 
 def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
@@ -441,8 +441,8 @@ def _kernel_plan(n_rows: int, n_cols: int, logits: torch.Tensor) -> dict:
     per operation and a (64, BLOCK) tile costs about what one row does (``_INTERPRET_ROWS``).
     """
     plan = row_plan(min(n_cols, _MAX_V_BLOCK), logits.element_size(), logits.device)
-    rows = 1 if logits.device.type == "cuda" else min(triton.next_power_of_2(max(n_rows, 1)), _INTERPRET_ROWS)
-    return dict(grid=(triton.cdiv(n_rows, rows),), ROWS=rows, BLOCK=plan.block, num_warps=plan.num_warps)
+    rows = 1 if logits.device.type == "cuda" else min(next_pow2(n_rows), _INTERPRET_ROWS)
+    return dict(grid=(cdiv(n_rows, rows),), ROWS=rows, BLOCK=plan.block, num_warps=plan.num_warps)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_float, check_same_device, check_same_dtype
-from ._launch import elementwise_plan, partial_rows, row_plan, use_triton
+from ._launch import elementwise_plan, next_pow2, partial_rows, row_plan, use_triton
 
 __all__ = ["rope", "rope_qkv", "rope_reference"]
 
@@ -392,14 +392,14 @@ def _blocks(q: torch.Tensor, k: torch.Tensor, n: int) -> tuple[int, int, int, in
     the 4 persistent programs per SM fit at once (4 warps would need ~212 registers each)."""
     hs, nh, ng = q.shape[-1], q.shape[1], k.shape[1]
     half, n_tail = n // 2, hs - n
-    block_d = triton.next_power_of_2(max(half, 1))
-    block_tail = triton.next_power_of_2(max(n_tail, 1))
+    block_d = next_pow2(half)
+    block_tail = next_pow2(n_tail)
     head_cols = 2 * block_d + (block_tail if n_tail > 0 else 0)
     chunk = elementwise_plan(q.numel() + k.numel(), q.device).block
     per_step = max(1, chunk // head_cols)
     per_step = 1 << (per_step.bit_length() - 1)  # power of two, as tl.arange requires
-    block_hq = min(triton.next_power_of_2(max(nh, 1)), per_step)
-    block_hk = min(triton.next_power_of_2(max(ng, 1)), per_step)
+    block_hq = min(next_pow2(nh), per_step)
+    block_hk = min(next_pow2(ng), per_step)
     warps = row_plan(block_hq * head_cols, q.element_size(), q.device).num_warps
     return block_d, block_tail, block_hq, block_hk, warps
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_same_device, check_same_dtype
-from ._launch import elementwise_plan, use_triton
+from ._launch import cdiv, elementwise_plan, use_triton
 
 __all__ = ["swiglu", "geglu", "glu_reference", "ACTIVATIONS"]
 
@@ -148,7 +148,7 @@ def _plan(n_rows: int, n_cols: int, device: torch.device):
     # ~16 such programs per SM keep far more bytes in flight than Little's law asks for on an H100
     # (~15 KB per SM), and small tiles leave no long tail. Narrow rows get next_power_of_2(n_cols).
     plan = elementwise_plan(n_cols, device)
-    n_col_blocks = triton.cdiv(n_cols, plan.block)
+    n_col_blocks = cdiv(n_cols, plan.block)
     return plan, n_col_blocks, (n_rows * n_col_blocks,)
 
 

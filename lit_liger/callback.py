@@ -41,6 +41,7 @@ class LigerCallback(Callback):
         self._t0 = 0.0
         self._tokens = 0
         self._samples = 0
+        self._backward_thread: Any = None
 
     # -- swapping ------------------------------------------------------------------------------------
     def _swap(self, pl_module: LightningModule) -> bool:
@@ -80,12 +81,28 @@ class LigerCallback(Callback):
 
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # the Trainer calls backward from this thread: run it here (LigerConfig.caller_thread_backward), until
+        # on_train_end puts the thread's setting back
+        if self._backward_thread is None:
+            self._backward_thread = self.config.backward_thread()
+            self._backward_thread.__enter__()
         if not self.log_metrics:
             return
         self._throughput = Throughput(world_size=trainer.world_size, window_size=max(2, trainer.log_every_n_steps))
         self._t0, self._tokens, self._samples = time.perf_counter(), 0, 0
         if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_backward_thread()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
+
+    def _restore_backward_thread(self) -> None:
+        if self._backward_thread is not None:
+            self._backward_thread.__exit__(None, None, None)
+            self._backward_thread = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._throughput is None:

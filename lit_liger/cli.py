@@ -100,7 +100,7 @@ def with_liger(setup_fn: Callable) -> Callable:
 
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
         config = LigerConfig.from_value(liger)
-        with _patched(module, config):
+        with _patched(module, config), config.backward_thread():
             return setup_fn(*args, **kwargs)
 
     functools.update_wrapper(setup, setup_fn)

@@ -62,7 +62,10 @@ if "host" in opts.parts:
     from torch.profiler import ProfilerActivity, profile
 
     for variant in opts.variants.split(","):
-        m, opt, fn, cfg = build(variant)
+        # "-st": autograd's backward on the calling thread (torch.autograd.set_multithreading_enabled(False)) instead
+        # of its CUDA device thread, where each Python autograd node's backward has to take the GIL from a waiting thread
+        torch.autograd.set_multithreading_enabled(not variant.endswith("-st"))
+        m, opt, fn, cfg = build(variant.removesuffix("-st"))
         x = torch.randint(0, cfg.vocab_size, (4, 512), device="cuda")
         host, wall = [], []
         for i in range(25):
@@ -93,6 +96,7 @@ if "host" in opts.parts:
         print(table[:6000], flush=True)
         del m, opt
         torch.cuda.empty_cache()
+    torch.autograd.set_multithreading_enabled(True)
 
 if "sdpa" in opts.parts:
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
@@ -163,5 +167,6 @@ if "sdpa" in opts.parts:
         print("model", name, json.dumps(r), flush=True)
         del m, opt
         torch.cuda.empty_cache()
+    torch.autograd.set_multithreading_enabled(True)
 
 (opts.out / "lora_host.json").write_text(json.dumps(res, indent=1))

@@ -250,13 +250,20 @@ def main() -> None:
     for B, T in shapes if not os.environ.get("PROFILE_ONLY") else ():
         print(f"\nB {B} T {T}: per forward+backward call, microseconds (issue = host time; wall includes the GPU)")
         print(f"{'op':24s} {'stock issue':>11s} {'liger issue':>11s} {'x':>5s} {'stock wall':>10s} {'liger wall':>10s} "
-              f"{'kernels s/l':>11s}")
+              f"{'kernels s/l':>11s} {'1-thread: s':>11s} {'l':>9s} {'x':>5s}")
         for name, stock, liger in cases(B, T):
             (si, sw), (li, lw) = host_us(stock), host_us(liger)
             ks, kl = kernels_per_call(stock), kernels_per_call(liger)
+            torch.autograd.set_multithreading_enabled(False)  # backward on this thread: no GIL hand-over
+            try:
+                si1, li1 = host_us(stock)[0], host_us(liger)[0]
+            finally:
+                torch.autograd.set_multithreading_enabled(True)
             result["cases"].append({"B": B, "T": T, "op": name, "stock_issue_us": si, "liger_issue_us": li,
-                                    "stock_wall_us": sw, "liger_wall_us": lw, "stock_kernels": ks, "liger_kernels": kl})
-            print(f"{name:24s} {si:11.1f} {li:11.1f} {li / si:5.2f} {sw:10.1f} {lw:10.1f} {ks:5d}/{kl:<5d}")
+                                    "stock_wall_us": sw, "liger_wall_us": lw, "stock_kernels": ks, "liger_kernels": kl,
+                                    "stock_issue_us_1thread": si1, "liger_issue_us_1thread": li1})
+            print(f"{name:24s} {si:11.1f} {li:11.1f} {li / si:5.2f} {sw:10.1f} {lw:10.1f} {ks:5d}/{kl:<5d} "
+                  f"{si1:9.1f} {li1:9.1f} {li1 / si1:5.2f}")
     print("\npieces of one lit-liger RMSNorm forward (B 1, T 16), issue microseconds:")
     result["pieces"] = pieces(1, 16)
     for k, v in result["pieces"].items():

@@ -74,6 +74,9 @@ for i in range(iters):
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
+    if times[-1] > 1.0:  # a compile / capture: shown as it happens (a run cut short by a timeout still tells)
+        print(f"iteration {i} (T {T}): {times[-1]:.1f} s, {time.perf_counter() - t_all:.0f} s since the start",
+              file=sys.stderr, flush=True)
 t_all = time.perf_counter() - t_all
 pools: dict[str, list[int]] = {}
 for seg in torch.cuda.memory_snapshot():

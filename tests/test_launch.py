@@ -90,3 +90,24 @@ def test_bf16_on_old_gpu_is_a_clear_error(monkeypatch):
     _launch.check_dtype_supported(torch.float16, torch.device("cuda", 0))  # fp16 is fine there
     with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
         _launch.check_dtype_supported(torch.float64, torch.device("cpu"))
+
+
+def test_host_integer_helpers_match_triton():
+    """The plain-Python cdiv / next_pow2 the launch code uses instead of Triton's (jit-wrapped) ones."""
+    import triton
+
+    for n in [1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 2048, 2049, 8192, 128256, 10**9 + 7]:
+        assert _launch.next_pow2(n) == triton.next_power_of_2(n), n
+        for d in [1, 2, 3, 64, 128, 1000]:
+            assert _launch.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+    assert _launch.next_pow2(0) == 1 and _launch.cdiv(0, 7) == 0
+
+
+def test_plans_are_memoized_per_device_limits():
+    """A plan is computed once per (shape, device limits) and is the same object afterwards; a device with
+    other limits gets its own plan."""
+    cpu = torch.device("cpu")
+    assert _launch.row_plan(2048, 2, cpu) is _launch.row_plan(2048, 2, cpu)
+    assert _launch.elementwise_plan(4096, cpu) is _launch.elementwise_plan(4096, cpu)
+    # 2048 bf16 columns, 16 per thread: 128 threads = 2 warps of 64 on AMD, 4 warps of 32 on the H100
+    assert _launch._row_plan(2048, 2, AMD).num_warps == 2 and _launch._row_plan(2048, 2, H100).num_warps == 4
