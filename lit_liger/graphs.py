@@ -75,6 +75,13 @@ WARMUP_IN_POOL = True
 #: them the old graphs and their pool, while the new shape's warm-up and capture run
 RECAPTURE_ON_GROWTH = False
 
+#: before each capture, hand the allocator's cached but unused blocks back to the device
+#: (``torch.cuda.empty_cache``), so that the graphs' pool can grow into them. litgpt's scripts run a validation pass
+#: before training, whose freed activations stay cached in the default pool, where the graphs' private pool cannot
+#: use them: reserved memory is then that cache plus the pool. A capture costs ~200 ms anyway and happens once per
+#: bucket; the release is a few milliseconds
+EMPTY_CACHE_BEFORE_CAPTURE = True
+
 #: why a model with FlexAttention layers (softcap / sliding window) runs uncaptured. Measured on an H100
 #: (torch 2.11): gemma-2-2b (2 and 26 layers), litgpt's LoRA recipe with sequence buckets, graphs automatic:
 #: a replay after the second bucket's capture failed with "an illegal memory access" (iteration 8). One shape
@@ -310,6 +317,9 @@ class GraphRunner:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()  # the old pool's memory goes before the new shape's warm-up needs its own
                 self.regrown += 1
+            if EMPTY_CACHE_BEFORE_CAPTURE:
+                torch.cuda.synchronize(idx.device)
+                torch.cuda.empty_cache()
             try:
                 with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                     graphs = _Graphs(self, idx, params)
