@@ -170,8 +170,32 @@ def block_mask(T: int, window: int | None, device: torch.device):
                 f"lit-liger: FlexAttention block mask for T={T}, window={window} requested during CUDA-graph "
                 "capture; run the same shape once uncaptured first (a warm-up) so it is built outside capture"
             )
-        bm = _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=key[2])
+        bm = _BLOCK_MASKS[key] = _outside_graph_pools(
+            lambda: create_block_mask(mask_mod, None, None, T, T, device=key[2]), key[2])
     return bm
+
+
+_MASK_STREAMS: dict[torch.device, Any] = {}
+
+
+def _outside_graph_pools(make: Callable, device: torch.device) -> Any:
+    """``make()`` with its CUDA allocations outside any CUDA-graph memory pool: on a stream of its own, which
+    the current stream then waits for. ``lit_liger.graphs`` runs each new shape's warm-up with the current
+    stream's allocations routed into the graphs' shared pool (``WARMUP_IN_POOL``); a tensor that outlives the
+    warm-up there, such as a block mask kept in this cache, can sit in blocks that an earlier captured graph
+    uses as scratch, and that graph's next replay overwrites it (the masks' block indices then point anywhere:
+    "an illegal memory access" on an H100 after a second bucket's capture)."""
+    if device.type != "cuda":
+        return make()
+    current = torch.cuda.current_stream(device)
+    stream = _MASK_STREAMS.get(device)
+    if stream is None:
+        stream = _MASK_STREAMS[device] = torch.cuda.Stream(device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        out = make()
+    current.wait_stream(stream)
+    return out
 
 
 def _compiled_flex() -> Callable:
