@@ -30,6 +30,7 @@ uncaptured, with one warning.
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -82,17 +83,17 @@ RECAPTURE_ON_GROWTH = False
 #: bucket; the release is a few milliseconds
 EMPTY_CACHE_BEFORE_CAPTURE = True
 
-#: capture models with FlexAttention layers (softcap / sliding window). Off by default. Measured on an H100 (torch
-#: 2.11, gemma-2-2b, litgpt's LoRA recipe with buckets): a replay after the second bucket's capture failed with "an
-#: illegal memory access". A cause found: each new length's FlexAttention block mask was built during that shape's
+#: capture models with FlexAttention layers (softcap / sliding window). Measured on an H100 (torch 2.11, gemma-2-2b,
+#: litgpt's LoRA recipe with buckets): a replay after the second bucket's capture used to fail with "an illegal
+#: memory access". The cause found: each new length's FlexAttention block mask was built during that shape's
 #: warm-up, whose allocations go to the graphs' shared pool (WARMUP_IN_POOL), so the cached mask could sit in an
 #: earlier graph's scratch blocks and be overwritten by its replay; block masks are now built outside the pools
 #: (``attention._outside_graph_pools``). With that, on an H100: litgpt's LoRA recipe on a 2-layer gemma-2-2b ran
-#: captured over 60 iterations (4.10x stock tokens/s, 1.23x uncaptured lit-liger), and gemma-2 captured across four
-#: buckets gave the uncaptured losses and gradients (tests/test_buckets.py). But run in one process after the other
-#: graph tests, that test aborted the process inside a block mask's construction during a warm-up (a garbage
-#: collection there; not understood), so the switch stays off until that is
-CAPTURE_FLEX = False
+#: captured (4.10x stock tokens/s, 1.23x uncaptured lit-liger), and gemma-2 captured across four buckets gives the
+#: uncaptured losses and gradients (tests/test_buckets.py; it once aborted its process after other graph tests, a
+#: garbage collection inside the routed warm-up, now kept out by ``_no_gc``). False: such models run uncaptured,
+#: with :data:`FLEX_WHY` as the warning
+CAPTURE_FLEX = True
 FLEX_WHY = ("FlexAttention layers (softcap / sliding window) are not captured (lit_liger.graphs.CAPTURE_FLEX is "
             "off)")
 
@@ -114,7 +115,7 @@ class _Graphs:
         if runner.pool is None:
             runner.new_pool()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), _allocating_to(runner.pool if WARMUP_IN_POOL else None, idx.device):
+        with torch.cuda.stream(stream), _no_gc(), _allocating_to(runner.pool if WARMUP_IN_POOL else None, idx.device):
             # warm-up outside the capture: first-call work (cuBLAS workspaces, attention plans, Triton
             # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
             # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
@@ -399,6 +400,24 @@ def _allocating_to(pool: Any, device: torch.device) -> Iterator[None]:
     finally:
         end(index, pool)
         release(index, pool)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's garbage collector collects first, then stays off for the block. Inside ``_allocating_to`` the
+    allocator counts a capture underway; a collection there that frees a dead memory pool (an earlier runner's,
+    kept by a reference cycle) makes the allocator fail its "captures_underway.empty()" assertion and abort the
+    process. Seen on an H100 (torch 2.11): a FlexAttention block mask's construction (vmap, many small objects)
+    set off such a collection in a warm-up, in a test process holding earlier tests' models.
+    ``torch.cuda.graph`` collects before each capture for the same reason."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _end_allocating(pool: Any, device: torch.device) -> None:

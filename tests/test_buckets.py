@@ -2,7 +2,6 @@
 (fallbacks on CPU; capture and replay equal to uncaptured steps on a GPU)."""
 
 import copy
-import os
 import warnings
 
 import pytest
@@ -342,11 +341,8 @@ def test_gpu_graphs_equal_uncaptured_with_accumulation(lora, caller_thread):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(os.environ.get("LIT_LIGER_GPU_FLEX_GRAPHS") != "1",
-                    reason="graphs.CAPTURE_FLEX is off: this test passes alone on an H100 but aborted the process when "
-                    "run after the other graph tests; set LIT_LIGER_GPU_FLEX_GRAPHS=1 and run it on its own")
 def test_gpu_graphs_flex_attention_model_across_buckets(monkeypatch):
-    """With ``graphs.CAPTURE_FLEX`` on: gemma-2 (logit softcap; a sliding-window layer of 128 and a global layer)
+    """With ``graphs.CAPTURE_FLEX`` on (the default): gemma-2 (logit softcap; a sliding-window layer of 128 and a global layer)
     with LoRA, captured across four buckets and replayed in mixed order: losses and gradients equal the uncaptured
     model's. Before the block masks were built outside the graphs' pool this failed on an H100 with an illegal
     memory access after the second bucket's capture (h100-2026-11-23e/recipe-gemma2-2L-graphs-crash)."""
@@ -560,10 +556,10 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
 
 
 @pytest.mark.parametrize("name, flex", [("gemma-2-2b", True), ("Llama-3.2-1B", False)])
-def test_graphs_capture_flex_attention_models_only_when_switched_on(monkeypatch, name, flex):
-    """A model with FlexAttention layers is not captured while ``graphs.CAPTURE_FLEX`` is off (the default): the
-    runner gives the reason (warned once; the forward runs uncaptured); switched on, it is captured like any
-    other. A plain causal model is never refused for it."""
+def test_graphs_capture_flex_attention_models_unless_switched_off(monkeypatch, name, flex):
+    """A model with FlexAttention layers is captured like any other; with ``graphs.CAPTURE_FLEX`` off it is
+    not, and the runner gives the reason (warned once; the forward runs uncaptured). A plain causal model is
+    never refused for it."""
     from lit_liger import graphs as graphs_mod
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -571,7 +567,30 @@ def test_graphs_capture_flex_attention_models_only_when_switched_on(monkeypatch,
     apply_liger(ours)
     fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert runner_for(ours).why_not(fake_cuda) is None  # CAPTURE_FLEX on (the default)
+    monkeypatch.setattr(graphs_mod, "CAPTURE_FLEX", False)
     why = runner_for(ours).why_not(fake_cuda)
-    assert (why == graphs_mod.FLEX_WHY) if flex else why is None  # CAPTURE_FLEX off by default
-    monkeypatch.setattr(graphs_mod, "CAPTURE_FLEX", True)
-    assert runner_for(ours).why_not(fake_cuda) is None
+    assert (why == graphs_mod.FLEX_WHY) if flex else why is None
+
+
+def test_capture_warm_up_runs_without_the_garbage_collector():
+    """``graphs._no_gc``: collects first, keeps the collector off inside (a collection freeing a dead memory pool
+    while allocations are routed to a pool aborts the process), and puts its state back, on an error too."""
+    import gc
+
+    from lit_liger.graphs import _no_gc
+
+    assert gc.isenabled()
+    with _no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _no_gc():
+        raise RuntimeError("warm-up failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _no_gc():
+            pass
+        assert not gc.isenabled()  # it was off before: stays off
+    finally:
+        gc.enable()
