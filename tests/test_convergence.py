@@ -162,3 +162,17 @@ def test_step_variant_in_its_own_process_gives_the_in_process_result(tmp_path, a
     assert iso["status"] == inproc["status"] == "ok"
     assert iso["loss"] == inproc["loss"] and math.isfinite(iso["loss"])
     assert iso["step_ms"] > 0 and iso["n_params"] == inproc["n_params"]
+
+
+def test_convergence_model_config_sliding_window():
+    """``--sliding_window`` shortens the window of a config that has one (gemma-2's 4096 never bites at the
+    benchmark's 256 tokens) and refuses a config without one; the widths are the benchmark's."""
+    from benchmarks.convergence import model_config
+
+    widths = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, intermediate_size=176, block_size=256)
+    cfg = model_config("gemma-2-2b", 500, sliding_window=128, **widths)
+    assert cfg.sliding_window_size == 128 and cfg.attention_logit_softcapping == 50.0
+    assert cfg.n_embd == 64 and cfg.padded_vocab_size == 512 and cfg.n_layer == 2
+    assert model_config("gemma-2-2b", 500, **widths).sliding_window_size == 4096  # the config's own
+    with pytest.raises(ValueError, match="no sliding window"):
+        model_config("Llama-3.2-1B", 500, sliding_window=128, **widths)
