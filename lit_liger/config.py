@@ -61,8 +61,8 @@ class LigerConfig:
             full fine-tuning 4.3x at 1.07x, against 2.2x at 0.65x uncaptured). ``True``: on whenever it
             can apply; ``False``: off. Falls back to uncaptured steps (with one warning) where capture
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
-            module hooks, ``torch.compile``, FlexAttention layers (softcap / sliding window; see ``graphs.CAPTURE_FLEX`` for what was
-            measured and why it is off), a capture error.
+            module hooks, ``torch.compile``, a capture error. FlexAttention layers (softcap / sliding window) are
+            captured too (``graphs.CAPTURE_FLEX``: what was measured, and the switch to turn that off).
         sdpa_backend: the SDPA kernel of the plain causal attention layers, on CUDA tensors in eager mode (CUDA
             graphs included; under ``torch.compile`` inductor chooses). ``"auto"`` (default), chosen by measurement on an
             H100 (``attention.sdpa_backend_for``): for uncaptured steps flash attention on NVIDIA sm80+ (PyTorch
