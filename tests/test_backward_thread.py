@@ -39,17 +39,25 @@ def test_setting_and_its_context():
             assert multithreaded()
 
 
-def test_backward_on_the_caller_thread_gives_the_same_gradients():
-    from lit_liger.kernels import rms_norm
+@pytest.mark.gpu
+def test_gpu_backward_on_the_caller_thread_gives_the_same_gradients():
+    """On CUDA tensors (where the setting moves the backward off PyTorch's device thread; a CPU backward always runs
+    on the caller's) the lit-liger ops' gradients are bit for bit those of the device-thread backward."""
+    from lit_liger.kernels import rms_norm, swiglu
 
-    x = torch.randn(3, 5, 32, requires_grad=True)
-    w = torch.randn(32, requires_grad=True)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(3, 50, 256, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(256, device="cuda", generator=g, requires_grad=True)
+    b = torch.randn(3, 50, 256, device="cuda", generator=g, requires_grad=True)
     grads = []
     for cfg in (LigerConfig(), LigerConfig(caller_thread_backward=True)):
         with cfg.backward_thread():
-            gx, gw = torch.autograd.grad(rms_norm(x, w).square().sum(), (x, w))
-        grads.append((gx, gw))
-    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+            assert multithreaded() is (not cfg.caller_thread_backward)
+            grads.append(torch.autograd.grad(swiglu(rms_norm(x, w), b).square().sum(), (x, w, b)))
+    for a, c in zip(*grads):
+        assert a.abs().sum() > 0 and torch.equal(a, c)
 
 
 @pytest.fixture
