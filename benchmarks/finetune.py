@@ -134,11 +134,13 @@ def command(method: str, ckpt: Path, data_path: Path, run_dir: Path, precision: 
 # ----------------------------------------------------------------------------------------------
 # One run (a child process)
 # ----------------------------------------------------------------------------------------------
-def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = False) -> dict[str, Any]:
+def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = False,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
     """``lit-liger *args`` in a fresh process; its numbers (``lit_liger.demo._summarize`` of its logs).
 
     ``in_process`` runs it in this process instead (tests: no second interpreter start-up; peak memory
-    counters are then shared with whatever ran before). Raises ``RuntimeError`` when the run fails.
+    counters are then shared with whatever ran before). ``env``: extra environment variables of the child
+    (not with ``in_process``). Raises ``RuntimeError`` when the run fails.
     """
     from lit_liger.demo import _summarize
 
@@ -149,13 +151,15 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
     log = run_dir / "stdout.txt"
     t0 = time.perf_counter()
     if in_process:
+        if env:
+            raise ValueError("env applies to a child process; in_process runs in this one")
         saved = list(sys.argv)
         try:
             _child(str(stats), args)
         finally:
             sys.argv[:] = saved
     else:
-        env, cwd = dict(os.environ), None
+        env, cwd = {**os.environ, **(env or {})}, None
         if C.PACKAGE == "benchmarks":  # a checkout's top-level folder: the child needs it on its path
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
             cwd = C.REPO_ROOT
@@ -182,6 +186,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
     the whole run, wall time; the peak counter is reset after each validation pass)."""
     from lit_liger.demo import _run_and_record
 
+    if os.environ.get("LIT_LIGER_BENCH_NO_CUDNN_SDPA") == "1":  # the recipe's stock-no-cudnn variant
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
     _run_and_record(stats_path, argv)
 
 

@@ -50,8 +50,16 @@ VARIANTS = {
     "liger-mt": ["--liger.caller_thread_backward", "false"],
     "liger-no-graphs-mt": ["--liger.cuda_graphs", "false", "--liger.caller_thread_backward", "false"],
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
+    # run-to-run spread of stock itself, and stock with cuDNN attention off (SDPA then picks flash, the kernel
+    # lit-liger's uncaptured steps use): both compare with the first "stock" row, not become the reference
+    "stock-again": ["--liger", "false"],
+    "stock-no-cudnn": ["--liger", "false"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
 }
+# variants that run in a child with this environment (read by benchmarks.finetune._child)
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}}
+# stock variants that are not a new reference for the rows after them
+NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock
 TARGETS = {"tok_per_s": 3.0, "memory": 0.7}
 WORDS = ("data", "value", "function", "return", "list", "string", "number", "file", "user", "model", "write",
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
                     row: dict[str, Any] = {"model": model, "method": method, "B": mb, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
                     try:
-                        res = F.run_one(args, run_dir, warmup=warmup)
+                        res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant))
                         from lit_liger.demo import read_metrics
 
                         times = [r["iter_time"] * 1e3 for r in read_metrics(run_dir)][warmup:]
@@ -155,10 +163,11 @@ def main(argv: list[str] | None = None) -> dict:
                                    iter_ms_mean=statistics.fmean(times))
                     except Exception as e:  # noqa: BLE001 - a failed run is a row, not the end of the benchmark
                         row.update(status=f"failed: {e}")
-                    if variant.startswith("stock") and row["status"] == "ok":
+                    if variant.startswith("stock") and variant not in NOT_REFERENCE and row["status"] == "ok":
                         stock = row  # the lit-liger variants after it compare with it
                     if stock is not None and row["status"] == "ok" and row is not stock:
                         row["x_stock_tok_s"] = row["tokens_per_s"] / stock["tokens_per_s"]
+                        row.update(loss_divergence(stock.get("losses") or [], row.get("losses") or []))
                         for key in ("peak_memory_gb", "peak_reserved_gb"):
                             if row.get(key) and stock.get(key):
                                 row[f"x_stock_{key}"] = row[key] / stock[key]
@@ -167,6 +176,18 @@ def main(argv: list[str] | None = None) -> dict:
                     C.write_json(out / "recipe.json", result)
     render(result, out)
     return result
+
+
+def loss_divergence(ref: list[float], losses: list[float], threshold: float = 0.01) -> dict[str, Any]:
+    """Per-iteration relative loss difference against ``ref``: the largest (and where), and the first
+    iteration (1-based) past ``threshold``; None where no iteration passes it."""
+    diffs = [abs(b - a) / abs(a) for a, b in zip(ref, losses) if a]
+    if not diffs:
+        return {}
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    first = next((i + 1 for i, d in enumerate(diffs) if d > threshold), None)
+    return {"loss_max_rel_diff": diffs[worst], "loss_max_rel_diff_iter": worst + 1,
+            "loss_first_iter_over_1pct": first}
 
 
 def _line(r: dict) -> str:

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
-from ._launch import cdiv, next_pow2, row_plan, use_triton
+from ._launch import cdiv, fast_launch, next_pow2, row_plan, use_triton
 
 __all__ = ["fused_linear_cross_entropy", "fused_linear_cross_entropy_reference", "CHECK_TARGETS"]
 
@@ -219,6 +219,7 @@ def _write_grad(row_ptr, row_mask, col0, n_cols, vocab, target, lse, coef, softc
         tl.store(row_ptr + c[None, :], g.to(row_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _flce_rows_kernel(
     LOGITS, TARGET, ROW_LOSS, SCALE,
@@ -252,6 +253,7 @@ def _flce_rows_kernel(
                     HAS_SOFTCAP, BLOCK)
 
 
+@fast_launch
 @triton.jit
 def _flce_lean_stats_kernel(
     LOGITS, TARGET, M, S, ZT, ZSUM, LSE, ROW_LOSS,
@@ -291,6 +293,7 @@ def _flce_lean_stats_kernel(
         tl.store(ROW_LOSS + rows, loss, mask=row_mask)
 
 
+@fast_launch
 @triton.jit
 def _flce_lean_grad_kernel(
     LOGITS, TARGET, LSE, SCALE,

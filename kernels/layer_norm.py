@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device
-from ._launch import partial_rows, row_plan, use_triton
+from ._launch import fast_launch, partial_rows, row_plan, use_triton
 
 __all__ = ["layer_norm", "layer_norm_reference"]
 
@@ -32,6 +32,7 @@ def layer_norm_reference(
 # ----------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
+@fast_launch
 @triton.jit
 def _ln_fwd_kernel(
     X, Y, W, B, MEAN, RSTD,
@@ -59,6 +60,7 @@ def _ln_fwd_kernel(
     tl.store(RSTD + row, rstd)
 
 
+@fast_launch
 @triton.jit
 def _ln_bwd_kernel(
     DY, X, W, MEAN, RSTD, DX, DW_PARTIAL, DB_PARTIAL,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
-from ._launch import partial_rows, row_plan, use_triton
+from ._launch import fast_launch, partial_rows, row_plan, use_triton
 
 __all__ = ["rms_norm", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
 
@@ -45,6 +45,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, offset
 # ----------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
+@fast_launch
 @triton.jit
 def _rms_fwd_kernel(
     X, R, S, Y, W, RSTD,
@@ -71,6 +72,7 @@ def _rms_fwd_kernel(
     tl.store(RSTD + row, rstd)
 
 
+@fast_launch
 @triton.jit
 def _rms_bwd_kernel(
     DY, DS, X, W, RSTD, DX, DW_PARTIAL,

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_float, check_same_device, check_same_dtype
-from ._launch import elementwise_plan, next_pow2, partial_rows, row_plan, use_triton
+from ._launch import elementwise_plan, fast_launch, next_pow2, partial_rows, row_plan, use_triton
 
 __all__ = ["rope", "rope_qkv", "rope_reference"]
 
@@ -185,6 +185,7 @@ def _rope_heads(
                 tl.store(op + (2 * half + e)[None, :], tail.to(O.dtype.element_ty), mask=tm)
 
 
+@fast_launch
 @triton.jit
 def _rope_kernel(
     Q, K, QO, KO, COS, SIN, WQ, WK,
@@ -308,6 +309,7 @@ def _store_dw_partial(DW, pid, hs, half, n_tail, acc_a, acc_b, acc_t,
     tl.store(base + 2 * half + e, acc_t, mask=e < n_tail)
 
 
+@fast_launch
 @triton.jit
 def _rope_norm_bwd_kernel(
     DQ, DK, Q, K, DQI, DKI, COS, SIN, WQ, WK, DWQ, DWK,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_same_device, check_same_dtype
-from ._launch import cdiv, elementwise_plan, use_triton
+from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
 
 __all__ = ["swiglu", "geglu", "glu_reference", "ACTIVATIONS"]
 
@@ -94,6 +94,7 @@ def _tile(pid, n_cols, n_col_blocks, BLOCK: tl.constexpr):
     return row, col0, offs, mask
 
 
+@fast_launch
 @triton.jit
 def _glu_fwd_kernel(
     A, B, Y,
@@ -111,6 +112,7 @@ def _glu_fwd_kernel(
     tl.store(Y + (row * n_cols + col0) + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _glu_bwd_kernel(
     DY, A, B, DA, DB,

@@ -46,20 +46,42 @@ def sync() -> None:
 
 
 def host_us(step) -> tuple[float, float]:
-    for _ in range(2):
-        step()
-    sync()
-    issue, wall = [], []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        for _ in range(ITERS):
+    return host_us_many(step)[0]
+
+
+def host_us_many(*steps) -> list[tuple[float, float]]:
+    """(issue, wall) medians per step, microseconds per call; the steps take turns in every repetition, so a
+    drift of the machine (another process, clocks) reaches all of them alike."""
+    for step in steps:
+        for _ in range(2):
             step()
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        issue.append((t1 - t0) / ITERS * 1e6)
-        wall.append((t2 - t0) / ITERS * 1e6)
-    return statistics.median(issue), statistics.median(wall)
+    sync()
+    issue, wall = [[] for _ in steps], [[] for _ in steps]
+    for _ in range(REPS):
+        for i, step in enumerate(steps):
+            t0 = time.perf_counter()
+            for _ in range(ITERS):
+                step()
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            issue[i].append((t1 - t0) / ITERS * 1e6)
+            wall[i].append((t2 - t0) / ITERS * 1e6)
+    return [(statistics.median(a), statistics.median(b)) for a, b in zip(issue, wall)]
+
+
+class triton_path:
+    """Launch lit-liger's kernels through Triton's own JITFunction.run (FastKernel off) inside the block."""
+
+    def __enter__(self):
+        self._launch = sys.modules.get("lit_liger.kernels._launch")
+        self._saved = getattr(self._launch, "_FAST", None)
+        if self._saved is not None:
+            self._launch._FAST = [False]
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            self._launch._FAST = self._saved
 
 
 def kernels_per_call(step) -> int:
@@ -163,6 +185,11 @@ def cases(B: int, T: int):
     yield "LoRA qkv (r 8, q+v)", (lambda: bwd((lq(xq), dqkv))), liger_lora
 
 
+def _triton_jit(kernel):
+    """The JIT function under a FastKernel (an older tree's kernels are JIT functions themselves)."""
+    return kernel.fn if type(kernel).__name__ == "FastKernel" else kernel
+
+
 def pieces(B: int, T: int) -> dict[str, float]:
     """Where one lit-liger RMSNorm forward's host time goes (issue time per call, microseconds)."""
     x = torch.randn(B, T, C, device=dev, dtype=dt)
@@ -189,6 +216,12 @@ def pieces(B: int, T: int) -> dict[str, float]:
         "bare Triton launch (rms fwd)": lambda: K_rms._rms_fwd_kernel[(x2.shape[0],)](
             x2, x2, y, y, w, rstd, x2.stride(0), x2.stride(0), C, y.stride(0), C, 1e-5, 0.0,
             HAS_RESIDUAL=False, BLOCK=plan.block, num_warps=plan.num_warps),
+        # the same launch through Triton's JITFunction.run (what every launch cost before kernels/_launch.py's
+        # FastKernel; the line above is the direct launcher where this Triton has it)
+        "bare Triton launch, Triton's own path": lambda: _triton_jit(K_rms._rms_fwd_kernel)[
+            (x2.shape[0],)](
+            x2, x2, y, y, w, rstd, x2.stride(0), x2.stride(0), C, y.stride(0), C, 1e-5, 0.0,
+            HAS_RESIDUAL=False, BLOCK=plan.block, num_warps=plan.num_warps),
         "aten add (one launch)": lambda: torch.add(x, x),
         "autograd.Function, no kernel": lambda: Nop.apply(xg),
         "rms_norm forward, no grad": lambda: K_rms.rms_norm(x, w, 1e-5),
@@ -196,7 +229,8 @@ def pieces(B: int, T: int) -> dict[str, float]:
     norm = RMSNorm(C, eps=1e-5).to(dev, dt)
     out["litgpt RMSNorm forward, no grad"] = lambda: norm(x)
     with torch.no_grad():
-        res = {k: host_us(f)[0] for k, f in out.items() if "autograd" not in k}
+        res = dict(zip([k for k in out if "autograd" not in k],
+                       [r[0] for r in host_us_many(*[f for k, f in out.items() if "autograd" not in k])]))
     res["autograd.Function, no kernel"] = host_us(out["autograd.Function, no kernel"])[0]
     return res
 
@@ -244,26 +278,39 @@ def main() -> None:
 
     props = torch.cuda.get_device_properties(0) if dev.type == "cuda" else type("P", (), {"name": "cpu"})
 
-    result = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__, "cases": [], "pieces": {}}
-    print(f"{props.name} | torch {torch.__version__} | triton {triton.__version__}")
+    try:
+        from lit_liger.kernels._launch import fast_launch_enabled
+
+        fast = fast_launch_enabled()
+    except ImportError:  # an older tree (the before/after comparison runs this script against one)
+        fast = None
+    result = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__, "cases": [], "pieces": {},
+              "fast_launch": fast, "lit_liger_file": sys.modules["lit_liger.kernels.rms_norm"].__file__}
+    print(f"{props.name} | torch {torch.__version__} | triton {triton.__version__} | fast launch {fast} | "
+          f"{result['lit_liger_file']}")
     shapes = ((1, 16), (4, 512)) if dev.type == "cuda" else ((1, 4),)
     for B, T in shapes if not os.environ.get("PROFILE_ONLY") else ():
         print(f"\nB {B} T {T}: per forward+backward call, microseconds (issue = host time; wall includes the GPU)")
         print(f"{'op':24s} {'stock issue':>11s} {'liger issue':>11s} {'x':>5s} {'stock wall':>10s} {'liger wall':>10s} "
-              f"{'kernels s/l':>11s} {'1-thread: s':>11s} {'l':>9s} {'x':>5s}")
+              f"{'kernels s/l':>11s} {'1-thread: s':>11s} {'l':>9s} {'x':>5s} {'l, Triton path':>9s} {'x':>5s}")
         for name, stock, liger in cases(B, T):
-            (si, sw), (li, lw) = host_us(stock), host_us(liger)
+            def liger_triton_path(liger=liger):
+                with triton_path():
+                    liger()
+
+            (si, sw), (li, lw), (lt, _) = host_us_many(stock, liger, liger_triton_path)
             ks, kl = kernels_per_call(stock), kernels_per_call(liger)
             torch.autograd.set_multithreading_enabled(False)  # backward on this thread: no GIL hand-over
             try:
-                si1, li1 = host_us(stock)[0], host_us(liger)[0]
+                (si1, _), (li1, _) = host_us_many(stock, liger)
             finally:
                 torch.autograd.set_multithreading_enabled(True)
             result["cases"].append({"B": B, "T": T, "op": name, "stock_issue_us": si, "liger_issue_us": li,
+                                    "liger_issue_us_triton_path": lt,
                                     "stock_wall_us": sw, "liger_wall_us": lw, "stock_kernels": ks, "liger_kernels": kl,
                                     "stock_issue_us_1thread": si1, "liger_issue_us_1thread": li1})
             print(f"{name:24s} {si:11.1f} {li:11.1f} {li / si:5.2f} {sw:10.1f} {lw:10.1f} {ks:5d}/{kl:<5d} "
-                  f"{si1:9.1f} {li1:9.1f} {li1 / si1:5.2f}")
+                  f"{si1:9.1f} {li1:9.1f} {li1 / si1:5.2f} {lt:9.1f} {lt / si:5.2f}")
     print("\npieces of one lit-liger RMSNorm forward (B 1, T 16), issue microseconds:")
     result["pieces"] = pieces(1, 16)
     for k, v in result["pieces"].items():

@@ -176,3 +176,25 @@ def test_convergence_model_config_sliding_window():
     assert model_config("gemma-2-2b", 500, **widths).sliding_window_size == 4096  # the config's own
     with pytest.raises(ValueError, match="no sliding window"):
         model_config("Llama-3.2-1B", 500, sliding_window=128, **widths)
+
+
+def test_recipe_loss_divergence_finds_the_first_and_largest_gap():
+    from benchmarks.recipe import NOT_REFERENCE, VARIANT_ENV, VARIANTS, loss_divergence
+
+    ref = [2.0, 2.0, 4.0, 1.0]
+    got = loss_divergence(ref, [2.0, 2.01, 4.8, 1.0])  # 0.5%, then 20% at iteration 3
+    assert got["loss_max_rel_diff"] == pytest.approx(0.2)
+    assert got["loss_max_rel_diff_iter"] == 3
+    assert got["loss_first_iter_over_1pct"] == 3
+    assert loss_divergence(ref, ref)["loss_first_iter_over_1pct"] is None
+    assert loss_divergence([], [1.0]) == {}
+    # the rerun / no-cuDNN stock variants exist, are stock runs, and do not replace the reference
+    assert set(NOT_REFERENCE) <= set(VARIANTS) and set(VARIANT_ENV) <= set(VARIANTS)
+    assert all(VARIANTS[v] == ["--liger", "false"] for v in NOT_REFERENCE)
+
+
+def test_run_one_env_needs_a_child(tmp_path):
+    from benchmarks import finetune
+
+    with pytest.raises(ValueError, match="child"):
+        finetune.run_one(["finetune_lora"], tmp_path / "r", warmup=0, in_process=True, env={"X": "1"})
