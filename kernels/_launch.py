@@ -332,7 +332,7 @@ class FastKernel:
             return self.fn[grid](*args, **kwargs)
         try:
             device = _current_device()
-            key = (device, tuple(map(_arg_spec, args)), tuple(sorted(kwargs.items())))
+            key = (device, tuple(map(_arg_spec, args)), tuple(kwargs.items()))  # a call site keeps its order
         except (_Unsupported, TypeError):  # TypeError: an unhashable keyword value
             return self.fn[grid](*args, **kwargs)
         entry = self._entries.get(key)
