@@ -1,6 +1,6 @@
 """Host cost per op: lit-liger's eager ops against the LitGPT / aten code they replace (issue 16).
 
-usage: python scripts/gpu_op_host.py [OUT.json]
+usage: python scripts/gpu_op_host.py [OUT.json]   (env: ITERS, REPS, DEVICE=cpu, PROFILE_ONLY, CASES=name,part)
 
 At LitGPT's recipe sizes a training step is bound by the host: what matters per op is the time the Python
 thread needs to issue it (checks, allocations, autograd, Triton's launcher), not the GPU time. Each case runs
@@ -184,6 +184,20 @@ def cases(B: int, T: int):
 
     yield "LoRA qkv (r 8, q+v)", (lambda: bwd((lq(xq), dqkv))), liger_lora
 
+    # the whole MLP as LitGPT's Block runs it after attention (frozen weights, as in LoRA): norm_2 -> fc_1, fc_2 ->
+    # silu(a) * b -> proj. The GLU ops above are its smallest pieces; this is what the adapter swaps them into.
+    w1f, w2f, wpf = (t.detach() for t in (w1, w2, wp))
+
+    def stock_mlp():
+        n = norm(x)
+        bwd((F.linear(F.silu(F.linear(n, w1f)) * F.linear(n, w2f), wpf), dy))
+
+    def liger_mlp():
+        _, (a_, b_) = rms_norm_linear(x, w, [(w1f, None), (w2f, None)], 1e-5)
+        bwd((glu_linear(a_, b_, wpf), dy))
+
+    yield "MLP: norm -> GLU -> proj", stock_mlp, liger_mlp
+
 
 def _triton_jit(kernel):
     """The JIT function under a FastKernel (an older tree's kernels are JIT functions themselves)."""
@@ -294,6 +308,8 @@ def main() -> None:
         print(f"{'op':24s} {'stock issue':>11s} {'liger issue':>11s} {'x':>5s} {'stock wall':>10s} {'liger wall':>10s} "
               f"{'kernels s/l':>11s} {'1-thread: s':>11s} {'l':>9s} {'x':>5s} {'l, Triton path':>9s} {'x':>5s}")
         for name, stock, liger in cases(B, T):
+            if os.environ.get("CASES") and not any(c in name for c in os.environ["CASES"].split(",")):
+                continue  # CASES=MLP,RoPE: only the cases whose names contain one of these
             def liger_triton_path(liger=liger):
                 with triton_path():
                     liger()
