@@ -236,13 +236,14 @@ def flex_attend(
     if k.shape != v.shape or k.shape[0] != B or k.shape[2] != T or k.shape[3] != hs or nh % ng:
         raise ValueError(f"k, v must be (B, ng, T, hs) with nh % ng == 0 for q {tuple(q.shape)}; got "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
+    window = effective_window(T, window)
     kw = dict(
         score_mod=softcap_score_mod(softcap) if softcap is not None else None,
-        block_mask=block_mask(T, effective_window(T, window), q.device),
+        block_mask=block_mask(T, window, q.device),
         scale=scale,
         enable_gqa=ng != nh,
     )
-    options = flex_kernel_options(hs, q.dtype, q.device)
+    options = flex_kernel_options(hs, q.dtype, q.device, windowed=window is not None)
     if options is not None:
         kw["kernel_options"] = options
     if torch.compiler.is_compiling() or q.device.type != "cuda":

@@ -36,6 +36,27 @@ CANDIDATES = {
                             bwd_num_warps=8),
     "bwd 32x128 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=128, bwd_BLOCK_M2=128, bwd_BLOCK_N2=32, bwd_num_stages=2,
                              bwd_num_warps=8),
+    # second sweep (h100-2026-11-24c): around the chosen 64x64 s2 w8, inductor's autotune pick (32x32 s4 w4; its
+    # candidates were all 4-warp), and the kernel's guarantees a causal / window block mask allows
+    "bwd 32x32 s4 w4": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=4,
+                            bwd_num_warps=4),
+    "bwd 32x32 s4 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=4,
+                            bwd_num_warps=8),
+    "bwd 32x32 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=2,
+                            bwd_num_warps=8),
+    "bwd 64x64 s1 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64, bwd_num_stages=1,
+                            bwd_num_warps=8),
+    "bwd 64x64 s2 w8 rows-safe": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
+                                      bwd_num_stages=2, bwd_num_warps=8, ROWS_GUARANTEED_SAFE=True),
+    "bwd 64x64 s2 w8 contiguous": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
+                                       bwd_num_stages=2, bwd_num_warps=8, BLOCKS_ARE_CONTIGUOUS=True),
+    "bwd 64x64 s2 w8 safe+contiguous": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
+                                            bwd_num_stages=2, bwd_num_warps=8, ROWS_GUARANTEED_SAFE=True,
+                                            BLOCKS_ARE_CONTIGUOUS=True),
+    "bwd 32x64/64x32 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=32,
+                                  bwd_num_stages=2, bwd_num_warps=8),
+    "bwd 64x128/128x64 s1 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=128, bwd_BLOCK_M2=128, bwd_BLOCK_N2=64,
+                                    bwd_num_stages=1, bwd_num_warps=8),
     "fwd 64x64 s3 w4": dict(fwd_BLOCK_M=64, fwd_BLOCK_N=64, fwd_num_stages=3, fwd_num_warps=4),
     "fwd 128x64 s2 w8": dict(fwd_BLOCK_M=128, fwd_BLOCK_N=64, fwd_num_stages=2, fwd_num_warps=8),
 }
@@ -63,6 +84,7 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--no_autotune", action="store_true")
     p.add_argument("--no_candidates", action="store_true")
+    p.add_argument("--candidates", default="", help="comma-separated labels of CANDIDATES to try (default: all)")
     opts = p.parse_args()
     opts.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -80,7 +102,8 @@ def main() -> None:
                   block_mask=A.block_mask(T, A.effective_window(T, window), q.device), scale=scale,
                   enable_gqa=ng != nh)
         row["candidates_ms"] = {}
-        for label, ko in ({} if opts.no_candidates else CANDIDATES).items():
+        chosen = [c for c in opts.candidates.split(",") if c] or list(CANDIDATES)
+        for label, ko in ({} if opts.no_candidates else {c: CANDIDATES[c] for c in chosen}).items():
             try:
                 fn = torch.compile(A.flex_attention, fullgraph=True, dynamic=False)
                 ms = _time(lambda q, k, v: fn(q, k, v, kernel_options=dict(ko), **kw), q, k, v, n=10)

@@ -127,9 +127,12 @@ def test_flex_launch_settings_only_where_measured(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert L.flex_kernel_options(256, torch.bfloat16, torch.device("cpu")) is None
     monkeypatch.setattr(L, "device_limits", lambda d: L.DeviceLimits("h100", 32, 1024, 132, (9, 0), False))
-    opts = L.flex_kernel_options(256, torch.bfloat16, cuda)
+    opts = L.flex_kernel_options(256, torch.bfloat16, cuda, windowed=True)
     assert opts["bwd_num_warps"] == 8
     assert all(k.startswith("bwd_") for k in opts)  # the backward's only: the forward keeps torch's default
+    # a causal block mask's blocks are contiguous; a window's partial blocks are not (never claimed there)
+    assert L.flex_kernel_options(256, torch.bfloat16, cuda)["BLOCKS_ARE_CONTIGUOUS"] is True
+    assert "BLOCKS_ARE_CONTIGUOUS" not in opts
     assert L.flex_kernel_options(128, torch.bfloat16, cuda) is None  # torch's sm90 default kept
     assert L.flex_kernel_options(256, torch.float32, cuda) is None
     monkeypatch.setattr(L, "device_limits", lambda d: L.DeviceLimits("a100", 32, 1024, 108, (8, 0), False))
@@ -138,12 +141,17 @@ def test_flex_launch_settings_only_where_measured(monkeypatch):
 
 def test_flex_attend_hands_the_launch_settings_to_flex_attention(monkeypatch):
     seen = {}
-    monkeypatch.setattr(A, "flex_kernel_options", lambda hs, dtype, device: {"bwd_num_warps": hs})
+    monkeypatch.setattr(A, "flex_kernel_options",
+                        lambda hs, dtype, device, windowed: {"bwd_num_warps": hs, "windowed": windowed})
     monkeypatch.setattr(A, "flex_attention", lambda q, k, v, **kw: seen.update(kw) or q)
     monkeypatch.setattr(A, "block_mask", lambda T, window, device: None)
     q = torch.randn(1, 2, 6, 8)
     A.flex_attend(q, q, q, scale=1.0)
-    assert seen["kernel_options"] == {"bwd_num_warps": 8}
+    assert seen["kernel_options"] == {"bwd_num_warps": 8, "windowed": False}
+    A.flex_attend(q, q, q, scale=1.0, window=4)  # shorter than T = 6: a window
+    assert seen["kernel_options"] == {"bwd_num_warps": 8, "windowed": True}
+    A.flex_attend(q, q, q, scale=1.0, window=6)  # covers every key: LitGPT's mask is the causal one
+    assert seen["kernel_options"] == {"bwd_num_warps": 8, "windowed": False}
 
 
 # ------------------------------------------------------------------------------------------------
