@@ -222,7 +222,8 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device,
     block's full key blocks are 0 .. i-1 and its partial one is i (and the transposed lists of the backward are
     contiguous the same way), so the kernels step to the next block instead of loading its index. A sliding
     window's partial blocks are two with a gap (the window's first block and the diagonal): never set there.
-    Measured on an H100 (``h100-2026-11-24c/flex-sweep2/``): gemma-2's layer 2.50 -> 2.16 ms forward+backward."""
+    Measured on an H100 (``h100-2026-11-24c/flex-sweep2/``, ``flex-sweep3/``): gemma-2's layer forward+backward
+    2.50 -> 2.16 and 2.37 -> 2.29 ms in two sweeps (2.20 ms for lit-liger's default after the change)."""
     if device.type != "cuda" or torch.version.hip is not None or dtype not in (torch.bfloat16, torch.float16):
         return None
     if device_limits(device).capability != (9, 0) or head_dim != 256:
