@@ -28,35 +28,30 @@ SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, window, s
 }
 
 
+def _bwd(m1: int, n1: int, m2: int, n2: int, stages: int, warps: int, **flags) -> dict:
+    """Backward launch settings: the dK/dV kernel's M1 x N1 tiles, the dQ kernel's M2 x N2, plus kernel flags."""
+    return dict(bwd_BLOCK_M1=m1, bwd_BLOCK_N1=n1, bwd_BLOCK_M2=m2, bwd_BLOCK_N2=n2, bwd_num_stages=stages,
+                bwd_num_warps=warps, **flags)
+
+
 #: explicit launch settings tried on every shape (kernel_options of flex_attention; fwd_/bwd_ prefixes)
 CANDIDATES = {
-    "bwd 32x64 s3 w4": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=32, bwd_num_stages=3,
-                            bwd_num_warps=4),
-    "bwd 64x64 s2 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64, bwd_num_stages=2,
-                            bwd_num_warps=8),
-    "bwd 32x128 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=128, bwd_BLOCK_M2=128, bwd_BLOCK_N2=32, bwd_num_stages=2,
-                             bwd_num_warps=8),
+    "bwd 32x64 s3 w4": _bwd(32, 64, 64, 32, 3, 4),
+    "bwd 64x64 s2 w8": _bwd(64, 64, 64, 64, 2, 8),
+    "bwd 32x128 s2 w8": _bwd(32, 128, 128, 32, 2, 8),
     # second sweep (h100-2026-11-24c): around the chosen 64x64 s2 w8, inductor's autotune pick (32x32 s4 w4; its
-    # candidates were all 4-warp), and the kernel's guarantees a causal / window block mask allows
-    "bwd 32x32 s4 w4": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=4,
-                            bwd_num_warps=4),
-    "bwd 32x32 s4 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=4,
-                            bwd_num_warps=8),
-    "bwd 32x32 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=32, bwd_BLOCK_M2=32, bwd_BLOCK_N2=32, bwd_num_stages=2,
-                            bwd_num_warps=8),
-    "bwd 64x64 s1 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64, bwd_num_stages=1,
-                            bwd_num_warps=8),
-    "bwd 64x64 s2 w8 rows-safe": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
-                                      bwd_num_stages=2, bwd_num_warps=8, ROWS_GUARANTEED_SAFE=True),
-    "bwd 64x64 s2 w8 contiguous": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
-                                       bwd_num_stages=2, bwd_num_warps=8, BLOCKS_ARE_CONTIGUOUS=True),
-    "bwd 64x64 s2 w8 safe+contiguous": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=64,
-                                            bwd_num_stages=2, bwd_num_warps=8, ROWS_GUARANTEED_SAFE=True,
+    # candidates were all 4-warp), and the kernel's guarantees a causal block mask allows (a window's does not:
+    # its "contiguous" rows here time a setting lit-liger never uses with a window)
+    "bwd 32x32 s4 w4": _bwd(32, 32, 32, 32, 4, 4),
+    "bwd 32x32 s4 w8": _bwd(32, 32, 32, 32, 4, 8),
+    "bwd 32x32 s2 w8": _bwd(32, 32, 32, 32, 2, 8),
+    "bwd 64x64 s1 w8": _bwd(64, 64, 64, 64, 1, 8),
+    "bwd 64x64 s2 w8 rows-safe": _bwd(64, 64, 64, 64, 2, 8, ROWS_GUARANTEED_SAFE=True),
+    "bwd 64x64 s2 w8 contiguous": _bwd(64, 64, 64, 64, 2, 8, BLOCKS_ARE_CONTIGUOUS=True),
+    "bwd 64x64 s2 w8 safe+contiguous": _bwd(64, 64, 64, 64, 2, 8, ROWS_GUARANTEED_SAFE=True,
                                             BLOCKS_ARE_CONTIGUOUS=True),
-    "bwd 32x64/64x32 s2 w8": dict(bwd_BLOCK_M1=32, bwd_BLOCK_N1=64, bwd_BLOCK_M2=64, bwd_BLOCK_N2=32,
-                                  bwd_num_stages=2, bwd_num_warps=8),
-    "bwd 64x128/128x64 s1 w8": dict(bwd_BLOCK_M1=64, bwd_BLOCK_N1=128, bwd_BLOCK_M2=128, bwd_BLOCK_N2=64,
-                                    bwd_num_stages=1, bwd_num_warps=8),
+    "bwd 32x64/64x32 s2 w8": _bwd(32, 64, 64, 32, 2, 8),
+    "bwd 64x128/128x64 s1 w8": _bwd(64, 128, 128, 64, 1, 8),
     "fwd 64x64 s3 w4": dict(fwd_BLOCK_M=64, fwd_BLOCK_N=64, fwd_num_stages=3, fwd_num_warps=4),
     "fwd 128x64 s2 w8": dict(fwd_BLOCK_M=128, fwd_BLOCK_N=64, fwd_num_stages=2, fwd_num_warps=8),
 }
