@@ -264,7 +264,7 @@ def _triton_version() -> tuple[int, int]:
 
 
 def fast_launch_enabled() -> bool:
-    """Whether :class:`FastKernel` launches skip Triton's dispatch in this process (read at import)."""
+    """Whether :class:`FastKernel` launches skip Triton's dispatch in this process (read at the first launch)."""
     lo, hi = FAST_LAUNCH_TRITON
     return (os.environ.get("LIT_LIGER_FAST_LAUNCH", "1") != "0" and not interpret_mode()
             and lo <= _triton_version() <= hi)
@@ -321,8 +321,12 @@ class FastKernel:
     JIT function's."""
 
     def __init__(self, fn):
+        from triton.runtime.jit import JITFunction
+
         self.fn = fn
         self._entries: dict = {}
+        # under the interpreter (or for an autotuner / heuristics wrapper) every launch takes the wrapped path
+        self._is_jit = isinstance(fn, JITFunction)
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -333,12 +337,8 @@ class FastKernel:
     def _launch(self, grid, args, kwargs):
         fast = _FAST[0]
         if fast is None:
-            from triton.runtime.jit import JITFunction
-
             fast = _FAST[0] = fast_launch_enabled()
-            if not isinstance(self.fn, JITFunction):
-                fast = False
-        if not fast or callable(grid) or _hooks_installed():
+        if not fast or not self._is_jit or callable(grid) or _hooks_installed():
             return self.fn[grid](*args, **kwargs)
         try:
             device = _current_device()

@@ -216,3 +216,18 @@ def test_gpu_fast_launch_matches_tritons_path(monkeypatch):
     slow = run_all()
     for f, s in zip(fast, slow):
         assert torch.equal(f, s)
+
+
+def test_fast_launch_passes_non_jit_kernels_through(monkeypatch):
+    """A wrapped object that is not a plain JIT function (the interpreter's, an autotuner) is always launched
+    through itself, even where the direct path is on for the process."""
+    calls = []
+
+    class NotJit:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append((grid, a, k)) or "launched"
+
+    monkeypatch.setattr(_launch, "_FAST", [True])
+    fk = _launch.FastKernel(NotJit())
+    assert fk[(2,)](1, 2, BLOCK=4) == "launched" and fk[(2,)](1, 2, BLOCK=4) == "launched"
+    assert calls == [((2,), (1, 2), {"BLOCK": 4})] * 2 and fk._entries == {}
