@@ -330,6 +330,32 @@ def bench(args: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", "lit_liger.benchmarks", *args], env=env, check=False).returncode
 
 
+def _liger_choice_errors(argv: list[str]) -> list[str]:
+    """Messages for ``--liger.NAME VALUE`` (or ``--liger.NAME=VALUE``) where NAME is a LigerConfig setting with a
+    fixed set of values (``sdpa_backend``, ``flce_mode``) and VALUE is not one of them. jsonargparse rejects those
+    too, but through ``bool | LigerConfig``'s union its message names neither the allowed values nor the field
+    ("Cannot take a Union of no types")."""
+    import typing
+
+    hints = typing.get_type_hints(LigerConfig)
+    choices = {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
+    errors = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--liger."):
+            continue
+        name, eq, value = arg[len("--liger."):].partition("=")
+        if name not in choices:
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                continue  # jsonargparse says a value is missing
+            value = argv[i + 1]
+        if value not in choices[name]:
+            allowed = ", ".join(choices[name])
+            errors.append(f"--liger.{name} must be one of {allowed}; got {value!r}")
+    return errors
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-liger`` and ``python -m lit_liger`` (``args`` defaults to ``sys.argv[1:]``)."""
     from jsonargparse import CLI
@@ -337,6 +363,12 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["bench"]:  # argparse-based, its own options: not a jsonargparse subcommand
         raise SystemExit(bench(argv[1:]))
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:
+        errors = _liger_choice_errors(argv[1:])
+        if errors:
+            for message in errors:
+                print(f"lit-liger {argv[0]}: error: {message}", file=sys.stderr)
+            raise SystemExit(2)  # what jsonargparse exits with on a bad argument
     _set_litgpt_parsing_options()
     # as litgpt's main: a PyTorch false-positive warning (litgpt issue 1561) and TF32 matmuls
     warnings.filterwarnings(

@@ -483,6 +483,28 @@ def test_bad_liger_values_fail_clearly(assets, tmp_path, monkeypatch, capsys, bu
     assert not built_models
 
 
+@pytest.mark.parametrize("extra", [["--liger.sdpa_backend", "bogus"], ["--liger.sdpa_backend=bogus"],
+                                   ["--liger.flce_mode", "fastest"]])
+def test_bad_liger_choice_names_the_allowed_values(assets, tmp_path, monkeypatch, capsys, built_models, extra):
+    """A setting with a fixed set of values: the message names the field and every allowed value (jsonargparse's
+    own, through the bool | LigerConfig union, said "Cannot take a Union of no types")."""
+    with pytest.raises(SystemExit) as e:
+        _parse_and_build(assets, monkeypatch, tmp_path, built_models, extra)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    if "sdpa_backend" in extra[0]:
+        assert "--liger.sdpa_backend must be one of auto, flash, cudnn, efficient, math, torch; got 'bogus'" in err
+    else:
+        assert "--liger.flce_mode must be one of fast, lean; got 'fastest'" in err
+    assert not built_models
+
+
+def test_liger_choice_check_leaves_good_and_other_arguments_alone():
+    ok = ["--liger.sdpa_backend", "flash", "--liger.flce_mode=lean", "--liger.rope", "false", "--liger", "true",
+          "--data.sdpa_backend", "bogus", "--liger.sdpa_backend"]  # the last: no value (jsonargparse's to report)
+    assert cli._liger_choice_errors(ok) == []
+
+
 def test_help_documents_liger(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, ["finetune_full", "--help"])
