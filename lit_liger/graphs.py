@@ -318,14 +318,14 @@ class GraphRunner:
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
+            release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
             if RECAPTURE_ON_GROWTH and self.graphs and \
                     idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
                 self.graphs.clear()  # the next captures start a new pool, sized by this (largest so far) shape
                 self.pool = self._mempool = None
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()  # the old pool's memory goes before the new shape's warm-up needs its own
+                release = True  # the old pool's memory goes before the new shape's warm-up needs its own
                 self.regrown += 1
-            if EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda":
+            if release:  # one synchronize + empty_cache per capture, whichever of the two asked for it
                 torch.cuda.synchronize(idx.device)
                 torch.cuda.empty_cache()
             try:
