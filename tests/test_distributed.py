@@ -169,8 +169,11 @@ def _deepspeed_run(rank: int, stage: int):
     from lit_liger import apply_liger, chunked_cross_entropy
 
     cfg = tiny_config("Llama-3.2-1B")
-    ds_cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
-              "zero_allow_untested_optimizer": True}
+    # overlap_comm (ZeRO-3's default) and parameter prefetch off: their asynchronous scheduling once gave a
+    # stock-vs-stock lm_head gradient 19% apart at step 3 in CI (not reproduced in 14 reruns, loaded or not);
+    # this test is about the loss path, not DeepSpeed's overlap.
+    ds_cfg = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": stage, "overlap_comm": False, "stage3_prefetch_bucket_size": 0}}
 
     class Around(torch.nn.Module):
         def __init__(self, gpt):
@@ -233,7 +236,7 @@ def test_deepspeed_fused_loss_matches_stock(stage):
     for variant in ("liger-around", "liger-top", "stock-top"):
         losses, _, _, _, grad_errs = r[variant]
         assert all(abs(a - b) / abs(b) <= 1e-5 for a, b in zip(losses, stock_losses)), (variant, losses, stock_losses)
-        assert max(grad_errs) <= 1e-4, (variant, grad_errs)  # the lm_head gradient, gathered in full
+        assert max(grad_errs) <= 1e-4, (variant, grad_errs, r)  # the lm_head gradient, gathered in full
     assert r["liger-around"][2] == ["LigerLogits"] * 3 and not r["liger-around"][3]  # fused, no warning
     if stage == 2:
         assert r["liger-top"][2] == ["LigerLogits"] * 3 and not r["liger-top"][3]
