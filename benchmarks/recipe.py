@@ -18,7 +18,8 @@ full fine-tuning), ``liger-no-buckets`` (``--liger.seq_buckets false --liger.cud
 ``liger-no-graphs-sdpa-torch`` (PyTorch's own SDPA backend choice, cuDNN on an H100, with and without graphs),
 ``liger-no-lora`` (LitGPT's LoRA layers, no graphs), ``liger-mt`` / ``liger-no-graphs-mt`` (autograd's backward on
 PyTorch's device thread, ``--liger.caller_thread_backward false``, with and without graphs), and
-``stock-no-dropout`` / ``liger-no-dropout`` (``--lora_dropout 0``). Reported per run, from litgpt's own CSV log: tokens/s
+``stock-no-dropout`` / ``liger-no-dropout`` (``--lora_dropout 0``), ``liger-ckpt`` (``--liger.activation_checkpointing
+true``: each Block recomputed in backward; its steps run without CUDA graphs). Reported per run, from litgpt's own CSV log: tokens/s
 over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed ``iter_time``, the first
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
 keep their activations in a pool that ``max_memory_allocated`` does not count once captured, so reserved is
@@ -55,6 +56,7 @@ VARIANTS = {
     "stock-again": ["--liger", "false"],
     "stock-no-cudnn": ["--liger", "false"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
+    "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # graphs step aside: uncaptured steps
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}}

@@ -27,6 +27,7 @@ from litgpt import model as lm
 from litgpt.api import LLM
 from torch import nn
 from torch.nn.modules import module as _nn_module
+from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from . import attention as _attention
 from .buckets import bucket_length
@@ -427,12 +428,37 @@ class _GPTMixin:
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         ri = self.config.rope_indices
+        recompute = _checkpoint_blocks_here(self)
         for block_idx, block in enumerate(self.transformer.h):
-            if ri is not None:
-                x = block(x, cos[..., ri[block_idx]], sin[..., ri[block_idx]], None, None, None)
+            c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
+            if recompute:  # LigerConfig.activation_checkpointing: only x is kept; the Block reruns in backward
+                x = _checkpoint(block, x, c, s, None, None, None, use_reentrant=False, preserve_rng_state=True)
             else:
-                x = block(x, cos, sin, None, None, None)
+                x = block(x, c, s, None, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
+
+
+_CHECKPOINT_WARNED = False
+
+
+def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
+    """``LigerConfig.activation_checkpointing`` applies to this forward: on, grad enabled, one process (a
+    multi-process strategy checkpoints its own wrapped Blocks: warned once)."""
+    global _CHECKPOINT_WARNED
+    if not (getattr(gpt, "_liger_activation_checkpointing", False) and torch.is_grad_enabled()):
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        if not _CHECKPOINT_WARNED:
+            _CHECKPOINT_WARNED = True
+            import warnings
+
+            warnings.warn(
+                "lit-liger: activation_checkpointing applies to single-process runs; in this multi-process run it "
+                "is off (use the strategy's own: litgpt's FSDP recipes checkpoint each Block through "
+                "activation_checkpointing_policy).", stacklevel=3)
+        return False
+    return True
 
 
 _ZERO3_WARNED = False
@@ -740,17 +766,19 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     # the fused loss
     if not cfg.fused_linear_cross_entropy:
         report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits "
-                                 "(no seq_buckets or cuda_graphs either: they work through the fused loss)")
+                                 "(no seq_buckets, cuda_graphs or activation_checkpointing either: they work through "
+                                 "the fused loss)")
         return
     try:
         _unwrap_linear(gpt.lm_head)
     except NotImplementedError as e:
-        report.skip(prefix, gpt, f"fused loss off (and with it seq_buckets, cuda_graphs): {e}")
+        report.skip(prefix, gpt, f"fused loss off (and with it seq_buckets, cuda_graphs, activation_checkpointing): {e}")
         return
     _swap_class(gpt, _GPTMixin)
     gpt._liger_flce_mode = cfg.flce_mode
     gpt._liger_seq_buckets = cfg.seq_buckets
     gpt._liger_cuda_graphs = cfg.cuda_graphs
+    gpt._liger_activation_checkpointing = cfg.activation_checkpointing
     what = f"fused linear cross-entropy in training ({cfg.flce_mode})"
     if c.final_logit_softcapping is not None:
         what += f" (softcap {c.final_logit_softcapping})"
@@ -765,4 +793,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                                     if cfg.cuda_graphs is None else "")
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
                                 f"{when} (cuda_graphs)")
+    if cfg.activation_checkpointing:
+        report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept (single process; "
+                                "steps run without CUDA graphs; activation_checkpointing)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs", "sdpa_backend", "caller_thread_backward")
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+             "activation_checkpointing")
 
 
 @dataclass
@@ -84,6 +85,15 @@ class LigerConfig:
             fine-tuning 13,822 vs 14,691, LoRA with graphs 46,529 vs 44,197 (the cause in litgpt's loop is not
             understood). With ``apply_liger`` alone, ``torch.autograd.set_multithreading_enabled(False)`` in the
             training thread does the same.
+        activation_checkpointing: in training (fused loss on), keep only each transformer Block's input for the
+            backward and recompute the Block's forward there (``torch.utils.checkpoint``, non-reentrant, with the
+            RNG state restored so that LoRA dropout draws the same masks). Saved activations drop from all of every
+            Block's to one ``(B, T, C)`` tensor per Block plus one Block's at a time, for one more forward of the
+            Blocks (about a third more compute when every weight trains, about half more with frozen ones as in
+            LoRA, whose backward has no weight-gradient GEMMs). Off by default. Single-process runs only: a multi-process run
+            (FSDP/DeepSpeed/DDP) warns once and leaves it to the strategy (litgpt's FSDP recipes already
+            checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs do not capture such
+            steps yet: they run uncaptured, with one warning. Not yet measured on a GPU (see the README).
     """
 
     rms_norm: bool = True
@@ -102,6 +112,7 @@ class LigerConfig:
     cuda_graphs: bool | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

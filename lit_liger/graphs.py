@@ -266,6 +266,8 @@ class GraphRunner:
             return "active dropout (e.g. LoRA dropout > 0)"
         if self._sharded:
             return "sharded or wrapped parameters"
+        if getattr(gpt, "_liger_activation_checkpointing", False):
+            return "activation_checkpointing is on: its recomputed Blocks are not captured"
         if self._flex and not CAPTURE_FLEX:
             return FLEX_WHY
         return None

@@ -122,7 +122,7 @@ def test_report_and_settings():
     with pytest.raises(TypeError):
         LigerConfig(cuda_graphs="yes")
     text = str(apply_liger(ours, LigerConfig(fused_linear_cross_entropy=False)))
-    assert "no seq_buckets or cuda_graphs" in text
+    assert "no seq_buckets, cuda_graphs or activation_checkpointing" in text
 
 
 def test_graphs_not_used_on_cpu_and_no_warning():

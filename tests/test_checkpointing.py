@@ -1,0 +1,192 @@
+"""LigerConfig.activation_checkpointing: each Block recomputed in backward. Same losses and gradients as without
+(bit for bit on CPU, LoRA dropout included: the RNG state is restored), the Blocks' activations not kept, off in
+multi-process runs, and CUDA graphs stepping aside."""
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+from helpers import rel_err, saved_bytes
+from test_adapter import _pair, tiny_config
+
+import lit_liger.adapter as adapter
+from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+
+
+def _step(model, x, y, seed=3):
+    torch.manual_seed(seed)  # the dropout masks
+    model.zero_grad(set_to_none=True)
+    loss = chunked_cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _data(cfg, B=2, T=12):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    y[0, :3] = -100
+    return x, y
+
+
+def _lora_pair(dropout):
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    cfg = tiny_config("Llama-3.2-1B", config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True,
+                      lora_value=True, lora_mlp=True, lora_dropout=dropout)
+    torch.manual_seed(0)
+    a = LoRAGPT(cfg)
+    for n, p in a.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    mark_only_lora_as_trainable(a)
+    return cfg, a, copy.deepcopy(a)
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b", "Qwen3-0.6B", "Mixtral-8x7B-v0.1", "pythia-14m"])
+def test_same_loss_and_gradients_as_without(name):
+    cfg = tiny_config(name)
+    _, plain = _pair(cfg)
+    ckpt = copy.deepcopy(plain)
+    apply_liger(plain)
+    report = str(apply_liger(ckpt, LigerConfig(activation_checkpointing=True)))
+    assert "recomputed in backward, only its input kept" in report
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    loss_b, grads_b = _step(ckpt, x, y)
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == sum(1 for _ in plain.parameters())
+    for n in grads_a:
+        assert torch.equal(grads_a[n], grads_b[n]), n
+
+
+def test_lora_dropout_masks_repeat_in_the_recompute():
+    cfg, plain, ckpt = _lora_pair(dropout=0.3)
+    apply_liger(plain)
+    apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    loss_b, grads_b = _step(ckpt, x, y)
+    assert torch.equal(loss_a, loss_b) and grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:
+        assert torch.equal(grads_a[n], grads_b[n]), n
+    # the test can tell: without the RNG state restored, the recompute draws other masks and the gradients part
+    unrestored = functools.partial(torch.utils.checkpoint.checkpoint, preserve_rng_state=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(adapter, "_checkpoint", lambda *a, preserve_rng_state, **kw: unrestored(*a, **kw))
+        loss_c, grads_c = _step(ckpt, x, y)
+    assert torch.equal(loss_a, loss_c)  # the forward is the same: the masks differ only in the recompute
+    assert any(not torch.equal(grads_a[n], grads_c[n]) for n in grads_a)
+
+
+def test_blocks_keep_nothing_for_backward():
+    """Autograd keeps nothing inside the checkpointed Blocks: what the forward saves does not grow with depth."""
+    kept = {}
+    for n_layer in (2, 4):
+        cfg = tiny_config("Llama-3.2-1B", n_layer=n_layer)
+        _, plain = _pair(cfg)
+        ckpt = copy.deepcopy(plain)
+        apply_liger(plain)
+        apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
+        x, _ = _data(cfg)
+        params = sum(p.numel() * p.element_size() for p in plain.parameters())
+        kept[n_layer] = [saved_bytes(lambda m=m: m(x))[1] for m in (plain, ckpt)]
+        kept[n_layer] = [k - min(k, params) for k in kept[n_layer]]  # count activations (parameters aside)
+    (plain2, ckpt2), (plain4, ckpt4) = kept[2], kept[4]
+    assert plain4 > plain2 > 0  # the test sees the Blocks' activations when they are kept
+    assert ckpt4 == ckpt2 < plain2
+
+
+def test_composes_with_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) traces the checkpointed Blocks (dynamo's checkpoint support) with lit-liger's
+    ops inside (compile_min_tokens=0), same loss and gradients as the eager model without checkpointing."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, plain = _pair(cfg)
+    ckpt = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(compile_min_tokens=0))
+    apply_liger(ckpt, LigerConfig(activation_checkpointing=True, compile_min_tokens=0))
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    loss_b, grads_b = _step(torch.compile(ckpt, backend="aot_eager", fullgraph=True), x, y)
+    grads_b = {n.removeprefix("_orig_mod."): g for n, g in grads_b.items()}
+    assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys()
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, n
+
+
+def test_no_grad_and_multi_process_run_the_blocks_plainly(monkeypatch):
+    cfg = tiny_config("Llama-3.2-1B")
+    _, model = _pair(cfg)
+    apply_liger(model, LigerConfig(activation_checkpointing=True))
+    assert adapter._checkpoint_blocks_here(model)
+    with torch.no_grad():
+        assert not adapter._checkpoint_blocks_here(model)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(adapter, "_CHECKPOINT_WARNED", False)
+    with pytest.warns(UserWarning, match="single-process runs"):
+        assert not adapter._checkpoint_blocks_here(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert not adapter._checkpoint_blocks_here(model)
+    apply_liger(model)  # the default: off
+    assert not adapter._checkpoint_blocks_here(model)
+
+
+def test_config_default_and_switch_semantics():
+    assert LigerConfig().activation_checkpointing is False
+    assert LigerConfig.from_value(True).activation_checkpointing is False  # a setting, not a kernel switch
+    assert "activation_checkpointing" not in LigerConfig.switches()
+    with pytest.raises(TypeError, match="activation_checkpointing"):
+        LigerConfig(activation_checkpointing="yes")
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: bf16 kernels, CUDA graphs stepping aside, memory
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_lora_with_dropout_same_as_without_and_less_memory():
+    """Real widths (Llama-3.2-1B, 4 layers, LoRA r8 q+v with dropout, bf16): with activation_checkpointing the
+    loss and LoRA gradients equal the plain lit-liger run's, CUDA graphs (asked for) step aside with a warning,
+    and the peak memory of the step is lower."""
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    cfg = LoRAConfig.from_name("Llama-3.2-1B", n_layer=4, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
+                               lora_dropout=0.05, block_size=512)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        plain = LoRAGPT(cfg).to(torch.bfloat16)
+    for n, p in plain.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.02)
+    mark_only_lora_as_trainable(plain)
+    ckpt = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(cuda_graphs=False))
+    apply_liger(ckpt, LigerConfig(cuda_graphs=True, activation_checkpointing=True))
+    x = torch.randint(0, cfg.vocab_size, (4, 500), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (4, 500), device="cuda")
+    results, peaks = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for model in (plain, ckpt):
+            _step(model, x, y)  # warm-up (kernels compiled, buffers made)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            results.append(_step(model, x, y))
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert any("activation_checkpointing" in str(w.message) for w in caught)  # graphs stepped aside
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert rel_err(loss_b, loss_a) <= 1e-4 and grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:  # flash attention's backward accumulates dq with atomics: not bit for bit on a GPU
+        assert rel_err(grads_b[n], grads_a[n]) <= 2e-2, (n, rel_err(grads_b[n], grads_a[n]))
+    # kept activations ~50 KB per token per layer: ~400 MB at 4 x 500 x 4 layers, against 16 MB of Block inputs
+    # plus one Block's recompute; the 513 MB logits chunk of the fused loss is in both peaks
+    assert peaks[1] < peaks[0] - (200 << 20), peaks
