@@ -228,6 +228,19 @@ def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path,
     assert not torch.equal(sd0["lm_head.weight"], sd1["lm_head.weight"])
 
 
+def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, monkeypatch, capsys):
+    """``--liger.activation_checkpointing true`` through litgpt's LoRA script (LoRA dropout on): the swap report
+    says so, and every logged loss equals the run without it (the recompute restores the RNG state, so the
+    dropout masks and every later step are the same)."""
+    common = ["--lora_dropout", "0.1"]
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "ckpt", "true"), *common,
+                          "--liger.activation_checkpointing", "true"])
+    assert "recomputed in backward, only its input kept" in capsys.readouterr().out
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "plain", "true"), *common])
+    on, off = losses(tmp_path / "ckpt"), losses(tmp_path / "plain")
+    assert len(on) == len(off) == STEPS and on == off, (on, off)
+
+
 @pytest.mark.slow
 def test_finetune_bf16_true_liger_matches_stock(assets, tmp_path, monkeypatch):
     """Every litgpt script runs under Fabric's bf16-true precision on GPUs, which casts the model's
