@@ -449,7 +449,7 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
-        if not _CHECKPOINT_WARNED:
+        if not _CHECKPOINT_WARNED and not torch.compiler.is_compiling():  # (no Python side effects in a trace)
             _CHECKPOINT_WARNED = True
             import warnings
 
