@@ -47,8 +47,13 @@ def _lora_pair(dropout):
     return cfg, a, copy.deepcopy(a)
 
 
-@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b", "Qwen3-0.6B", "Mixtral-8x7B-v0.1", "pythia-14m"])
-def test_same_loss_and_gradients_as_without(name):
+@pytest.mark.parametrize("name, buckets", [
+    ("Llama-3.2-1B", False), ("Llama-3.2-1B", True), ("gemma-2-2b", False), ("gemma-3-1b-it", False),
+    ("Qwen3-0.6B", False), ("Mixtral-8x7B-v0.1", False), ("pythia-14m", False),
+])
+def test_same_loss_and_gradients_as_without(name, buckets, monkeypatch):
+    """Six families (gemma-3 with per-layer RoPE, ``rope_indices``), and with the length padded to a bucket."""
+    monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", buckets)
     cfg = tiny_config(name)
     _, plain = _pair(cfg)
     ckpt = copy.deepcopy(plain)
