@@ -90,10 +90,11 @@ class LigerConfig:
             RNG state restored so that LoRA dropout draws the same masks). Saved activations drop from all of every
             Block's to one ``(B, T, C)`` tensor per Block plus one Block's at a time, for one more forward of the
             Blocks (about a third more compute when every weight trains, about half more with frozen ones as in
-            LoRA, whose backward has no weight-gradient GEMMs). Off by default. Single-process runs only: a multi-process run
-            (FSDP/DeepSpeed/DDP) warns once and leaves it to the strategy (litgpt's FSDP recipes already
-            checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs do not capture such
-            steps yet: they run uncaptured, with one warning. Not yet measured on a GPU (see the README).
+            LoRA, whose backward has no weight-gradient GEMMs). Off by default. Single-process runs only: a
+            multi-process run (FSDP/DeepSpeed/DDP) warns once and leaves it to the strategy (litgpt's FSDP recipes
+            already checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs do not capture such
+            steps yet (``lit_liger.graphs.CAPTURE_CHECKPOINTED``, off until measured on a GPU): they run uncaptured,
+            with one warning. Not yet measured on a GPU (see the README).
     """
 
     rms_norm: bool = True

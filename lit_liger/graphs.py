@@ -97,6 +97,15 @@ CAPTURE_FLEX = True
 FLEX_WHY = ("FlexAttention layers (softcap / sliding window) are not captured (lit_liger.graphs.CAPTURE_FLEX is "
             "off)")
 
+#: capture steps of a model with ``LigerConfig.activation_checkpointing``. The recompute rewinds the CUDA generator to
+#: replay the forward's dropout masks, which PyTorch allows inside a capture from 2.10 on (pytorch#162505; earlier
+#: versions raise). Off until measured on a GPU: such steps run uncaptured, with :data:`CHECKPOINT_WHY` as the
+#: warning. ``tests/test_checkpointing.py::test_gpu_graphs_capture_checkpointed_steps`` turns it on and checks a
+#: captured, checkpointed LoRA model with dropout against the uncaptured model without checkpointing
+CAPTURE_CHECKPOINTED = False
+CHECKPOINT_WHY = ("activation_checkpointing is on: its recomputed Blocks are not captured "
+                  "(lit_liger.graphs.CAPTURE_CHECKPOINTED is off)")
+
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
@@ -267,7 +276,10 @@ class GraphRunner:
         if self._sharded:
             return "sharded or wrapped parameters"
         if getattr(gpt, "_liger_activation_checkpointing", False):
-            return "activation_checkpointing is on: its recomputed Blocks are not captured"
+            if not CAPTURE_CHECKPOINTED:
+                return CHECKPOINT_WHY
+            if torch.__version__ < "2.10":  # (TorchVersion compares as a version)
+                return "activation_checkpointing: torch < 2.10 cannot rewind the CUDA generator inside a capture"
         if self._flex and not CAPTURE_FLEX:
             return FLEX_WHY
         return None

@@ -419,16 +419,12 @@ def test_gpu_graphs_recapture_two_forwards_and_stale_backward():
         first.backward()
 
 
-@pytest.mark.gpu
-def test_gpu_graphs_with_lora_dropout():
-    """LoRA dropout is captured. PyTorch's CUDA generator is graph-safe: a replay reads the generator's
-    offset when it runs, so from the same seed a replayed step draws the same masks as the uncaptured step
-    (same random-number consumers in the same order) and its loss and gradients match; without reseeding,
-    every replay draws new masks; the generator still works afterwards."""
-    cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
-    assert any(isinstance(m, torch.nn.Dropout) for m in graphed.modules())
+def seeded_replays_match(cfg, graphed, plain):
+    """Capture two buckets of ``graphed`` (longest first: a capture's warm-up draws random numbers of its own), then
+    three replays, each from the same seed as a step of the uncaptured ``plain``: same losses and gradients (the same
+    dropout masks)."""
     runner = runner_for(graphed)
-    for T in (300, 100):  # capture both buckets, longest first (a capture's warm-up draws random numbers of its own)
+    for T in (300, 100):
         x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
         chunked_cross_entropy(graphed(x), x).backward()
     assert runner.captures == 2 and runner.regrown == 0 and not runner.disabled, runner.error
@@ -450,6 +446,17 @@ def test_gpu_graphs_with_lora_dropout():
     for n in gp:
         assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
     assert runner.captures == 2 and runner.replays == 5
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_with_lora_dropout():
+    """LoRA dropout is captured. PyTorch's CUDA generator is graph-safe: a replay reads the generator's
+    offset when it runs, so from the same seed a replayed step draws the same masks as the uncaptured step
+    (same random-number consumers in the same order) and its loss and gradients match; without reseeding,
+    every replay draws new masks; the generator still works afterwards."""
+    cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
+    assert any(isinstance(m, torch.nn.Dropout) for m in graphed.modules())
+    seeded_replays_match(cfg, graphed, plain)
     x = torch.randint(0, cfg.vocab_size, (2, 100), device="cuda")
     first = chunked_cross_entropy(graphed(x), x)
     first.backward()

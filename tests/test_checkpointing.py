@@ -183,3 +183,22 @@ def test_gpu_lora_with_dropout_same_as_without_and_less_memory():
     # kept activations ~50 KB per token per layer: ~200 MB at 4 x 500 x 2 layers, against 8 MB of Block inputs
     # plus one Block's recompute; the 513 MB logits chunk of the fused loss is in both peaks
     assert peaks[1] < peaks[0] - (100 << 20), peaks
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_capture_checkpointed_steps(monkeypatch):
+    """With ``graphs.CAPTURE_CHECKPOINTED`` on (torch >= 2.10): a checkpointed LoRA model with dropout is captured and
+    replayed, and from the same seed each replay gives the loss and gradients of the uncaptured model without
+    checkpointing, i.e. the recompute inside the graph redraws the forward's dropout masks (other masks in the
+    recompute give other LoRA gradients: on CPU, test_lora_dropout_masks_repeat_in_the_recompute shows the test
+    there can tell)."""
+    from test_buckets import _gpu_models, seeded_replays_match
+
+    from lit_liger import graphs as graphs_mod
+
+    if torch.__version__ < "2.10":
+        pytest.skip("torch < 2.10 cannot rewind the CUDA generator inside a capture")
+    monkeypatch.setattr(graphs_mod, "CAPTURE_CHECKPOINTED", True)
+    cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
+    apply_liger(graphed, LigerConfig(cuda_graphs=True, activation_checkpointing=True))
+    seeded_replays_match(cfg, graphed, plain)
