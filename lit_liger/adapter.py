@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from . import attention as _attention
 from .buckets import bucket_length
 from .config import LigerConfig
+from . import graphs as _graphs
 from .graphs import runner_for
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
@@ -772,7 +773,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     try:
         _unwrap_linear(gpt.lm_head)
     except NotImplementedError as e:
-        report.skip(prefix, gpt, f"fused loss off (and with it seq_buckets, cuda_graphs, activation_checkpointing): {e}")
+        report.skip(prefix, gpt,
+                    f"fused loss off (and with it seq_buckets, cuda_graphs, activation_checkpointing): {e}")
         return
     _swap_class(gpt, _GPTMixin)
     gpt._liger_flce_mode = cfg.flce_mode
@@ -794,6 +796,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
                                 f"{when} (cuda_graphs)")
     if cfg.activation_checkpointing:
+        graphs_note = "" if _graphs.CAPTURE_CHECKPOINTED else "steps run without CUDA graphs; "
         report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept (single process; "
-                                "steps run without CUDA graphs; activation_checkpointing)")
+                                f"{graphs_note}activation_checkpointing)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")
