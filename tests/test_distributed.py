@@ -169,9 +169,10 @@ def _deepspeed_run(rank: int, stage: int):
     from lit_liger import apply_liger, chunked_cross_entropy
 
     cfg = tiny_config("Llama-3.2-1B")
-    # overlap_comm (ZeRO-3's default) and parameter prefetch off: their asynchronous scheduling once gave a
-    # stock-vs-stock lm_head gradient 19% apart at step 3 in CI (not reproduced in 14 reruns, loaded or not);
-    # this test is about the loss path, not DeepSpeed's overlap.
+    # overlap_comm (ZeRO-3's default) and parameter prefetch off. Once, in CI, the stock-vs-stock lm_head gradients
+    # came out 19% apart at step 3, the first step that prefetches from the recorded trace (not reproduced in 26
+    # reruns, 20 of them with the CPU loaded); their asynchronous scheduling is our guess at the cause. This test
+    # is about the loss path, not DeepSpeed's overlap.
     ds_cfg = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
               "zero_optimization": {"stage": stage, "overlap_comm": False, "stage3_prefetch_bucket_size": 0}}
 
