@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -146,6 +146,12 @@ case $phase in
       --out "$OUT/recipe-llama-b1" 2>&1 | grep "lora B"
     timeout 330 python3 -m benchmarks recipe --models gemma-2-2b --micro_batches 4 --iters 200 --variants stock,liger \
       --out "$OUT/recipe-gemma2" 2>&1 | grep "lora B" ;;
+  ckpt)   # issue 16: activation checkpointing's GPU tests, then LoRA at micro-batch 1 and 4 with it (uncaptured and
+          # captured) against stock and the default
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/test_checkpointing.py 2>&1 | tail -6
+    for b in 1 4; do
+      timeout 200 python3 -m benchmarks recipe --micro_batches $b --iters 96 \
+        --variants stock,liger,liger-ckpt,liger-ckpt-graphs --out "$R/recipe-ckpt-b$b" 2>&1 | grep "lora B"; done ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -198,3 +198,21 @@ def test_run_one_env_needs_a_child(tmp_path):
 
     with pytest.raises(ValueError, match="child"):
         finetune.run_one(["finetune_lora"], tmp_path / "r", warmup=0, in_process=True, env={"X": "1"})
+
+
+def test_child_turns_on_checkpointed_capture_for_its_variant(monkeypatch):
+    """The recipe's liger-ckpt-graphs variant reaches the child: its environment turns graphs.CAPTURE_CHECKPOINTED on."""
+    import lit_liger.demo as demo
+    from benchmarks import finetune
+    from benchmarks.recipe import VARIANT_ENV, VARIANTS
+    from lit_liger import graphs
+
+    seen = []
+    monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv: seen.append(graphs.CAPTURE_CHECKPOINTED))
+    monkeypatch.setattr(graphs, "CAPTURE_CHECKPOINTED", False)
+    finetune._child("stats.json", [])
+    for key, value in VARIANT_ENV["liger-ckpt-graphs"].items():
+        monkeypatch.setenv(key, value)
+    finetune._child("stats.json", [])
+    assert seen == [False, True]
+    assert "--liger.activation_checkpointing" in VARIANTS["liger-ckpt-graphs"]
