@@ -364,16 +364,30 @@ def attempt_isolated(config, variant: str, B: int, T: int, opts, **kw) -> tuple[
     behind (the allocator's cache and fragmentation, a leak, compiled graphs, global hooks) cannot make a
     later variant run out of memory or run differently, and a variant whose process dies (an abort in a
     library) is a row, not the end of the benchmark."""
+    return run_isolated(attempt, (config, variant, B, T, opts), kw, getattr(opts, "variant_timeout", None))
+
+
+def run_isolated(fn, args: tuple, kw: dict, timeout: float | None) -> tuple[dict | None, str]:
+    """``fn(*args, **kw)`` (returning ``(result, status)``) in a spawned process. A process that dies is a
+    "failed" row; one still running after ``timeout`` seconds (``--variant_timeout``: a compile that does not
+    finish, e.g. stock LitGPT's sliding-window mask loop under torch.compile) is killed and becomes a "timeout"
+    row, so the benchmark records the bound instead of hanging until the command's own limit."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import os
 
+    ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
-        with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
-                                    initializer=_exit_with_parent, initargs=(os.getpid(),)) as ex:
-            return ex.submit(attempt, config, variant, B, T, opts, **kw).result()
+        return ex.submit(fn, *args, **kw).result(timeout=timeout)
+    except cf.TimeoutError:
+        for proc in list(getattr(ex, "_processes", {}).values()):
+            proc.kill()
+        return None, f"timeout: not finished in {timeout:g} s"
     except cf.process.BrokenProcessPool as exc:
         return None, f"failed: the variant's process died ({exc})"
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -535,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="run each variant (and each --max_batch try) in its own process (default: on with CUDA, "
                         "so no variant inherits another's memory; off on CPU, where the smoke runs are small)")
+    p.add_argument("--variant_timeout", type=float, default=None,
+                   help="with --isolate: seconds a variant's process may run before it is killed and reported as a "
+                        "timeout row (e.g. a torch.compile that does not finish); default: no limit")
     p.add_argument("--anchor", default=None,
                    help="reference JSON to quote (default: newest ../shared/anchors/*.json; 'none' to skip)")
     return p
@@ -560,6 +577,9 @@ def main(argv: list[str] | None = None) -> dict:
     opts.dtype = getattr(torch, opts.dtype)
     if opts.isolate is None:
         opts.isolate = C.CUDA
+    if opts.variant_timeout is not None and not opts.isolate:
+        raise SystemExit("benchmarks step: --variant_timeout needs --isolate (each variant in its own process, the "
+                         "default with CUDA): an in-process variant cannot be stopped")
     out_dir = opts.out or C.default_out_dir(opts.smoke)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_float32_matmul_precision("high")
@@ -580,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {"B": B, "T": T, "steps": steps, "warmup": warmup, "seed": opts.seed, "tiny": opts.tiny,
                      "optimizer": "AdamW(fused=True)" if C.CUDA else "AdamW", "max_batch": opts.max_batch,
                      "liger_config": opts.liger_config, "stock_config": opts.stock_config,
-                     "profile": opts.profile, "isolate": opts.isolate},
+                     "profile": opts.profile, "isolate": opts.isolate, "variant_timeout": opts.variant_timeout},
     }
     json_path = out_dir / "step.json"
     print("  ".join(COLUMNS), flush=True)

@@ -164,6 +164,30 @@ def test_step_variant_in_its_own_process_gives_the_in_process_result(tmp_path, a
     assert iso["step_ms"] > 0 and iso["n_params"] == inproc["n_params"]
 
 
+def _sleep_then(seconds: float, status: str) -> tuple[dict, str]:
+    """A variant stand-in for run_isolated (top level: the spawned process imports it from this module)."""
+    import time
+
+    time.sleep(seconds)
+    return {"slept": seconds}, status
+
+
+def test_isolated_variant_past_its_time_limit_is_a_timeout_row():
+    """``--variant_timeout``: a variant's process still running after the limit is killed and reported as a
+    "timeout" row (the benchmark goes on); one that finishes in time returns its result and status."""
+    import time
+
+    from benchmarks import step
+
+    assert step.run_isolated(_sleep_then, (0.0, "ok"), {}, timeout=120) == ({"slept": 0.0}, "ok")
+    t0 = time.monotonic()
+    assert step.run_isolated(_sleep_then, (60.0, "ok"), {}, timeout=3) == (None, "timeout: not finished in 3 s")
+    assert time.monotonic() - t0 < 30  # killed, not waited for
+    assert step.build_parser().parse_args(["--variant_timeout", "240"]).variant_timeout == 240
+    with pytest.raises(SystemExit, match="needs --isolate"):
+        step.main(["--tiny", "--smoke", "--no-isolate", "--variant_timeout", "5", "--anchor", "none"])
+
+
 def test_convergence_model_config_sliding_window():
     """``--sliding_window`` shortens the window of a config that has one (gemma-2's 4096 never bites at the
     benchmark's 256 tokens) and refuses a config without one; the widths are the benchmark's."""
