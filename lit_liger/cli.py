@@ -336,10 +336,7 @@ def _liger_choice_errors(argv: list[str]) -> list[str]:
     fixed set of values (``sdpa_backend``, ``flce_mode``) and VALUE is not one of them. jsonargparse rejects those
     too, but through ``bool | LigerConfig``'s union its message names neither the allowed values nor the field
     ("Cannot take a Union of no types")."""
-    import typing
-
-    hints = typing.get_type_hints(LigerConfig)
-    choices = {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
+    choices = LigerConfig.choices()
     errors = []
     for i, arg in enumerate(argv):
         if not arg.startswith("--liger."):

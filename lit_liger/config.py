@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -115,16 +116,20 @@ class LigerConfig:
     caller_thread_backward: bool = False
     activation_checkpointing: bool = False
 
+    @classmethod
+    def choices(cls) -> dict[str, tuple]:
+        """The settings with a fixed set of values (their ``Literal`` types): name -> allowed values."""
+        hints = typing.get_type_hints(cls)
+        return {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
+
     def __post_init__(self) -> None:
+        choices = self.choices()
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "sdpa_backend":
-                if v not in ("auto", "flash", "cudnn", "efficient", "math", "torch"):
-                    raise ValueError("LigerConfig.sdpa_backend must be one of 'auto', 'flash', 'cudnn', 'efficient', "
-                                     f"'math', 'torch', got {v!r}")
-            elif f.name == "flce_mode":
-                if v not in ("fast", "lean"):
-                    raise ValueError(f"LigerConfig.flce_mode must be 'fast' or 'lean', got {v!r}")
+            if f.name in choices:
+                if v not in choices[f.name]:
+                    allowed = ", ".join(map(repr, choices[f.name]))
+                    raise ValueError(f"LigerConfig.{f.name} must be one of {allowed}, got {v!r}")
             elif f.name == "compile_min_tokens":
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                     raise ValueError(

@@ -15,13 +15,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def saved_bytes(fn):
+def saved_bytes(fn, exclude=()):
     """``(fn(), bytes)``: the bytes of the distinct storages autograd keeps for backward while ``fn()``
-    runs its forward (what a model holds as activations, parameters included)."""
+    runs its forward (what a model holds as activations, parameters included unless they are in ``exclude``:
+    tensors whose storages are not counted)."""
     storages = {}
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
 
     def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            storages[ptr] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

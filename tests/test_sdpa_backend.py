@@ -17,9 +17,15 @@ def test_config_accepts_the_backends_and_rejects_others():
     assert LigerConfig().sdpa_backend == "auto"
     for name in ("auto", *A.SDPA_BACKENDS):
         assert LigerConfig(sdpa_backend=name).sdpa_backend == name
-    with pytest.raises(ValueError, match="sdpa_backend"):
+    with pytest.raises(ValueError, match="sdpa_backend must be one of 'auto', 'flash'"):
         LigerConfig(sdpa_backend="fast")
     assert "sdpa_backend" not in LigerConfig.switches()
+    # the settings with fixed values come from their Literal types (the CLI's messages read the same table)
+    choices = LigerConfig.choices()
+    assert choices.keys() == {"flce_mode", "sdpa_backend"} and choices["flce_mode"] == ("fast", "lean")
+    assert set(choices["sdpa_backend"]) == {"auto", *A.SDPA_BACKENDS}
+    with pytest.raises(ValueError, match="flce_mode must be one of 'fast', 'lean', got 'fastest'"):
+        LigerConfig(flce_mode="fastest")
 
 
 def test_auto_is_flash_uncaptured_on_nvidia_sm80_and_torch_when_captured(monkeypatch):
