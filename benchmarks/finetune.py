@@ -190,10 +190,6 @@ def _child(stats_path: str, argv: list[str]) -> None:
         import torch
 
         torch.backends.cuda.enable_cudnn_sdp(False)
-    if os.environ.get("LIT_LIGER_BENCH_CAPTURE_CHECKPOINTED") == "1":  # the recipe's liger-ckpt-graphs variant
-        from lit_liger import graphs
-
-        graphs.CAPTURE_CHECKPOINTED = True
     _run_and_record(stats_path, argv)
 
 

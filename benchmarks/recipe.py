@@ -19,8 +19,8 @@ full fine-tuning), ``liger-no-buckets`` (``--liger.seq_buckets false --liger.cud
 ``liger-no-lora`` (LitGPT's LoRA layers, no graphs), ``liger-mt`` / ``liger-no-graphs-mt`` (autograd's backward on
 PyTorch's device thread, ``--liger.caller_thread_backward false``, with and without graphs), and
 ``stock-no-dropout`` / ``liger-no-dropout`` (``--lora_dropout 0``), ``liger-ckpt`` (``--liger.activation_checkpointing
-true``: each Block recomputed in backward; its steps run without CUDA graphs), ``liger-ckpt-graphs`` (the same with
-``lit_liger.graphs.CAPTURE_CHECKPOINTED`` on in the child: captured). Reported per run, from litgpt's own CSV log: tokens/s
+true``: each Block recomputed in backward, steps captured on torch >= 2.10), ``liger-ckpt-no-graphs`` (the same,
+``--liger.cuda_graphs false``), ``liger-ckpt-lean`` (with ``--liger.flce_mode lean``). Reported per run, from litgpt's own CSV log: tokens/s
 over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed ``iter_time``, the first
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
 keep their activations in a pool that ``max_memory_allocated`` does not count once captured, so reserved is
@@ -57,12 +57,12 @@ VARIANTS = {
     "stock-again": ["--liger", "false"],
     "stock-no-cudnn": ["--liger", "false"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
-    "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # graphs step aside: uncaptured steps
-    "liger-ckpt-graphs": ["--liger.activation_checkpointing", "true"],  # + graphs.CAPTURE_CHECKPOINTED (child env)
+    "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # captured (torch >= 2.10)
+    "liger-ckpt-no-graphs": ["--liger.activation_checkpointing", "true", "--liger.cuda_graphs", "false"],
+    "liger-ckpt-lean": ["--liger.activation_checkpointing", "true", "--liger.flce_mode", "lean"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
-VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"},
-               "liger-ckpt-graphs": {"LIT_LIGER_BENCH_CAPTURE_CHECKPOINTED": "1"}}
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

@@ -400,9 +400,10 @@ def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Ten
 # ----------------------------------------------------------------------------------------------
 def _chunk_budget(device: torch.device, default: int) -> int:
     """Bytes for the logits chunk: the default, shrunk to a quarter of what the device has left
-    (driver-free memory plus what torch's caching allocator holds unused)."""
+    (driver-free memory plus what torch's caching allocator holds unused). CPU (the interpreter): small chunks,
+    within the default too (a caller's cap applies)."""
     if device.type != "cuda":
-        return _CPU_CHUNK_BYTES
+        return min(_CPU_CHUNK_BYTES, default)
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return max(1, min(default, (free + cached) // 4))
@@ -415,23 +416,28 @@ def _balanced(total: int, chunk: int, align: int) -> int:
     return min(total, cdiv(cdiv(total, n_chunks), align) * align)
 
 
+def _capped_budget(default: int, chunk_size: int) -> int:
+    """The default budget, capped by the caller's ``max_chunk_bytes`` (passed to the ops as ``-chunk_size``)."""
+    return min(default, -chunk_size) if chunk_size < 0 else default
+
+
 def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
     """Rows per chunk in "fast" mode: a (rows, V) logits buffer within the budget, a multiple of
-    128 rows on the GPU (full GEMM tiles)."""
+    128 rows on the GPU (full GEMM tiles). ``chunk_size`` > 0: that many rows; < 0: a byte cap."""
     if chunk_size > 0:
         return max(1, min(chunk_size, n_rows))
     align = _ROW_ALIGN if device.type == "cuda" else 1
-    rows = _chunk_budget(device, _FAST_CHUNK_BYTES) // (vocab * element_size)
+    rows = _chunk_budget(device, _capped_budget(_FAST_CHUNK_BYTES, chunk_size)) // (vocab * element_size)
     return _balanced(n_rows, max(align, rows // align * align), align)
 
 
 def _vocab_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
     """Vocabulary entries per chunk in "lean" mode: an (N, Vc) logits buffer within the budget, a
-    multiple of 256 columns on the GPU."""
+    multiple of 256 columns on the GPU. ``chunk_size`` > 0: that many entries; < 0: a byte cap."""
     if chunk_size > 0:
         return max(1, min(chunk_size, vocab))
     align = _VOCAB_ALIGN if device.type == "cuda" else 1
-    cols = _chunk_budget(device, _LEAN_CHUNK_BYTES) // (max(n_rows, 1) * element_size)
+    cols = _chunk_budget(device, _capped_budget(_LEAN_CHUNK_BYTES, chunk_size)) // (max(n_rows, 1) * element_size)
     return _balanced(vocab, max(align, cols // align * align), align)
 
 
@@ -692,7 +698,7 @@ _flce_fwd.register_autograd(_backward, setup_context=_setup_context)
 # Public API
 # ----------------------------------------------------------------------------------------------
 def _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoothing, z_loss, num_valid_targets,
-           mode, chunk_size) -> None:
+           mode, chunk_size, max_chunk_bytes=None) -> None:
     check_float("x", x)
     check_float("weight", weight)
     if weight.dim() != 2:
@@ -732,8 +738,18 @@ def _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoo
         raise ValueError(f"z_loss must be >= 0, got {z_loss!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    if max_chunk_bytes is not None and (isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, int)
+                                        or max_chunk_bytes < 1):
+        raise ValueError(f"max_chunk_bytes must be None or a positive int, got {max_chunk_bytes!r}")
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def _chunk_arg(chunk_size: int | None, max_chunk_bytes: int | None) -> int:
+    """The ops' one ``chunk_size`` int: > 0 a fixed chunk, < 0 a cap in bytes on the automatic one, 0 automatic."""
+    if chunk_size:
+        return int(chunk_size)
+    return -int(max_chunk_bytes) if max_chunk_bytes else 0
 
 
 def _check_target_values(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -775,6 +791,7 @@ def fused_linear_cross_entropy(
     num_valid_targets: int | torch.Tensor | None = None,
     mode: str = "fast",
     chunk_size: int | None = None,
+    max_chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(softcap(F.linear(x, weight, bias)).float(), target, ...)`` (+ z-loss)
     without materializing the (N, V) logits.
@@ -785,11 +802,13 @@ def fused_linear_cross_entropy(
     all-ignored batch gives 0 and zero gradients. ``mode``: "fast" (row chunks, fp32 dW
     accumulator) or "lean" (vocabulary chunks, one more GEMM, no (V, H) buffer). ``chunk_size``:
     rows per chunk ("fast") or vocabulary entries per chunk ("lean"); default from shapes and free
-    memory. Gradients are computed only for the inputs that require them.
+    memory. ``max_chunk_bytes`` caps that default's logits buffer (it never goes below one GEMM tile:
+    128 rows / 256 entries on the GPU); ignored when ``chunk_size`` is given. Gradients are computed
+    only for the inputs that require them.
     """
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoothing, z_loss, num_valid_targets,
-           mode, chunk_size)
+           mode, chunk_size, max_chunk_bytes)
     vocab = weight.shape[0]
     if not use_triton(x):
         if x.device.type != "meta" and not torch.compiler.is_compiling():
@@ -810,6 +829,7 @@ def fused_linear_cross_entropy(
     t = target.reshape(-1)  # (N,)
     loss, _, _, _ = _flce_fwd(
         x2, weight, t, bias, nv_tensor, nv_count, int(ignore_index), reduction, float(softcap or 0.0),
-        float(label_smoothing), float(z_loss), mode, int(chunk_size or 0), need_dx, need_dw, need_db,
+        float(label_smoothing), float(z_loss), mode, _chunk_arg(chunk_size, max_chunk_bytes), need_dx, need_dw,
+        need_db,
     )
     return loss.reshape(target.shape) if reduction == "none" else loss

@@ -119,6 +119,9 @@ class LigerLogits:
     # caller sees are rows [t0, t1) of its T dim; None: the whole of hidden (no padding).
     t0: int = 0
     t1: int | None = None
+    # Cap on the fused loss's logits chunk (LigerConfig.activation_checkpointing: the bytes of the Blocks' kept
+    # inputs, so that the loss's buffer does not set the step's peak); None: the kernel's default.
+    max_chunk_bytes: int | None = None
 
     # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
     @property
@@ -194,7 +197,8 @@ class LigerLogits:
         loss = fused_linear_cross_entropy(
             hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
-            num_valid_targets=num_valid_targets, **{"mode": self.mode, **kwargs},
+            num_valid_targets=num_valid_targets,
+            **{"mode": self.mode, "max_chunk_bytes": self.max_chunk_bytes, **kwargs},
         )
         if window is not None and reduction == "none":
             loss = loss.view(targets.shape)[..., window[0] : window[1]]  # per-token losses of the window only

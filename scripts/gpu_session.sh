@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -152,6 +152,22 @@ case $phase in
     for b in 1 4; do
       timeout 200 python3 -m benchmarks recipe --micro_batches $b --iters 96 \
         --variants stock,liger,liger-ckpt,liger-ckpt-graphs --out "$R/recipe-ckpt-b$b" 2>&1 | grep "lora B"; done ;;
+  ckpt2)  # issue 16: where micro-batch 1's memory goes with checkpointing (peak composition, loss chunk settings);
+          # LoRA micro-batch 1 with checkpointing captured (cut by the time limit in ckpt)
+    for v in stock liger ckpt ckpt-lean ckpt-rows256 ckpt-rows128; do
+      timeout 90 python3 scripts/gpu_ckpt_mem.py $v "$R/ckpt_mem.jsonl" 2>&1 | grep -v -i warn | tail -40; done
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt-graphs \
+      --out "$R/recipe-ckpt-b1" 2>&1 | grep "lora B" ;;
+  ckpt3)  # issue 16 after the loss chunk cap and capture on by default: GPU tests, the step's memory, LoRA micro-batch 1
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/test_checkpointing.py \
+      tests/test_fused_linear_cross_entropy.py 2>&1 | tail -4
+    for v in ckpt ckpt-lean; do
+      timeout 90 python3 scripts/gpu_ckpt_mem.py $v "$R/ckpt_mem.jsonl" 2>&1 | grep -v -i warn | grep -A3 '"variant"\|trace_peak'; done
+    timeout 280 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger,liger-ckpt,liger-ckpt-lean \
+      --out "$R/recipe-ckpt-b1" 2>&1 | grep "lora B" ;;
+  ckpt4)  # the same at micro-batch 4, and the uncaptured checkpointed step
+    timeout 300 python3 -m benchmarks recipe --micro_batches 4 --iters 96 \
+      --variants stock,liger,liger-ckpt,liger-ckpt-lean,liger-ckpt-no-graphs --out "$R/recipe-ckpt-b4" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

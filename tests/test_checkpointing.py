@@ -1,9 +1,11 @@
 """LigerConfig.activation_checkpointing: each Block recomputed in backward. Same losses and gradients as without
 (bit for bit on CPU, LoRA dropout included: the RNG state is restored), the Blocks' activations not kept, off in
-multi-process runs, and CUDA graphs stepping aside."""
+multi-process runs, the fused loss's chunk capped, and CUDA graphs capturing the steps (stepping aside where they
+cannot)."""
 
 import copy
 import functools
+import importlib
 import warnings
 
 import pytest
@@ -13,6 +15,8 @@ from test_adapter import _pair, tiny_config
 
 import lit_liger.adapter as adapter
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+
+flce = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")  # (the package's attribute: the function)
 
 
 def _step(model, x, y, seed=3):
@@ -52,8 +56,11 @@ def _lora_pair(dropout):
     ("Qwen3-0.6B", False), ("Mixtral-8x7B-v0.1", False), ("pythia-14m", False),
 ])
 def test_same_loss_and_gradients_as_without(name, buckets, monkeypatch):
-    """Six families (gemma-3 with per-layer RoPE, ``rope_indices``), and with the length padded to a bucket."""
+    """Six families (gemma-3 with per-layer RoPE, ``rope_indices``), and with the length padded to a bucket. The
+    fused loss runs one row per chunk on both sides (checkpointing caps its chunk, see below; the lm_head's fp32
+    weight gradient sums its chunks in another order with another chunk size)."""
     monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", buckets)
+    monkeypatch.setattr(flce, "_CPU_CHUNK_BYTES", 1)
     cfg = tiny_config(name)
     _, plain = _pair(cfg)
     ckpt = copy.deepcopy(plain)
@@ -108,6 +115,28 @@ def test_blocks_keep_only_their_input_for_backward():
     assert 0 < ckpt2 < plain2
 
 
+def test_loss_chunk_capped_at_the_kept_inputs(monkeypatch):
+    """With checkpointing, the fused loss's logits chunk is capped at the bytes of the Blocks' kept inputs
+    (``n_layer`` x ``(B, T, C)``): the (rows, V) buffer fits in them. Without checkpointing: the default."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, plain = _pair(cfg)
+    ckpt = copy.deepcopy(plain)
+    apply_liger(plain)
+    apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
+    x, y = _data(cfg)
+    rows, real = [], flce._row_chunk
+    monkeypatch.setattr(flce, "_row_chunk", lambda *a: rows.append((a[-1], real(*a))) or rows[-1][1])
+    _step(plain, x, y)
+    _step(ckpt, x, y)
+    cap = cfg.n_layer * x.numel() * cfg.n_embd * 4  # fp32
+    n_rows, row_bytes = x.numel(), cfg.padded_vocab_size * 4
+    assert cap < n_rows * row_bytes  # (the cap binds at these sizes)
+    (plain_arg, plain_rows), (ckpt_arg, ckpt_rows) = rows
+    assert plain_arg == 0 and plain_rows == n_rows  # one chunk: the CPU default holds all rows
+    assert ckpt_arg == -cap and ckpt_rows * row_bytes <= cap and ckpt_rows < n_rows
+    assert ckpt_rows == flce._balanced(n_rows, cap // row_bytes, 1)  # equal chunks within the cap
+
+
 def test_composes_with_torch_compile_fullgraph():
     """torch.compile(fullgraph=True) traces the checkpointed Blocks (dynamo's checkpoint support) with lit-liger's
     ops inside (compile_min_tokens=0), same loss and gradients as the eager model without checkpointing."""
@@ -153,14 +182,18 @@ def test_config_default_and_switch_semantics():
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU: bf16 kernels, CUDA graphs stepping aside, memory
+# GPU: bf16 kernels, CUDA graphs capturing or stepping aside, memory
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_lora_with_dropout_same_as_without_and_less_memory():
+def test_gpu_lora_with_dropout_same_as_without_and_less_memory(monkeypatch):
     """Real widths (Llama-3.2-1B, 2 layers, LoRA r8 q+v with dropout, bf16): with activation_checkpointing the
-    loss and LoRA gradients equal the plain lit-liger run's, CUDA graphs (asked for) step aside with a warning,
-    and the peak memory of the step is lower."""
+    loss and LoRA gradients equal the plain lit-liger run's, CUDA graphs (asked for, ``CAPTURE_CHECKPOINTED`` off as
+    on torch < 2.10) step aside with a warning, and the peak memory of the step is lower."""
     from test_buckets import _gpu_models
+
+    from lit_liger import graphs as graphs_mod
+
+    monkeypatch.setattr(graphs_mod, "CAPTURE_CHECKPOINTED", False)
 
     cfg, ckpt, plain = _gpu_models(True, dropout=0.05)  # graphs asked for on the first, off on the second
     apply_liger(ckpt, LigerConfig(cuda_graphs=True, activation_checkpointing=True))
@@ -189,7 +222,7 @@ def test_gpu_lora_with_dropout_same_as_without_and_less_memory():
 
 @pytest.mark.gpu
 def test_gpu_graphs_capture_checkpointed_steps(monkeypatch):
-    """With ``graphs.CAPTURE_CHECKPOINTED`` on (torch >= 2.10): a checkpointed LoRA model with dropout is captured and
+    """With ``graphs.CAPTURE_CHECKPOINTED`` on (the default; torch >= 2.10): a checkpointed LoRA model with dropout is captured and
     replayed, and from the same seed each replay gives the loss and gradients of the uncaptured model without
     checkpointing, i.e. the recompute inside the graph redraws the forward's dropout masks (other masks in the
     recompute give other LoRA gradients: on CPU, test_lora_dropout_masks_repeat_in_the_recompute shows the test
@@ -200,7 +233,7 @@ def test_gpu_graphs_capture_checkpointed_steps(monkeypatch):
 
     if torch.__version__ < "2.10":
         pytest.skip("torch < 2.10 cannot rewind the CUDA generator inside a capture")
-    monkeypatch.setattr(graphs_mod, "CAPTURE_CHECKPOINTED", True)
+    assert graphs_mod.CAPTURE_CHECKPOINTED
     cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
     apply_liger(graphed, LigerConfig(cuda_graphs=True, activation_checkpointing=True))
     seeded_replays_match(cfg, graphed, plain)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks/` is a folder of the repository, not an installed package
@@ -224,19 +225,30 @@ def test_run_one_env_needs_a_child(tmp_path):
         finetune.run_one(["finetune_lora"], tmp_path / "r", warmup=0, in_process=True, env={"X": "1"})
 
 
-def test_child_turns_on_checkpointed_capture_for_its_variant(monkeypatch):
-    """The recipe's liger-ckpt-graphs variant reaches the child: its environment turns graphs.CAPTURE_CHECKPOINTED on."""
+def test_child_turns_off_cudnn_attention_for_its_variant(monkeypatch):
+    """The recipe's stock-no-cudnn variant reaches the child: its environment turns cuDNN attention off there."""
     import lit_liger.demo as demo
     from benchmarks import finetune
-    from benchmarks.recipe import VARIANT_ENV, VARIANTS
-    from lit_liger import graphs
+    from benchmarks.recipe import VARIANT_ENV
 
     seen = []
-    monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv: seen.append(graphs.CAPTURE_CHECKPOINTED))
-    monkeypatch.setattr(graphs, "CAPTURE_CHECKPOINTED", False)
-    finetune._child("stats.json", [])
-    for key, value in VARIANT_ENV["liger-ckpt-graphs"].items():
-        monkeypatch.setenv(key, value)
-    finetune._child("stats.json", [])
-    assert seen == [False, True]
-    assert "--liger.activation_checkpointing" in VARIANTS["liger-ckpt-graphs"]
+    monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    on = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        finetune._child("stats.json", [])
+        for key, value in VARIANT_ENV["stock-no-cudnn"].items():
+            monkeypatch.setenv(key, value)
+        finetune._child("stats.json", [])
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(on)
+    assert seen == [True, False]
+
+
+def test_checkpointing_variants():
+    from benchmarks.recipe import VARIANTS
+
+    for v in ("liger-ckpt", "liger-ckpt-no-graphs", "liger-ckpt-lean"):
+        assert VARIANTS[v][:2] == ["--liger.activation_checkpointing", "true"]
+    assert VARIANTS["liger-ckpt-no-graphs"][2:] == ["--liger.cuda_graphs", "false"]
+    assert VARIANTS["liger-ckpt-lean"][2:] == ["--liger.flce_mode", "lean"]

@@ -364,6 +364,8 @@ def test_bad_inputs(device):
         (dict(label_smoothing=1.5), "label_smoothing"),
         (dict(z_loss=-1.0), "z_loss"),
         (dict(chunk_size=0), "chunk_size"),
+        (dict(max_chunk_bytes=0), "max_chunk_bytes"),
+        (dict(max_chunk_bytes=2.5), "max_chunk_bytes"),
         (dict(num_valid_targets=-3), "num_valid_targets"),
         (dict(num_valid_targets=10, reduction="sum"), "num_valid_targets"),
     ]:
@@ -427,6 +429,32 @@ def test_chunk_sizes():
     rows = flce._balanced(8192, 1024 - 128, 128)
     assert rows % 128 == 0 and -(-8192 // rows) == -(-8192 // 896)
     assert flce._balanced(100, 512, 128) == 100
+
+
+def test_max_chunk_bytes_caps_the_automatic_chunk(monkeypatch):
+    """``max_chunk_bytes`` reaches the ops as a negative ``chunk_size`` and caps the automatic budget (never above the
+    default, never below one row / vocabulary entry); an explicit ``chunk_size`` wins."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(flce, "_CPU_CHUNK_BYTES", 64 * 301 * 4)  # the default: 64 rows of V=301 fp32
+    assert flce._chunk_arg(None, 10 * 301 * 4) == -10 * 301 * 4 and flce._chunk_arg(7, 999) == 7
+    assert flce._chunk_arg(None, None) == 0
+    assert flce._row_chunk(256, 301, 4, cpu, 0) == 64
+    assert flce._row_chunk(250, 301, 4, cpu, -10 * 301 * 4) == 10
+    assert flce._row_chunk(256, 301, 4, cpu, -10**12) == 64  # a cap above the default changes nothing
+    assert flce._row_chunk(256, 301, 4, cpu, -1) == 1
+    assert flce._vocab_chunk(20, 300, 4, cpu, -20 * 50 * 4) == 50
+    # the op receives it, and chunks by it: same loss and gradients as an explicit chunk of those rows
+    seen = []
+    real = flce._row_chunk
+    monkeypatch.setattr(flce, "_row_chunk", lambda *a: seen.append(a[-1]) or real(*a))
+    x, w, b, t = _inputs("cpu", torch.float32)
+    loss = fused_linear_cross_entropy(x, w, t, b, max_chunk_bytes=10 * V * 4)
+    loss.backward()
+    assert seen == [-10 * V * 4]
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ref = fused_linear_cross_entropy(x2, w2, t, b, chunk_size=10)
+    ref.backward()
+    assert torch.equal(loss, ref) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
 
 
 # ----------------------------------------------------------------------------------------------
