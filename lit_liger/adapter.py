@@ -16,8 +16,10 @@ two GEMMs: nothing to fuse), an lm_head with a LoRA update.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -385,15 +387,35 @@ def _buckets_here(idx: torch.Tensor) -> bool:
     return (idx.is_cuda or _BUCKETS_ON_CPU) and not torch.compiler.is_compiling()
 
 
+_FUSED_LOSS_WITHOUT_GRAD = [False]
+
+
+@contextlib.contextmanager
+def fused_loss_without_grad() -> Iterator[None]:
+    """While active, a swapped GPT's forward without grad (and without a KV cache) returns :class:`LigerLogits` as
+    in training, for a caller whose loss is ``lit_liger.chunked_cross_entropy``: validation then computes the fused
+    loss and never holds the ``(B, T, V)`` logits (litgpt's ``validate``: 525 MB in bf16 and again in fp32 at 4 x 512
+    tokens of a 128k vocabulary, more than a LoRA training step keeps). The CLI turns it on around litgpt's
+    ``validate``; anything else without grad (generation, a user's own evaluation) gets real logits."""
+    before = _FUSED_LOSS_WITHOUT_GRAD[0]
+    _FUSED_LOSS_WITHOUT_GRAD[0] = True
+    try:
+        yield
+    finally:
+        _FUSED_LOSS_WITHOUT_GRAD[0] = before
+
+
 class _GPTMixin:
-    """In training (grad enabled, no KV cache) return :class:`LigerLogits` instead of logits.
+    """In training (grad enabled, no KV cache; also without grad inside :func:`fused_loss_without_grad`) return
+    :class:`LigerLogits` instead of logits.
 
     With ``seq_buckets`` the token ids are right-padded to a bucket length first (the LigerLogits keeps
     the caller's rows as its window, the padded rows' targets are ignored); with ``cuda_graphs`` the
     body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.graphs``)."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
-        if input_pos is not None or not torch.is_grad_enabled() or _zero3_returns_logits(self):
+        grad = torch.is_grad_enabled()
+        if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
         T = idx.size(1)
         if self.max_seq_length < T:
@@ -408,7 +430,7 @@ class _GPTMixin:
         head = _sharded_head_snapshot(self.lm_head)
         x = None
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
-        if graphs is not False and head is None and not torch.compiler.is_compiling():
+        if graphs is not False and head is None and grad and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
             # traced graph must not do)
             x = runner_for(self).hidden(idx, auto=graphs is None)  # None where capture does not apply

@@ -12,14 +12,16 @@ How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` 
 (``litgpt.__main__.PARSER_DATA``). lit-liger reuses that mapping as is, except that each training
 ``setup`` is replaced by :func:`with_liger` (``setup``): a function with the same signature plus
 ``liger: bool | LigerConfig``. ``--liger false`` calls litgpt's ``setup`` untouched. Otherwise the
-wrapper runs it with three names of the script's module patched for the duration of the call:
+wrapper runs it with four names of the script's module patched for the duration of the call:
 
 * ``GPT`` -> a class whose call builds LitGPT's model and calls ``apply_liger`` on it: the model is
   swapped where the script builds it, inside ``fabric.init_module`` and before ``fabric.setup`` wraps it,
   for every strategy the scripts use (single device, FSDP, FSDP2).
 * ``chunked_cross_entropy`` -> ``lit_liger.chunked_cross_entropy``: the fused loss for what the
-  swapped model returns in training; LitGPT's function for real logits (validation and the
-  generation example run under ``no_grad`` and get real logits).
+  swapped model returns in training and validation; LitGPT's function for real logits (the generation
+  example runs with a KV cache and gets real logits).
+* ``validate`` (where the script has one) -> litgpt's ``validate`` with the swapped model's deferred logits
+  (single process): validation computes the fused loss too and never holds the ``(B, T, V)`` logits.
 * ``save_hyperparameters`` -> :func:`save_hyperparameters`: LitGPT re-parses ``sys.argv`` to write
   ``hyperparameters.yaml``; this version knows ``--liger`` and leaves it out of the file, so stock
   ``litgpt`` (``merge_lora``, ``--config``, resume) reads it. (Patched for ``--liger false`` too.)
@@ -148,6 +150,8 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         patches["GPT"] = _liger_gpt_class(module.GPT, state)
         patches["chunked_cross_entropy"] = chunked_cross_entropy
     missing = [name for name in patches if name not in vars(module)]
+    if config.enabled and callable(vars(module).get("validate")):
+        patches["validate"] = _validate_with_fused_loss(vars(module)["validate"])
     if missing:
         raise RuntimeError(
             f"lit-liger expected {missing} in {module.__name__} (litgpt {_litgpt_version()}); this litgpt "
@@ -161,6 +165,25 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+def _validate_with_fused_loss(validate: Callable) -> Callable:
+    """litgpt's ``validate`` (model forward, then ``chunked_cross_entropy``, under ``no_grad``) with the swapped
+    model's deferred logits, so its loss is the fused one and the ``(B, T, V)`` logits are never held
+    (:func:`lit_liger.adapter.fused_loss_without_grad`). Single-process runs: in a sharded run, validation keeps
+    LitGPT's path."""
+
+    @functools.wraps(validate)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from .adapter import fused_loss_without_grad
+
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            return validate(*args, **kwargs)
+        with fused_loss_without_grad():
+            return validate(*args, **kwargs)
+
+    return run
 
 
 def _liger_gpt_class(base: type, state: _RunState) -> type:

@@ -165,7 +165,9 @@ case $phase in
       timeout 90 python3 scripts/gpu_ckpt_mem.py $v "$R/ckpt_mem.jsonl" 2>&1 | grep -v -i warn | grep -A3 '"variant"\|trace_peak'; done
     timeout 280 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger,liger-ckpt,liger-ckpt-lean \
       --out "$R/recipe-ckpt-b1" 2>&1 | grep "lora B" ;;
-  ckpt4)  # the same at micro-batch 4, and the uncaptured checkpointed step
+  ckpt4)  # the same at micro-batch 4, and the uncaptured checkpointed step (at 1: the graphs' share of the memory)
+    timeout 150 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt-no-graphs \
+      --out "$R/recipe-ckpt-b1-nog" 2>&1 | grep "lora B"
     timeout 300 python3 -m benchmarks recipe --micro_batches 4 --iters 96 \
       --variants stock,liger,liger-ckpt,liger-ckpt-lean,liger-ckpt-no-graphs --out "$R/recipe-ckpt-b4" 2>&1 | grep "lora B" ;;
 esac

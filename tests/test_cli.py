@@ -241,6 +241,59 @@ def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, mo
     assert len(on) == len(off) == STEPS and on == off, (on, off)
 
 
+@pytest.mark.parametrize("script_name", ["finetune.lora", "finetune.full", "pretrain"])
+def test_validation_computes_the_fused_loss(script_name):
+    """The CLI's patched litgpt ``validate``: without grad the swapped model returns deferred logits there, so the
+    validation loss is the fused one (no ``(B, T, V)`` logits held), equal to stock ``validate``'s on the same
+    weights; outside it (generation, a user's own no-grad code) the model returns real logits."""
+    import copy
+    import importlib
+
+    from litgpt.args import EvalArgs
+    from litgpt.model import GPT
+    from test_adapter import tiny_config
+
+    from lit_liger import LigerConfig, apply_liger
+    from lit_liger.loss import LigerLogits
+
+    script = importlib.import_module(f"litgpt.{script_name}")
+    cfg = tiny_config("Llama-3.2-1B")
+    torch.manual_seed(0)
+    stock = GPT(cfg)
+    swapped = copy.deepcopy(stock)
+    apply_liger(swapped)
+    g = torch.Generator().manual_seed(2)
+    if script_name == "pretrain":  # (fabric, model, loader of (B, T + 1) token rows, max_iters)
+        batches = [torch.randint(0, cfg.vocab_size, (2, 13), generator=g) for _ in range(2)]
+        swapped.max_seq_length = stock.max_seq_length = 12
+
+        class _Fabric:
+            def barrier(self):
+                pass
+
+        def validate(model):
+            return script.validate(_Fabric(), model, batches, 2, verbose=False)
+    else:  # (fabric, model, loader of {"input_ids", "labels"}, eval)
+        batches = [{"input_ids": torch.randint(0, cfg.vocab_size, (2, 12), generator=g),
+                    "labels": torch.randint(0, cfg.vocab_size, (2, 12), generator=g)} for _ in range(2)]
+        batches[0]["labels"][0, :4] = -100
+
+        def validate(model):
+            return script.validate(None, model, batches, EvalArgs(max_iters=2), verbose=False)
+    original = script.validate
+    want = validate(stock)
+    fused = []
+    real_loss = LigerLogits.loss
+    with pytest.MonkeyPatch.context() as mp, cli._patched(script, LigerConfig()):
+        mp.setattr(LigerLogits, "loss", lambda self, *a, **k: fused.append(1) or real_loss(self, *a, **k))
+        got = validate(swapped)
+    assert len(fused) == 2  # both batches through the fused loss
+    assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want)), (got, want)
+    with torch.no_grad():
+        assert isinstance(swapped(torch.zeros(2, 12, dtype=torch.long)), torch.Tensor)  # elsewhere: real logits
+    assert script.validate is original  # restored after the run
+
+
 @pytest.mark.slow
 def test_finetune_bf16_true_liger_matches_stock(assets, tmp_path, monkeypatch):
     """Every litgpt script runs under Fabric's bf16-true precision on GPUs, which casts the model's
