@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -170,6 +170,10 @@ case $phase in
       --out "$R/recipe-ckpt-b1-nog" 2>&1 | grep "lora B"
     timeout 300 python3 -m benchmarks recipe --micro_batches 4 --iters 96 \
       --variants stock,liger,liger-ckpt,liger-ckpt-lean,liger-ckpt-no-graphs --out "$R/recipe-ckpt-b4" 2>&1 | grep "lora B" ;;
+  ckpt5)  # after validation took the fused loss too: the whole run's peak (validation included) at micro-batch 1 and 4
+    for b in 1 4; do
+      timeout 240 python3 -m benchmarks recipe --micro_batches $b --iters 96 --variants stock,liger,liger-ckpt \
+        --out "$OUT/recipe-b$b" 2>&1 | grep "lora B"; done ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
