@@ -49,7 +49,7 @@ from .loss import (
     lm_head_weight_bias,
 )
 
-__all__ = ["LigerReport", "apply_liger", "is_swapped", "remove_liger"]
+__all__ = ["LigerReport", "apply_liger", "fused_loss_without_grad", "is_swapped", "remove_liger"]
 
 
 # ------------------------------------------------------------------------------------------------
