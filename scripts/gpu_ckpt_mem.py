@@ -11,6 +11,7 @@ Variants: ``stock`` (LitGPT, its chunked_cross_entropy), ``liger``, ``ckpt`` (ac
 ``ckpt-lean`` (+ flce_mode lean), ``ckpt-rows256`` / ``ckpt-rows128`` (the fused loss's logits chunk capped at that
 many rows: kernels.fused_linear_cross_entropy._FAST_CHUNK_BYTES shrunk).
 """
+import importlib
 import json
 import sys
 
@@ -20,19 +21,15 @@ v = sys.argv[1]
 out = sys.argv[2] if len(sys.argv) > 2 else None
 MiB = 1 << 20
 
-from litgpt.lora import GPT, Config, mark_only_lora_as_trainable  # noqa: E402
+from _diag_common import live_at_peak, lora_llama_1b  # noqa: E402
 from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 
-import lit_liger.kernels.fused_linear_cross_entropy as F  # noqa: E402
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
 
-cfg = Config.from_name("Llama-3.2-1B", block_size=512, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
-                       lora_dropout=0.05)
-torch.manual_seed(0)
-with torch.device("cuda"):
-    m = GPT(cfg).to(torch.bfloat16)
-m.max_seq_length = 512
-mark_only_lora_as_trainable(m)
+F = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")  # the module (`import ... as` gives the
+# package's attribute of that name: the function)
+
+cfg, m = lora_llama_1b()
 liger = v != "stock"
 if v.startswith("ckpt-rows"):
     F._FAST_CHUNK_BYTES = int(v.removeprefix("ckpt-rows")) * cfg.padded_vocab_size * 2
@@ -74,18 +71,9 @@ if liger:
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    live, cur, best, at_peak = {}, 0, -1, {}
-    for ev in snap["device_traces"][0]:
-        a = ev["action"]
-        if a == "alloc":
-            live[ev["addr"]] = ev
-            cur += ev["size"]
-            if cur > best:
-                best, at_peak = cur, dict(live)
-        elif a == "free_requested" and ev["addr"] in live:
-            cur -= live.pop(ev["addr"])["size"]
+    best, at_peak = live_at_peak(snap["device_traces"][0])
     groups: dict[str, list] = {}
-    for ev in at_peak.values():
+    for ev in at_peak:
         frames = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in ev.get("frames", [])
                   if any(k in f["filename"] for k in ("lit_liger", "kernels/", "litgpt", "checkpoint"))][:4]
         g = groups.setdefault(" <- ".join(frames) or "?", [0, 0])

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import torch
 import triton.testing
+from _diag_common import live_at_peak
 
 from lit_liger.kernels import fused_linear_cross_entropy
 
@@ -43,19 +44,9 @@ def measured_peak(fn, leaves):
 
 def replay_peak(trace):
     """Live blocks at the peak of a memory-history trace: [(MiB, top frames)]."""
-    live, cur, best, at_peak = {}, 0, -1, {}
-    for ev in trace:
-        a = ev["action"]
-        if a == "alloc":
-            live[ev["addr"]] = ev
-            cur += ev["size"]
-            if cur > best:
-                best, at_peak = cur, dict(live)
-        elif a in ("free_requested",):
-            if ev["addr"] in live:
-                cur -= live.pop(ev["addr"])["size"]
+    best, at_peak = live_at_peak(trace)
     rows = []
-    for ev in sorted(at_peak.values(), key=lambda e: -e["size"])[:12]:
+    for ev in sorted(at_peak, key=lambda e: -e["size"])[:12]:
         frames = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in ev.get("frames", [])
                   if any(k in f["filename"] for k in ("lit_liger", "kernels", "scripts", "torch/autograd",
                                                        "torch/_library"))][:6]

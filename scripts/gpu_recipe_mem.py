@@ -24,7 +24,7 @@ v, B = sys.argv[1], int(sys.argv[2])
 iters = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 out = sys.argv[4] if len(sys.argv) > 4 else None
 
-from litgpt.lora import GPT, Config, mark_only_lora_as_trainable  # noqa: E402
+from _diag_common import lora_llama_1b  # noqa: E402
 from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
@@ -32,13 +32,7 @@ from lit_liger import graphs as G  # noqa: E402
 
 G.WARMUP_IN_POOL = v in ("gpool", "gboth")
 G.RECAPTURE_ON_GROWTH = v in ("ggrow", "gboth")
-cfg = Config.from_name("Llama-3.2-1B", block_size=512, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
-                       lora_dropout=0.05)
-torch.manual_seed(0)
-with torch.device("cuda"):
-    m = GPT(cfg).to(torch.bfloat16)
-m.max_seq_length = 512
-mark_only_lora_as_trainable(m)
+cfg, m = lora_llama_1b()
 liger = v not in ("stock", "compile")
 if liger:
     lc = LigerConfig(cuda_graphs=v.startswith("g"))

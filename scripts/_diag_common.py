@@ -1,0 +1,33 @@
+"""Pieces shared by the device diagnostic scripts (run as ``python scripts/NAME.py``; this folder is on sys.path)."""
+import torch
+
+
+def lora_llama_1b(device="cuda"):
+    """Full-depth Llama-3.2-1B (random init, seed 0) with litgpt's recipe LoRA (r 8 on query and value, dropout 0.05),
+    bf16 weights, max_seq_length 512, only the LoRA parameters trainable. Returns (config, model)."""
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+
+    cfg = Config.from_name("Llama-3.2-1B", block_size=512, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
+                           lora_dropout=0.05)
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = GPT(cfg).to(torch.bfloat16)
+    m.max_seq_length = 512
+    mark_only_lora_as_trainable(m)
+    return cfg, m
+
+
+def live_at_peak(trace):
+    """A CUDA memory-history trace (``torch.cuda.memory._snapshot()["device_traces"][0]``) replayed: the bytes live at
+    its peak (over the trace's start) and the alloc events of the blocks live then."""
+    live, cur, best, at_peak = {}, 0, -1, {}
+    for ev in trace:
+        a = ev["action"]
+        if a == "alloc":
+            live[ev["addr"]] = ev
+            cur += ev["size"]
+            if cur > best:
+                best, at_peak = cur, dict(live)
+        elif a == "free_requested" and ev["addr"] in live:
+            cur -= live.pop(ev["addr"])["size"]
+    return best, list(at_peak.values())
