@@ -180,13 +180,13 @@ def _(a, b, activation):
     return a.new_empty(a.shape)  # contiguous, as the real op
 
 
-def _glu_bwd_impl(
-    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    dy2, a2, b2 = as_rows(dy), as_rows(a), as_rows(b)  # (N, I)
-    da = torch.empty(a.shape if need_da else (0,), dtype=a.dtype, device=a.device)
-    db = torch.empty(b.shape if need_db else (0,), dtype=b.dtype, device=b.device)
+def _glu_bwd_launch(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor, activation: str,
+    need_da: bool, need_db: bool,
+) -> None:
+    """The backward kernel: ``da``/``db`` (contiguous, ``a``'s shape, or anything where not needed) written."""
     if a.numel() > 0 and (need_da or need_db):
+        dy2, a2, b2 = as_rows(dy), as_rows(a), as_rows(b)  # (N, I)
         n_rows, n_cols, (s_dy, s_a, s_b) = _launch_shape([dy2, a2, b2])
         plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
         _glu_bwd_kernel[grid](
@@ -196,7 +196,37 @@ def _glu_bwd_impl(
             ACTIVATION=ACTIVATIONS[activation], NEED_DA=need_da, NEED_DB=need_db,
             BLOCK=plan.block, num_warps=plan.num_warps,
         )
+
+
+def _glu_bwd_impl(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    da = torch.empty(a.shape if need_da else (0,), dtype=a.dtype, device=a.device)
+    db = torch.empty(b.shape if need_db else (0,), dtype=b.dtype, device=b.device)
+    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db)
     return da, db
+
+
+def _glu_bwd_into_inputs(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager only (``reuse_inputs``): the gradients are written over ``a`` and ``b`` (each element is read
+    before its own program overwrites it), whose version counters are bumped, so that a second backward
+    through them (``retain_graph``) raises PyTorch's in-place error instead of reading gradients."""
+    da = a if need_da else a.new_empty(0)
+    db = b if need_db else b.new_empty(0)
+    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db)
+    torch.autograd.graph.increment_version([t for t, n in ((a, need_da), (b, need_db)) if n])
+    return da, db
+
+
+def _reusable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` each own their whole storage, contiguously, and not the same one: writing each one's
+    gradient over it touches no other tensor's memory."""
+    def owns(t: torch.Tensor) -> bool:
+        return (t.is_contiguous() and t.storage_offset() == 0
+                and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+    return owns(a) and owns(b) and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
 
 
 _glu_bwd = torch.library.custom_op("lit_liger::glu_bwd", _glu_bwd_impl, mutates_args=())
@@ -216,6 +246,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, bwd=_glu_bwd):
     a, b = ctx.saved_tensors
     need_da, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if getattr(ctx, "reuse", False):
+        bwd = _glu_bwd_into_inputs
     da, db = bwd(dy, a, b, ctx.activation, need_da, need_db)
     return (da if need_da else None), (db if need_db else None), None
 
@@ -229,20 +261,21 @@ class _GLUFn(torch.autograd.Function):
     themselves at LitGPT sizes). ``torch.compile`` traces the custom op instead (see ``_fwd``)."""
 
     @staticmethod
-    def forward(ctx, a, b, activation):
+    def forward(ctx, a, b, activation, reuse):
         y = _glu_fwd_impl(a, b, activation)
         _setup_context(ctx, (a, b, activation), y)
+        ctx.reuse = reuse and _reusable(a, b)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward(ctx, dy, bwd=_glu_bwd_impl)
+        return (*_backward(ctx, dy, bwd=_glu_bwd_impl), None)  # no gradient for ``reuse``
 
 
-def _fwd(a, b, activation):
+def _fwd(a, b, activation, reuse=False):
     if torch.compiler.is_compiling():
-        return _glu_fwd(a, b, activation)
-    return _GLUFn.apply(a, b, activation)
+        return _glu_fwd(a, b, activation)  # the compiler plans the memory; the op mutates nothing
+    return _GLUFn.apply(a, b, activation, reuse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,24 +292,36 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError("a and b must have at least one dimension (..., I)")
 
 
-def _glu(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+_REUSE_DOC = """``reuse_inputs``: the backward writes the gradients of ``a`` and ``b`` over ``a`` and ``b`` instead of
+    allocating two more ``(..., I)`` tensors at its peak (eager Triton path only; ignored where ``a``/``b`` do
+    not each own their whole storage, under ``torch.compile`` and on the reference path). Only for ``a`` and
+    ``b`` that nothing reads after the forward (fresh outputs of the MLP's ``fc_1`` / ``fc_2``): after the
+    backward they hold gradients; a second backward through them raises."""
+
+
+def _glu(a: torch.Tensor, b: torch.Tensor, activation: str, reuse_inputs: bool = False) -> torch.Tensor:
     _check(a, b)
     if not use_triton(a):
         return glu_reference(a, b, activation)
-    return _fwd(a, b, activation)
+    return _fwd(a, b, activation, reuse_inputs)
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``F.silu(a) * b`` (``litgpt.model.LLaMAMLP``); ``a``, ``b``: ``(..., I)``, same shape and dtype."""
-    return _glu(a, b, "silu")
+def swiglu(a: torch.Tensor, b: torch.Tensor, *, reuse_inputs: bool = False) -> torch.Tensor:
+    """``F.silu(a) * b`` (``litgpt.model.LLaMAMLP``); ``a``, ``b``: ``(..., I)``, same shape and dtype.
+    {reuse}"""
+    return _glu(a, b, "silu", reuse_inputs)
 
 
-def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh", *, reuse_inputs: bool = False) -> torch.Tensor:
     """``F.gelu(a, approximate=approximate) * b`` (``litgpt.model.GemmaMLP``); ``approximate`` is
-    ``"tanh"`` (Gemma's ``gelu_approximate``) or ``"none"`` (exact, erf)."""
+    ``"tanh"`` (Gemma's ``gelu_approximate``) or ``"none"`` (exact, erf). {reuse}"""
     if not isinstance(approximate, str) or approximate not in _APPROXIMATE:
         raise ValueError(f"approximate must be 'tanh' or 'none' (as in F.gelu), got {approximate!r}")
-    return _glu(a, b, _APPROXIMATE[approximate])
+    return _glu(a, b, _APPROXIMATE[approximate], reuse_inputs)
+
+
+swiglu.__doc__ = swiglu.__doc__.format(reuse=_REUSE_DOC)
+geglu.__doc__ = geglu.__doc__.format(reuse=_REUSE_DOC)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,6 +350,8 @@ def _gl_setup_context(ctx, inputs, output):
 
 def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd):
     a, b, weight = ctx.saved_tensors
+    if getattr(ctx, "reuse", False):
+        glu_bwd = _glu_bwd_into_inputs  # after the weight gradient's recompute below, which reads a and b
     need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
@@ -340,23 +387,24 @@ class _GLULinearFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a, b, weight, bias, activation):
+    def forward(ctx, a, b, weight, bias, activation, reuse):
         y = _glu_linear_impl(a, b, weight, bias, activation)
         _gl_setup_context(ctx, (a, b, weight, bias, activation), y)
+        ctx.reuse = reuse and _reusable(a, b)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl)
+        return (*_gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl), None)  # none for ``reuse``
 
 
 def glu_linear(
     a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    activation: str = "silu",
+    activation: str = "silu", *, reuse_inputs: bool = False,
 ) -> torch.Tensor:
     """``F.linear(act(a) * b, weight, bias)`` with ``act`` one of ``silu``, ``gelu_tanh``, ``gelu``;
     saves only ``a`` and ``b`` for backward (see ``_GLULinearFn``), in eager mode and under
-    ``torch.compile`` (a custom op). On the reference path it is the plain composition."""
+    ``torch.compile`` (a custom op). On the reference path it is the plain composition. {reuse}"""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     _check(a, b)
@@ -368,4 +416,7 @@ def glu_linear(
         return torch.nn.functional.linear(_glu(a, b, activation), weight, bias)
     if torch.compiler.is_compiling():
         return _glu_linear_op(a, b, weight, bias, activation)
-    return _GLULinearFn.apply(a, b, weight, bias, activation)
+    return _GLULinearFn.apply(a, b, weight, bias, activation, reuse_inputs)
+
+
+glu_linear.__doc__ = glu_linear.__doc__.format(reuse=_REUSE_DOC)

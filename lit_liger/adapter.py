@@ -80,18 +80,44 @@ class _LayerNormMixin:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
-def _mlp_out(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
-    """``proj(act(a) * b)``: with a plain Linear ``proj`` (no LoRA, no autocast) the GLU product is
-    not kept for backward (``glu_linear`` recomputes it): one (B, T, I) tensor per layer fewer."""
+def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
+    """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`)."""
+    reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
+    return _glu_proj(mlp.proj, mlp.fc_1(x), mlp.fc_2(x), activation, reuse)  # fc_1, fc_2: (B, T, I)
+
+
+def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str, reuse: bool) -> torch.Tensor:
+    """``proj(act(a) * b)``: with a plain Linear ``proj`` (no LoRA, no autocast) the GLU product is not kept
+    for backward (``glu_linear`` recomputes it): one (B, T, I) tensor per layer fewer. ``reuse``: ``a`` and
+    ``b`` are fresh tensors that nothing else holds, so the backward writes their gradients over them
+    (``reuse_inputs``): two (B, T, I) tensors fewer at the backward's peak."""
     if (
         type(proj) is nn.Linear
         and a.device.type in ("cuda", "cpu")
         and proj.weight.dtype == a.dtype
         and not torch.is_autocast_enabled(a.device.type)
     ):
-        return glu_linear(a, b, proj.weight, proj.bias, activation)  # (B, T, C)
-    glu = swiglu(a, b) if activation == "silu" else geglu(a, b, "tanh" if activation == "gelu_tanh" else "none")
+        return glu_linear(a, b, proj.weight, proj.bias, activation, reuse_inputs=reuse)  # (B, T, C)
+    if activation == "silu":
+        glu = swiglu(a, b, reuse_inputs=reuse)
+    else:
+        glu = geglu(a, b, "tanh" if activation == "gelu_tanh" else "none", reuse_inputs=reuse)
     return proj(glu)  # (B, T, I) -> (B, T, C)
+
+
+def _fresh_outputs(*modules: nn.Module) -> bool:
+    """These modules return new tensors that nothing else keeps: plain ``nn.Linear`` or LitGPT ``LoRALinear``
+    layers (swapped or not, r = 0 included: their output is a new sum, or the inner Linear's), with no hooks
+    on them or their inner Linear (a forward hook may keep the output it sees)."""
+    inner = []
+    for m in modules:
+        if type(m) is nn.Linear:
+            continue
+        lora = isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear
+        if not lora or type(m.linear) is not nn.Linear:
+            return False
+        inner.append(m.linear)
+    return _called_plainly(*modules, *inner)
 
 
 def _plain_linear(m: nn.Module) -> bool:
@@ -156,7 +182,7 @@ class _SwiGLUMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _stock_under_compile(self, x):
             return super().forward(x)
-        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), "silu")  # fc_1, fc_2: (B, T, I)
+        return _mlp_out(self, x, "silu")
 
 
 class _GeGLUMixin:
@@ -167,7 +193,7 @@ class _GeGLUMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _stock_under_compile(self, x):
             return super().forward(x)
-        return _mlp_out(self.proj, self.fc_1(x), self.fc_2(x), self._liger_activation)
+        return _mlp_out(self, x, self._liger_activation)
 
 
 @torch.compiler.assume_constant_result
@@ -371,7 +397,8 @@ class _BlockMixin:
             mlp = self.mlp
             x, (a, b) = rms_norm_linear(attention_output, n2.weight, [(mlp.fc_1.weight, mlp.fc_1.bias),
                                         (mlp.fc_2.weight, mlp.fc_2.bias)], n2.eps, offset, residual=x)
-            mlp_out = _mlp_out(mlp.proj, a, b, mlp._liger_activation)  # a, b: (B, T, I)
+            # a, b (B, T, I): new outputs of the fused function, which keeps neither for its backward
+            mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=True)
         else:
             x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
             mlp_out = self.mlp(x_normed)

@@ -127,9 +127,16 @@ class _Graphs:
     """The forward and backward graphs of one input shape, with their static inputs and outputs."""
 
     def __init__(self, runner: GraphRunner, idx: torch.Tensor, params: list[nn.Parameter]) -> None:
-        gpt = runner.gpt
         self.runner = runner
         self.static_idx = idx.clone()  # (B, T)
+        _clear_blas_workspaces()
+        try:
+            self._capture(params)
+        finally:
+            _clear_blas_workspaces()
+
+    def _capture(self, params: list[nn.Parameter]) -> None:
+        runner, gpt = self.runner, self.runner.gpt
         bufs = runner.grad_buffers(params)
         if runner.stream is None:
             runner.stream = torch.cuda.Stream()
@@ -137,8 +144,8 @@ class _Graphs:
         if runner.pool is None:
             runner.new_pool()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), _no_gc(), _allocating_to(runner.pool if WARMUP_IN_POOL else None, idx.device):
-            # warm-up outside the capture: first-call work (cuBLAS workspaces, attention plans, Triton
+        with torch.cuda.stream(stream), _no_gc(), _allocating_to(runner.pool if WARMUP_IN_POOL else None, self.static_idx.device):
+            # warm-up outside the capture: first-call work (the stream's cuBLAS workspace, attention plans, Triton
             # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
             # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
             # blocks are free to use
@@ -154,7 +161,7 @@ class _Graphs:
             # during capture"), even with LitGPT's own ops, and left the CUDA generator unusable;
             # torch.cuda.make_graphed_callables keeps its outputs alive too (scripts/gpu_graph_diag2.py)
             self.static_out = gpt._liger_hidden(self.static_idx)  # (B, T, C)
-        self.static_grad = torch.empty_like(self.static_out)  # d loss / d hidden, copied in by backward
+        self.static_grad = runner.grad_input(self.static_out)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
@@ -221,6 +228,7 @@ class GraphRunner:
         self.pending: Any = None  # weakref to the autograd context of a replayed forward awaiting its backward
         self.addresses: tuple | None = None
         self.buffers: dict[int, torch.Tensor] = {}
+        self._grad_in: torch.Tensor | None = None  # see grad_input
         self.disabled: str | None = None  # why capture was given up for this model
         self.error: str | None = None  # the capture failure's traceback
         self.warned: set[str] = set()
@@ -386,6 +394,16 @@ class GraphRunner:
             out.append(buf)
         return out
 
+    def grad_input(self, like: torch.Tensor) -> torch.Tensor:
+        """The backward graphs' input (d loss / d hidden) for ``like``'s shape: a view of one buffer shared by
+        every shape's backward (a replay copies its gradient in just before it runs, and replays run one at a
+        time). A shape larger than the buffer gets a new one; the graphs captured before keep the old."""
+        n = like.numel()
+        if self._grad_in is None or self._grad_in.numel() < n or self._grad_in.dtype != like.dtype \
+                or self._grad_in.device != like.device:
+            self._grad_in = torch.empty(n, dtype=like.dtype, device=like.device)
+        return self._grad_in[:n].view(like.shape)
+
     def new_pool(self) -> None:
         """A fresh memory pool for the next captures (the old one is freed with the graphs that used it)."""
         try:
@@ -399,8 +417,21 @@ class GraphRunner:
         """Drop every captured graph and buffer (their memory returns to PyTorch's allocator)."""
         self.graphs.clear()
         self.buffers.clear()
+        self._grad_in = None
         self.pool = self._mempool = None
         self.addresses = None
+
+
+def _clear_blas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces (one per handle and stream, 32 MiB each on Hopper), before a shape's warm-up
+    and after its capture, as torch.compile's CUDA graph trees do. The capture stream's workspace is then
+    allocated inside the graphs' pool and, once dropped, stays there as scratch of the graphs that recorded its
+    address (replays run one at a time, like all the pool's scratch) instead of being held as a live allocation
+    beside the default stream's; and the default stream's is freed to the cache while the warm-up and capture run
+    (the next GEMM there takes it back). Without this, every captured run held two workspaces."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _device_index(device: torch.device) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -174,6 +174,18 @@ case $phase in
     for b in 1 4; do
       timeout 240 python3 -m benchmarks recipe --micro_batches $b --iters 96 --variants stock,liger,liger-ckpt \
         --out "$OUT/recipe-b$b" 2>&1 | grep "lora B"; done ;;
+  mem6)   # issue 16, micro-batch 1 memory: the GLU backward writes its gradients over fc_1/fc_2's outputs, the graphs
+          # drop cuBLAS's cached workspaces around each capture and share one d(hidden) buffer. Results first (the
+          # device time may end the call), then the GPU tests of the changed paths, then micro-batch 4
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_swiglu.py 2>&1 | tail -2
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt,liger-ckpt-no-graphs \
+      --out "$OUT/recipe-b1" 2>&1 | grep "lora B"
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_checkpointing.py \
+      tests/test_buckets.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed" "$OUT/pytest.log" | head -20
+    timeout 60 python3 scripts/gpu_ckpt_mem.py ckpt "$OUT/ckpt_mem.jsonl" 2>&1 | grep -v -i warn | tail -3 | cut -c1-600
+    timeout 150 python3 -m benchmarks recipe --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-b4" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

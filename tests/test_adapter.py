@@ -216,7 +216,7 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * 2 * N * cfg.n_embd * e
     apply_liger(ours, always)
     with monkeypatch.context() as m:
-        m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act: torch.nn.functional.linear(
+        m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act, **kw: torch.nn.functional.linear(
             torch.nn.functional.silu(a) * b, w, bias))
         assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * cfg.intermediate_size * e
     if not cfg.norm_qk:  # (with qk-norm the norms' backward keeps the q, k views of qkv anyway)
@@ -555,3 +555,37 @@ def test_liger_config_settings_are_not_switches():
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="compile_min_tokens"):
             LigerConfig(compile_min_tokens=bad)
+
+
+def test_mlp_writes_fc_gradients_over_fc_outputs_only_where_nothing_keeps_them():
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    from lit_liger.adapter import _fresh_outputs
+
+    # litgpt's LoRA recipe: LoRA on query/value, the MLP's fc_1/fc_2 are LoRALinear with r = 0
+    cfg = tiny_config("Llama-3.2-1B", LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True)
+    ref, ours = _pair(cfg, LoRAGPT)
+    for m in (ref, ours):
+        mark_only_lora_as_trainable(m)
+    apply_liger(ours)
+    mlp = ours.transformer.h[0].mlp
+    assert _fresh_outputs(mlp.fc_1, mlp.fc_2)
+    kept = []  # a user's activation capture: the output, and a copy of it taken at once
+    handle = mlp.fc_1.register_forward_hook(lambda m, a, o: kept.append((o, o.detach().clone())))
+    assert not _fresh_outputs(mlp.fc_1, mlp.fc_2)
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    y = torch.randint(0, cfg.vocab_size, (2, 8))
+    chunked_cross_entropy(ours(x), y).backward()
+    handle.remove()
+    assert len(kept) == 1 and torch.equal(*kept[0])  # still fc_1's output after the backward, not its gradient
+    ours.zero_grad(set_to_none=True)
+    _check_parity(ref, ours, cfg)  # and without the hook (the gradients written over fc_1/fc_2's outputs)
+
+    class MyLinear(torch.nn.Linear):
+        pass
+
+    assert not _fresh_outputs(MyLinear(2, 2), torch.nn.Linear(2, 2))  # a subclass may keep what it returns
+    assert _fresh_outputs(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+

@@ -258,3 +258,63 @@ def test_glu_linear_bad_inputs(device):
         glu_linear(a, a, torch.randn(3, 5, device=device))
     with pytest.raises(ValueError, match="activation"):
         glu_linear(a, a, torch.randn(3, 8, device=device), activation="relu")
+
+
+def _reuse_cases():
+    from lit_liger.kernels.swiglu import glu_linear
+
+    w = torch.randn(24, 40, generator=torch.Generator().manual_seed(1))
+    return {
+        "swiglu": lambda a, b, **kw: swiglu(a, b, **kw),
+        "geglu": lambda a, b, **kw: geglu(a, b, "tanh", **kw),
+        "glu_linear": lambda a, b, **kw: glu_linear(a, b, w.to(a.device), None, "silu", **kw),
+    }
+
+
+@pytest.mark.parametrize("case", ["swiglu", "geglu", "glu_linear"])
+def test_glu_reuse_inputs_writes_the_gradients_over_them(case, device):
+    fn = _reuse_cases()[case]
+    torch.manual_seed(11)
+    a0 = torch.randn(3, 7, 40, device=device, requires_grad=True)
+    b0 = torch.randn(3, 7, 40, device=device, requires_grad=True)
+    dy = torch.randn(3, 7, 40 if case != "glu_linear" else 24, device=device)
+
+    def run(reuse):
+        a, b = a0 * 1, b0 * 1  # fresh non-leaf tensors, as fc_1(x), fc_2(x) are
+        out = fn(a, b, reuse_inputs=reuse)
+        return a, b, out, torch.autograd.grad(out, (a0, b0), dy, retain_graph=True)
+
+    a, b, out, ref = run(False)
+    assert torch.equal(a, a0) and torch.equal(b, b0)  # without reuse the inputs are untouched
+    a, b, out, got = run(True)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)  # the same kernel and math: bit for bit
+    if use_triton_here(a0):
+        # the backward wrote d a, d b into a and b (no new (..., I) tensors) and said so to autograd
+        assert torch.equal(a, ref[0]) and torch.equal(b, ref[1])
+        with pytest.raises(RuntimeError, match="inplace"):
+            torch.autograd.grad(out, (a0, b0), dy)  # a second backward through the overwritten inputs
+    else:
+        assert torch.equal(a, a0) and torch.equal(b, b0)  # reference path: nothing is reused
+
+
+@pytest.mark.parametrize("case", ["swiglu", "glu_linear"])
+def test_glu_reuse_inputs_leaves_views_and_shared_storage_alone(case, device):
+    fn = _reuse_cases()[case]
+    torch.manual_seed(12)
+    ab = torch.randn(3, 7, 80, device=device, requires_grad=True)
+    dy = torch.randn(3, 7, 40 if case != "glu_linear" else 24, device=device)
+    fused = ab * 1  # one (B, T, 2I) output split in two: a and b do not own their storage
+    a, b = fused[..., :40], fused[..., 40:]
+    before = fused.detach().clone()
+    out = fn(a, b, reuse_inputs=True)
+    (g,) = torch.autograd.grad(out, (ab,), dy)
+    assert torch.equal(fused, before)
+    (g_ref,) = torch.autograd.grad(fn(*(ab * 1).split(40, -1)), (ab,), dy)
+    assert torch.equal(g, g_ref)
+
+
+def use_triton_here(t):
+    from lit_liger.kernels._launch import use_triton
+
+    return use_triton(t)
