@@ -48,13 +48,14 @@ WORK_DIR = C.SMOKE_DIR / "finetune-work"  # checkpoints and runs: big, never und
 # Inputs: tokenizer, checkpoint, data (lit_liger.demo's builders)
 # ----------------------------------------------------------------------------------------------
 def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_samples: int, max_seq_length: int,
-                 vocab_size: int | None = None) -> tuple[Path, Path, dict[str, Any]]:
+                 vocab_size: int | None = None, tied_head: bool = False) -> tuple[Path, Path, dict[str, Any]]:
     """Checkpoint dir and JSON data path (reused when already there), and what they hold.
 
     GPU: the model's real widths and padded vocabulary (the lm_head costs what it costs in the real
     model; the BPE has ``vocab_size`` = 8192 tokens, so ids stay below it), ``n_layer`` layers; samples of
     8,000-40,000 characters, so most fill ``max_seq_length`` after truncation. Smoke: demo's tiny widths and
-    a 512-token vocabulary.
+    a 512-token vocabulary. ``tied_head``: ``lm_head.weight`` equal to the embedding, as in a converted checkpoint
+    of a tied-embedding model (``lit_liger.demo.make_checkpoint``).
     """
     from litgpt import Config
 
@@ -68,7 +69,8 @@ def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_sam
 
     vocab_size = vocab_size or (512 if smoke else 8192)
     block_size = max(max_seq_length, 256)
-    ckpt = work_dir / "checkpoints" / f"random-{model}-{n_layer}L{'-tiny' if smoke else ''}-v{vocab_size}-b{block_size}"
+    ckpt = work_dir / "checkpoints" / (f"random-{model}-{n_layer}L{'-tiny' if smoke else ''}-v{vocab_size}-b{block_size}"
+                                       + ("-tied" if tied_head else ""))
     data_path = work_dir / "data" / f"stdlib_instructions-{'tiny' if smoke else 'long'}-{n_samples}.json"
     files = source_files()
     if not (ckpt / "lit_model.pth").is_file():
@@ -81,7 +83,8 @@ def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_sam
             padded = Config.from_name(model).padded_vocab_size
         big = not smoke and C.CUDA  # real widths: init on the GPU, saved in bf16 (an 8B model in seconds)
         make_checkpoint(ckpt, model, vocab_size=vocab, padded_vocab_size=padded,
-                        device="cuda" if big else None, dtype=torch.bfloat16 if big else None, **overrides)
+                        device="cuda" if big else None, dtype=torch.bfloat16 if big else None, tied_head=tied_head,
+                        **overrides)
         C.free_memory()
     if not data_path.is_file():
         make_instruction_dataset(data_path, files, n=n_samples, min_chars=0 if smoke else 8000,

@@ -2,7 +2,7 @@
 
     python -m benchmarks recipe [--models Llama-3.2-1B,Qwen2.5-1.5B] [--methods lora] [--micro_batches 4,1]
                                 [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed]
-                                [--out DIR] [--smoke]
+                                [--tied_head] [--out DIR] [--smoke]
 
 Each run is ``lit-liger finetune_<method> <checkpoint> --data JSON ...`` in a fresh process, on a random-init
 checkpoint with the model's real widths and vocabulary (built locally: a byte-level BPE trained on Python's
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="alpaca: variable lengths (default); fixed: every sample truncated to max_seq_length")
     p.add_argument("--work_dir", type=Path, default=F.WORK_DIR)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--tied_head", action="store_true",
+                   help="a checkpoint whose lm_head equals its embedding, as litgpt converts a Hugging Face model with "
+                        "tied embeddings (Llama-3.2-1B/3B, Qwen2.5 up to 3B): lit-liger keeps one copy (tied_weights)")
     p.add_argument("--smoke", action="store_true", help="tiny model, a few iterations (CPU: Triton interpreter)")
     opts = p.parse_args(argv)
     smoke = opts.smoke or not C.CUDA
@@ -139,12 +142,13 @@ def main(argv: list[str] | None = None) -> dict:
     warmup = 1 if smoke else min(opts.warmup, iters - 1)
     result: dict[str, Any] = {"environment": C.environment(), "argv": argv, "smoke": smoke, "rows": [],
                               "settings": {"iters": iters, "warmup": warmup, "precision": precision,
-                                           "lengths": opts.lengths}}
+                                           "lengths": opts.lengths, "tied_head": opts.tied_head}}
     for model in [m for m in opts.models.split(",") if m]:
         from litgpt import Config
 
         n_layer = opts.n_layer or (2 if smoke else Config.from_name(model).n_layer)
-        ckpt, _, info = F.build_inputs(opts.work_dir, model, n_layer, smoke=smoke, n_samples=8, max_seq_length=512)
+        ckpt, _, info = F.build_inputs(opts.work_dir, model, n_layer, smoke=smoke, n_samples=8, max_seq_length=512,
+                                       tied_head=opts.tied_head)
         fixed = opts.lengths == "fixed"
         data = opts.work_dir / "data" / f"alpaca-like{'-fixed' if fixed else ''}-{ckpt.name}-{opts.n_samples}.json"
         result.setdefault("data", {})[model] = make_alpaca_like(data, ckpt, 64 if smoke else opts.n_samples,

@@ -35,6 +35,7 @@ from . import attention as _attention
 from .buckets import bucket_length
 from .config import LigerConfig
 from . import graphs as _graphs
+from . import tied as _tied
 from .graphs import runner_for
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
@@ -441,6 +442,8 @@ class _GPTMixin:
     body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.graphs``)."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
+        if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
+            _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
         if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
@@ -620,6 +623,8 @@ def remove_liger(model: nn.Module) -> int:
     for m in model.modules():
         orig = getattr(m, "_liger_orig_class", None)
         if orig is not None:
+            if getattr(m, "_liger_tied_weights", False):
+                _tied.unshare(m)  # the head gets its own copy back, as in stock LitGPT
             m.__class__ = orig
             for attr in [a for a in vars(m) if a.startswith("_liger_")]:
                 delattr(m, attr)
@@ -837,6 +842,9 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     gpt._liger_seq_buckets = cfg.seq_buckets
     gpt._liger_cuda_graphs = cfg.cuda_graphs
     gpt._liger_activation_checkpointing = cfg.activation_checkpointing
+    gpt._liger_tied_weights = cfg.tied_weights and _tied.head_weight(gpt) is not None
+    if gpt._liger_tied_weights:
+        _tied.install(gpt)
     what = f"fused linear cross-entropy in training ({cfg.flce_mode})"
     if c.final_logit_softcapping is not None:
         what += f" (softcap {c.final_logit_softcapping})"
@@ -855,4 +863,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         graphs_note = "steps run without CUDA graphs; " if _graphs.checkpointed_capture_why() else ""
         report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept; the loss's logits "
                                 f"chunk capped at their size (single process; {graphs_note}activation_checkpointing)")
+    if gpt._liger_tied_weights:
+        report.add(prefix, gpt, "lm_head.weight shares transformer.wte.weight's storage where both are frozen and "
+                                "equal, as in a converted checkpoint of a tied-embedding model (checked at the "
+                                "forward; tied_weights)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")

@@ -211,6 +211,10 @@ def _liger_gpt_class(base: type, state: _RunState) -> type:
         if not state.reported:
             state.reported = True
             _print_rank_zero(str(report))
+            from . import tied
+
+            if _print_rank_zero not in tied.ON_SHARE:
+                tied.ON_SHARE.append(_print_rank_zero)  # "lm_head.weight equals ...: one copy kept" when it happens
         return model
 
     return _Meta(

@@ -97,6 +97,14 @@ class LigerConfig:
             on torch >= 2.10 (which can rewind the CUDA generator inside a capture); on older torch they run
             uncaptured, with one warning. The fused loss's logits chunk is capped at the size of the Blocks' kept
             inputs, so that it does not set the step's peak. Measured on an H100 in the README.
+        tied_weights: where the output head's weight and the token embedding are both frozen (LoRA, adapters) and
+            equal bit for bit, keep one copy (``lm_head.weight`` shares ``transformer.wte.weight``'s storage; the
+            same parameters, values and ``state_dict`` keys). LitGPT's conversion of a Hugging Face checkpoint with
+            tied embeddings (Llama-3.2-1B/3B, Qwen2.5 up to 3B, Gemma ...) writes the embedding into the head as
+            well, so such a run held two equal ``(V, C)`` matrices: 501 MiB of Llama-3.2-1B's 2,928 MiB of bf16
+            weights. Checked at the swapped model's forward (eager mode; the comparison runs once per state of the
+            two weights), undone when either starts to train and before a ``load_state_dict``
+            (``lit_liger.tied``). Single process, unsharded weights, a plain Linear head (no LoRA on it).
     """
 
     rms_norm: bool = True
@@ -116,6 +124,7 @@ class LigerConfig:
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False
     activation_checkpointing: bool = False
+    tied_weights: bool = True
 
     @classmethod
     def choices(cls) -> dict[str, tuple]:

@@ -119,6 +119,7 @@ def make_checkpoint(
     seed: int = 1234,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    tied_head: bool = False,
     **overrides: Any,
 ) -> Any:
     """A random-init LitGPT checkpoint: ``lit_model.pth`` + ``model_config.yaml``.
@@ -126,7 +127,9 @@ def make_checkpoint(
     ``model_name`` is a LitGPT config name; ``overrides`` change its fields (``n_layer``, widths,
     ``block_size``). The tokenizer files must be written to ``checkpoint_dir`` separately.
     ``device``/``dtype``: where the random init runs and the dtype saved (an 8B model inits in
-    seconds on a GPU, minutes on a CPU). Returns the ``litgpt.Config``.
+    seconds on a GPU, minutes on a CPU). ``tied_head``: ``lm_head.weight`` is the embedding, as litgpt's
+    conversion writes a Hugging Face checkpoint with tied embeddings (Llama-3.2-1B/3B, Qwen2.5 up to 3B ...).
+    Returns the ``litgpt.Config``.
     """
     from litgpt import GPT, Config
     from litgpt.utils import save_config
@@ -139,7 +142,10 @@ def make_checkpoint(
         model = GPT(config)
     if dtype is not None:
         model = model.to(dtype)
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, checkpoint_dir / "lit_model.pth")
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    if tied_head:
+        state["lm_head.weight"] = state["transformer.wte.weight"]  # (litgpt's convert_hf_checkpoint does the same)
+    torch.save(state, checkpoint_dir / "lit_model.pth")
     del model
     save_config(config, checkpoint_dir)
     return config

@@ -241,6 +241,32 @@ def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, mo
     assert len(on) == len(off) == STEPS and on == off, (on, off)
 
 
+def test_finetune_lora_on_a_tied_checkpoint_keeps_one_head_copy(assets, tmp_path, monkeypatch, capsys):
+    """A checkpoint whose lm_head equals its embedding (litgpt's conversion of a tied-embedding Hugging Face model):
+    the LoRA run says it keeps one copy, and every logged loss equals the run with ``--liger.tied_weights false``."""
+    from lit_liger import tied
+
+    ckpt = tmp_path / "tied"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / f).write_bytes((assets["ckpt"] / f).read_bytes())
+    vocab = yaml.safe_load((assets["ckpt"] / "model_config.yaml").read_text())["vocab_size"]
+    make_checkpoint(ckpt, "Llama-3.2-1B", vocab_size=vocab, n_layer=2, block_size=256, tied_head=True,
+                    **tiny_overrides())
+    sd = torch.load(ckpt / "lit_model.pth", weights_only=True)
+    assert torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"])
+    try:
+        run_cli(monkeypatch, finetune_args(assets, "finetune_lora", tmp_path / "one", "true", ckpt=ckpt))
+        assert "one copy kept" in capsys.readouterr().out
+        run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "two", "true", ckpt=ckpt),
+                              "--liger.tied_weights", "false"])
+        assert "one copy kept" not in capsys.readouterr().out
+    finally:
+        tied.ON_SHARE.clear()
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == STEPS and one == two, (one, two)
+
+
 @pytest.mark.parametrize("script_name", ["finetune.lora", "finetune.full", "pretrain"])
 def test_validation_computes_the_fused_loss(script_name):
     """The CLI's patched litgpt ``validate``: without grad the swapped model returns deferred logits there, so the
