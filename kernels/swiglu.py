@@ -320,8 +320,9 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh", *, reuse_
     return _glu(a, b, _APPROXIMATE[approximate], reuse_inputs)
 
 
-swiglu.__doc__ = swiglu.__doc__.format(reuse=_REUSE_DOC)
-geglu.__doc__ = geglu.__doc__.format(reuse=_REUSE_DOC)
+for _f in (swiglu, geglu):
+    if _f.__doc__:  # (None under python -OO)
+        _f.__doc__ = _f.__doc__.format(reuse=_REUSE_DOC)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,4 +420,5 @@ def glu_linear(
     return _GLULinearFn.apply(a, b, weight, bias, activation, reuse_inputs)
 
 
-glu_linear.__doc__ = glu_linear.__doc__.format(reuse=_REUSE_DOC)
+if glu_linear.__doc__:
+    glu_linear.__doc__ = glu_linear.__doc__.format(reuse=_REUSE_DOC)
