@@ -217,7 +217,9 @@ def render(result: dict, out_dir: Path) -> list[Path]:
              r.get("peak_reserved_gb"), r.get("x_stock_peak_reserved_gb"),
              (r.get("losses") or [None])[0], (r.get("losses") or [None])[-1], r["status"]] for r in result["rows"]]
     md = [f"# Recipe benchmark: {env['device']}, {env['date']}"
-          + (" (fixed lengths: every sample truncated to max_seq_length)" if s.get("lengths") == "fixed" else ""), "",
+          + (" (fixed lengths: every sample truncated to max_seq_length)" if s.get("lengths") == "fixed" else "")
+          + (" (tied head: the checkpoint's lm_head equals its embedding, as in a converted tied-embedding model)"
+             if s.get("tied_head") else ""), "",
           f"torch {env['torch']}, triton {env['triton']}, litgpt {env['litgpt']}, lit-liger {env['lit_liger']} "
           f"({env.get('lit_liger_commit')})" + (" — SMOKE RUN (not a measurement)" if result.get("smoke") else ""),
           "", f"{s['iters']} iterations per run, the first {s['warmup']} left out; {s['precision']}; data: "
