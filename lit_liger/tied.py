@@ -52,10 +52,17 @@ def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> st
     if hasattr(head, "ds_id") or hasattr(emb, "ds_id") or type(head.data) is not torch.Tensor \
             or type(emb.data) is not torch.Tensor:
         return "sharded"
+    if not (_owns_storage(head) and _owns_storage(emb)):
+        return "part of a larger buffer (FSDP's flat parameters)"
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
         return "several processes"
     return None
+
+
+def _owns_storage(p: torch.Tensor) -> bool:
+    """``p`` is the whole of its storage (not a view into a flat buffer, as FSDP's original parameters are)."""
+    return p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
 
 
 def _state(head: nn.Parameter, emb: nn.Parameter) -> tuple:

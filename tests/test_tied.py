@@ -101,6 +101,14 @@ def test_different_trained_or_switched_off_heads_stay_separate():
     apply_liger(ours, LigerConfig(tied_weights=False))
     _step(ours, x)
     assert not _shared(ours)
+    # parameters that are views into one flat buffer (FSDP's original parameters): separate
+    cfg, _, ours = _lora_pair()
+    head, emb = ours.lm_head.linear.weight, ours.transformer.wte.weight
+    flat = torch.cat([head.detach().flatten(), emb.detach().flatten()])
+    head.data, emb.data = flat[:head.numel()].view_as(head), flat[head.numel():].view_as(emb)
+    apply_liger(ours)
+    _step(ours, x)
+    assert not _shared(ours)
     # a LoRA update on the head (merging would write into its weight in place): not a candidate, not reported
     cfg, _, ours = _lora_pair(lora_head=True)
     assert tied.head_weight(ours) is None
