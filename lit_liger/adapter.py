@@ -32,6 +32,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from . import attention as _attention
+from ._dist import several_processes
 from .buckets import bucket_length
 from .config import LigerConfig
 from . import graphs as _graphs
@@ -507,8 +508,7 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
     global _CHECKPOINT_WARNED
     if not (getattr(gpt, "_liger_activation_checkpointing", False) and torch.is_grad_enabled()):
         return False
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
+    if several_processes():
         if not _CHECKPOINT_WARNED and not torch.compiler.is_compiling():  # (no Python side effects in a trace)
             _CHECKPOINT_WARNED = True
             import warnings
@@ -573,9 +573,7 @@ def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
     gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
     as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return None
-    if torch.distributed.get_world_size() <= 1 or _is_zero3(lm_head):
+    if not several_processes() or _is_zero3(lm_head):
         return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
     return GatheredHead(weight.clone(), bias.clone() if bias is not None else None)

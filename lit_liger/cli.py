@@ -175,10 +175,10 @@ def _validate_with_fused_loss(validate: Callable) -> Callable:
 
     @functools.wraps(validate)
     def run(*args: Any, **kwargs: Any) -> Any:
+        from ._dist import several_processes
         from .adapter import fused_loss_without_grad
 
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size() > 1:
+        if several_processes():
             return validate(*args, **kwargs)
         with fused_loss_without_grad():
             return validate(*args, **kwargs)

@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from ._dist import several_processes
+
 __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
 
 
@@ -278,8 +280,7 @@ class GraphRunner:
             return ""  # torch.compile has its own CUDA graphs (mode="reduce-overhead")
         if torch.cuda.is_current_stream_capturing():
             return ""  # inside someone else's capture: stay part of it
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size() > 1:
+        if several_processes():
             return "several processes (FSDP/DeepSpeed/DDP): their communication hooks are not captured"
         if torch.is_autocast_enabled("cuda"):
             return "autocast is on (mixed precision): use a *-true precision to capture"

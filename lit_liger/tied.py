@@ -23,6 +23,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ._dist import several_processes
+from .loss import _unwrap_linear
+
 __all__ = ["head_weight", "install", "share_if_tied", "unshare"]
 
 #: called once per model when its head starts sharing the embedding's storage, with a one-line message (the CLI
@@ -31,15 +34,18 @@ ON_SHARE: list[Callable[[str], None]] = []
 
 
 def head_weight(gpt: nn.Module) -> nn.Parameter | None:
-    """The output head's weight parameter: a plain Linear's, or LitGPT's ``LoRALinear`` without a LoRA update
-    (r = 0; with one, merging it writes into the base weight in place). None for anything else."""
+    """The output head's weight parameter (the fused loss's :func:`lit_liger.loss._unwrap_linear`), where it belongs to
+    a plain ``nn.Linear``: the head itself, or the base of LitGPT's ``LoRALinear`` without a LoRA update (r = 0; with
+    one, merging it writes into the base weight in place). None for anything else (a LoRA update, an adapter's
+    per-output scale, a quantized or other Linear subclass)."""
     head = gpt.lm_head
-    if type(head) is nn.Linear:
-        return head.weight
-    inner = getattr(head, "linear", None)
-    if type(inner) is nn.Linear and getattr(head, "r", 1) <= 0:
-        return inner.weight
-    return None
+    try:
+        weight, _, scale = _unwrap_linear(head)
+    except NotImplementedError:
+        return None
+    if scale is not None or type(getattr(head, "linear", head)) is not nn.Linear:
+        return None
+    return weight
 
 
 def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> str | None:
@@ -54,8 +60,7 @@ def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> st
         return "sharded"
     if not (_owns_storage(head) and _owns_storage(emb)):
         return "part of a larger buffer (FSDP's flat parameters)"
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
+    if several_processes():
         return "several processes"
     return None
 
