@@ -206,6 +206,18 @@ def partial_rows(n_rows: int, device: torch.device) -> int:
     return max(1, min(n_rows, lim.sm_count * per_sm))
 
 
+#: ``glu_mlp``: the MLP's rows run in this many chunks (at least MLP_MIN_ROWS rows each, tests lower it)
+MLP_CHUNKS = 4
+MLP_MIN_ROWS = 128
+
+
+def mlp_chunk_rows(n_rows: int) -> int:
+    """Rows per chunk of :func:`glu_mlp` (frozen MLP, recomputed in its backward): its transient ``(rows, I)``
+    tensors are a quarter of the whole MLP's, while each GEMM keeps at least 128 rows (one row of 128 x 128
+    output tiles: smaller chunks only add launches)."""
+    return max(1, MLP_MIN_ROWS, cdiv(n_rows, MLP_CHUNKS))
+
+
 def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device, windowed: bool = False) -> dict | None:
     """FlexAttention launch settings (``flex_attention(kernel_options=...)``) where torch's own default was
     measured slower, else ``None`` (torch's default).

@@ -26,9 +26,10 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_same_device, check_same_dtype
+from . import _launch
 from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
 
-__all__ = ["swiglu", "geglu", "glu_reference", "ACTIVATIONS"]
+__all__ = ["swiglu", "geglu", "glu_linear", "glu_mlp", "glu_reference", "ACTIVATIONS"]
 
 # activation name (as used by the custom ops) -> constexpr selector of the kernels
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
@@ -422,3 +423,99 @@ def glu_linear(
 
 if glu_linear.__doc__:
     glu_linear.__doc__ = glu_linear.__doc__.format(reuse=_REUSE_DOC)
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole frozen MLP, recomputed in its backward: ``proj(glu(fc_1(x), fc_2(x)))`` keeping only x
+# ----------------------------------------------------------------------------------------------
+def _glu_mlp_reference(x, w1, b1, w2, b2, w3, b3, activation):
+    F = torch.nn.functional
+    return F.linear(glu_reference(F.linear(x, w1, b1), F.linear(x, w2, b2), activation), w3, b3)
+
+
+class _GLUMLPFn(torch.autograd.Function):
+    """``proj(act(fc_1(x)) * fc_2(x))`` for frozen weights, run over chunks of rows (``_launch.mlp_chunk_rows``).
+
+    Saves only ``x``: the backward recomputes each chunk's ``fc_1``/``fc_2`` outputs, writes the GLU's gradients
+    over them and adds their input gradients into ``dx``. So no ``(N, I)`` tensor lives beyond one chunk, in the
+    forward or the backward, for two more GEMMs (the chunk's ``fc_1``/``fc_2``) in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, w3, b3, activation):
+        x2 = x.reshape(-1, x.shape[-1])  # (N, C)
+        n = x2.shape[0]
+        y = x2.new_empty((n, w3.shape[0]))  # (N, C_out)
+        rows = _launch.mlp_chunk_rows(n)
+        F = torch.nn.functional
+        for r0 in range(0, n, rows):
+            xc = x2[r0:r0 + rows]
+            a, b = F.linear(xc, w1, b1), F.linear(xc, w2, b2)  # (rows, I): fresh, contiguous
+            _glu_fwd_into(a, b, activation)  # the product over a
+            if b3 is None:
+                torch.mm(a, w3.t(), out=y[r0:r0 + rows])
+            else:
+                torch.addmm(b3, a, w3.t(), out=y[r0:r0 + rows])
+            del a, b
+        ctx.save_for_backward(x, w1, b1, w2, b2, w3)
+        ctx.activation = activation
+        return y.view(*x.shape[:-1], w3.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w1, b1, w2, b2, w3 = ctx.saved_tensors
+        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
+        n = x2.shape[0]
+        dx = torch.empty_like(x2)  # (N, C)
+        rows = _launch.mlp_chunk_rows(n)
+        F = torch.nn.functional
+        for r0 in range(0, n, rows):
+            xc, dxc = x2[r0:r0 + rows], dx[r0:r0 + rows]
+            a, b = F.linear(xc, w1, b1), F.linear(xc, w2, b2)  # recomputed (rows, I)
+            dg = dy2[r0:r0 + rows].mm(w3)  # (rows, I)
+            _glu_bwd_launch(dg, a, b, a, b, activation=ctx.activation, need_da=True, need_db=True)  # over a, b
+            del dg
+            torch.mm(a, w1, out=dxc)
+            dxc.addmm_(b, w2)
+            del a, b
+        return dx.view(x.shape), None, None, None, None, None, None, None
+
+
+def _glu_fwd_into(a: torch.Tensor, b: torch.Tensor, activation: str) -> None:
+    """``a <- act(a) * b`` (contiguous ``a``, ``b`` of one shape; each element is read before it is written)."""
+    n_rows, n_cols, (s_a, s_b) = _launch_shape([a, b])
+    plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
+    _glu_fwd_kernel[grid](a, b, a, s_a, s_b, n_cols, n_col_blocks,
+                          ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps)
+
+
+def glu_mlp(
+    x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+    w3: torch.Tensor, b3: torch.Tensor | None = None, activation: str = "silu",
+) -> torch.Tensor:
+    """``F.linear(act(F.linear(x, w1, b1)) * F.linear(x, w2, b2), w3, b3)`` (LitGPT's ``LLaMAMLP`` /
+    ``GemmaMLP`` with ``fc_1``, ``fc_2``, ``proj``) for **frozen** weights: only ``x`` is kept for backward and
+    every ``(N, I)`` tensor exists one chunk of rows at a time, in the forward and in the backward, which
+    recomputes the chunk's ``fc_1``/``fc_2`` (see ``_GLUMLPFn``). Meant for activation-checkpointed Blocks, where
+    the MLP's ``(N, I)`` tensors set the step's peak. Eager Triton path only; on the reference path and under
+    ``torch.compile`` the plain composition. Raises where a weight or bias requires grad."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    check_float("x", x)
+    named = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "w3": w3, "b3": b3}
+    check_same_device(x=x, **named)
+    check_same_dtype(x=x, **named)
+    C, I = x.shape[-1], w1.shape[0] if w1.dim() == 2 else -1
+    shapes = {"w1": (I, C), "w2": (I, C), "w3": (w3.shape[0] if w3.dim() == 2 else -1, I),
+              "b1": (I,), "b2": (I,), "b3": (w3.shape[0],)}
+    for name, t in named.items():
+        if t is not None and tuple(t.shape) != shapes[name]:
+            raise ValueError(f"glu_mlp: {name} has shape {tuple(t.shape)}, expected {shapes[name]} for x of "
+                             f"shape {tuple(x.shape)} and w1 of shape {tuple(w1.shape)}")
+    trained = [name for name, t in named.items() if t is not None and t.requires_grad]
+    if trained and torch.is_grad_enabled():
+        raise ValueError(f"glu_mlp is for frozen weights (it computes no weight gradient); {', '.join(trained)} "
+                         "require grad: use glu_linear")
+    if not use_triton(x) or torch.compiler.is_compiling() or x.numel() == 0:
+        return _glu_mlp_reference(x, w1, b1, w2, b2, w3, b3, activation)
+    return _GLUMLPFn.apply(x, w1, b1, w2, b2, w3, b3, activation)

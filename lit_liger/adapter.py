@@ -41,7 +41,7 @@ from .graphs import runner_for
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
-from .kernels.swiglu import geglu, glu_linear, swiglu
+from .kernels.swiglu import geglu, glu_linear, glu_mlp, swiglu
 from .lora import lora_linear, lora_parts
 from .loss import (
     GatheredHead,
@@ -83,7 +83,11 @@ class _LayerNormMixin:
 
 
 def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
-    """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`)."""
+    """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`). Inside a checkpointed Block
+    (``LigerConfig.activation_checkpointing``) a frozen MLP runs as :func:`glu_mlp`: its ``(B, T, I)``
+    tensors exist one chunk of rows at a time, in the Block's recompute and in its backward."""
+    if _IN_CHECKPOINTED_BLOCK[0] and (weights := _frozen_mlp_weights(mlp, x)) is not None:
+        return glu_mlp(x, *weights, activation=activation)
     reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
     return _glu_proj(mlp.proj, mlp.fc_1(x), mlp.fc_2(x), activation, reuse)  # fc_1, fc_2: (B, T, I)
 
@@ -105,6 +109,51 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
     else:
         glu = geglu(a, b, "tanh" if activation == "gelu_tanh" else "none", reuse_inputs=reuse)
     return proj(glu)  # (B, T, I) -> (B, T, C)
+
+
+#: > 0 while a Block runs under LigerConfig.activation_checkpointing (its forward and its recompute in backward)
+_IN_CHECKPOINTED_BLOCK = [0]
+
+
+def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block."""
+    _IN_CHECKPOINTED_BLOCK[0] += 1
+    try:
+        return block(x, cos, sin, None, None, None)
+    finally:
+        _IN_CHECKPOINTED_BLOCK[0] -= 1
+
+
+def _frozen_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) of a plain ``nn.Linear``, or of a LitGPT ``LoRALinear`` with r = 0 (whose forward is its
+    inner Linear's), where neither requires grad; else None."""
+    if type(m) is not nn.Linear:
+        if not (isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear) or m.r != 0:
+            return None
+        m = m.linear
+        if type(m) is not nn.Linear:
+            return None
+    w, b = m.weight, m.bias
+    if w.requires_grad or (b is not None and b.requires_grad):
+        return None
+    return w, b
+
+
+def _frozen_mlp_weights(mlp: nn.Module, x: torch.Tensor) -> tuple | None:
+    """``(w1, b1, w2, b2, w3, b3)`` where the MLP's three projections are frozen plain Linears (r = 0 LoRA
+    included) of ``x``'s dtype and device, called without hooks, in eager mode without autocast; else None."""
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type):
+        return None
+    mods = (mlp.fc_1, mlp.fc_2, mlp.proj)
+    parts = [_frozen_linear(m) for m in mods]
+    if any(p is None for p in parts):
+        return None
+    if any(w.dtype != x.dtype or w.device != x.device or hasattr(w, "ds_id") or _is_dtensor(w) for w, _ in parts):
+        return None
+    inner = [m.linear for m in mods if type(m) is not nn.Linear]
+    if not _called_plainly(*mods, *inner):
+        return None
+    return tuple(t for wb in parts for t in wb)
 
 
 def _fresh_outputs(*modules: nn.Module) -> bool:
@@ -493,7 +542,10 @@ class _GPTMixin:
         for block_idx, block in enumerate(self.transformer.h):
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
             if recompute:  # LigerConfig.activation_checkpointing: only x is kept; the Block reruns in backward
-                x = _checkpoint(block, x, c, s, None, None, None, use_reentrant=False, preserve_rng_state=True)
+                if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
+                    x = _checkpoint(block, x, c, s, None, None, None, use_reentrant=False, preserve_rng_state=True)
+                else:
+                    x = _checkpoint(_checkpointed_block, block, x, c, s, use_reentrant=False, preserve_rng_state=True)
             else:
                 x = block(x, c, s, None, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
@@ -860,7 +912,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     if cfg.activation_checkpointing:
         graphs_note = "steps run without CUDA graphs; " if _graphs.checkpointed_capture_why() else ""
         report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept; the loss's logits "
-                                f"chunk capped at their size (single process; {graphs_note}activation_checkpointing)")
+                                f"chunk capped at their size; a frozen MLP runs in chunks of rows, recomputed in its backward (single "
+                                f"process; {graphs_note}activation_checkpointing)")
     if gpt._liger_tied_weights:
         report.add(prefix, gpt, "lm_head.weight shares transformer.wte.weight's storage where both are frozen and "
                                 "equal, as in a converted checkpoint of a tied-embedding model (checked at the "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -194,6 +194,22 @@ case $phase in
         --out "$OUT/recipe-tied-b$b" 2>&1 | grep "lora B"; done
     timeout 150 python3 -m benchmarks recipe --micro_batches 4 --iters 96 --variants stock,liger-ckpt \
       --out "$OUT/recipe-b4-ckpt" 2>&1 | grep "lora B" ;;
+  mem7)   # issue 16, micro-batch 1 memory: a frozen MLP in a checkpointed Block runs in chunks of rows, recomputed in
+          # its backward (glu_mlp). Its GPU tests, the B1 recipe rows, the step's peak, then the tied-head checkpoint
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_swiglu.py -k glu_mlp 2>&1 | tail -3
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt,liger-ckpt-no-graphs \
+      --out "$OUT/recipe-b1" 2>&1 | grep "lora B"
+    timeout 60 python3 scripts/gpu_ckpt_mem.py ckpt "$OUT/ckpt_mem.jsonl" 2>&1 | grep -v -i warn | tail -3 | cut -c1-600
+    timeout 200 python3 -m benchmarks recipe --tied_head --micro_batches 1 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-tied-b1" 2>&1 | grep "lora B" ;;
+  mem7b)  # the GPU tests of the checkpointed and captured paths, then micro-batch 4 (untied; tied)
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_checkpointing.py \
+      tests/test_buckets.py tests/test_tied.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed" "$OUT/pytest.log" | head -20
+    timeout 200 python3 -m benchmarks recipe --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-b4" 2>&1 | grep "lora B"
+    timeout 200 python3 -m benchmarks recipe --tied_head --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-tied-b4" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -95,6 +95,49 @@ def test_lora_dropout_masks_repeat_in_the_recompute():
     assert any(not torch.equal(grads_a[n], grads_c[n]) for n in grads_a)
 
 
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b"])
+def test_frozen_mlp_runs_in_chunks_inside_checkpointed_blocks(name, monkeypatch):
+    """LoRA on query and value only (litgpt's default LoRA recipe: the MLPs are frozen, LoRALinear with r = 0):
+    in checkpointed Blocks each MLP runs as ``glu_mlp`` (several chunks of rows here), in the forward and in the
+    backward's recompute, with LoRA dropout; the loss and the LoRA gradients equal the run without checkpointing
+    (which does not use it) up to fp32 rounding (the chunked GEMMs sum in another order)."""
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    from lit_liger.kernels import _launch
+
+    monkeypatch.setattr(_launch, "MLP_MIN_ROWS", 1)  # 4 chunks of 6 rows at 2 x 12 tokens
+    calls, real = [], adapter.glu_mlp
+    monkeypatch.setattr(adapter, "glu_mlp", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    cfg = tiny_config(name, config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True,
+                      lora_dropout=0.2)
+    torch.manual_seed(0)
+    plain = LoRAGPT(cfg)
+    for n, p in plain.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    mark_only_lora_as_trainable(plain)
+    ckpt = copy.deepcopy(plain)
+    apply_liger(plain)
+    apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    assert calls == []
+    loss_b, grads_b = _step(ckpt, x, y)
+    assert calls == [(2, 12, cfg.n_embd)] * (2 * cfg.n_layer)  # each Block's forward and its recompute
+    assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
+    assert all("lora_" in n for n in grads_a)
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, (n, rel_err(grads_b[n], grads_a[n]))
+    # trainable MLP weights (full fine-tuning): the usual path, which computes their gradients
+    calls.clear()
+    for p in ckpt.parameters():
+        p.requires_grad_(True)
+    _step(ckpt, x, y)
+    assert calls == []
+
+
 def test_blocks_keep_only_their_input_for_backward():
     """Autograd keeps nothing from inside the checkpointed Blocks: with depth, what the forward saves grows by one
     ``(B, T, C)`` input per Block."""

@@ -318,3 +318,130 @@ def use_triton_here(t):
     from lit_liger.kernels._launch import use_triton
 
     return use_triton(t)
+
+
+# ------------------------------------------------------------------------------------------------
+# glu_mlp: a frozen MLP in chunks of rows, recomputed in its backward
+# ------------------------------------------------------------------------------------------------
+def _mlp_weights(C, I, with_bias, dtype, device, seed=21):
+    g = torch.Generator().manual_seed(seed)
+    ws = [torch.randn(I, C, generator=g) / C**0.5, torch.randn(I, C, generator=g) / C**0.5,
+          torch.randn(C, I, generator=g) / I**0.5]
+    bs = [torch.randn(I, generator=g), torch.randn(I, generator=g), torch.randn(C, generator=g)] if with_bias \
+        else [None] * 3
+    ws = [w.to(device, dtype) for w in ws]
+    bs = [b.to(device, dtype) if b is not None else None for b in bs]
+    return ws[0], bs[0], ws[1], bs[1], ws[2], bs[2]
+
+
+_ACT = {"silu": torch.nn.functional.silu, "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+        "gelu": torch.nn.functional.gelu}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("min_rows", [1, 128])  # several uneven chunks (4, 4, 4, 3 rows of 15), or one
+def test_glu_mlp_matches_fp64_and_keeps_only_x(activation, with_bias, min_rows, device, monkeypatch):
+    from lit_liger.kernels import _launch
+    from lit_liger.kernels.swiglu import glu_mlp
+
+    monkeypatch.setattr(_launch, "MLP_MIN_ROWS", min_rows)
+    torch.manual_seed(7)
+    x = torch.randn(3, 5, 32, device=device, requires_grad=True)
+    w1, b1, w2, b2, w3, b3 = weights = _mlp_weights(32, 48, with_bias, torch.float32, device)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = glu_mlp(x, *weights, activation=activation)
+    x64 = x.detach().double().requires_grad_()
+    F64 = [t.double() if t is not None else None for t in weights]
+    lin = torch.nn.functional.linear
+    ref = lin(_ACT[activation](lin(x64, F64[0], F64[1])) * lin(x64, F64[2], F64[3]), F64[4], F64[5])
+    assert out.shape == (3, 5, 32) and out.dtype == x.dtype
+    assert rel_err(out, ref) <= 1e-5
+    if use_triton_here(x):  # the Function keeps x and the weights, no (N, I) tensor
+        params = {t.data_ptr() for t in weights if t is not None}
+        acts = [t for t in saved if t.data_ptr() not in params]
+        assert len(acts) == 1 and acts[0].data_ptr() == x.data_ptr() and acts[0].shape == x.shape
+    dy = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, (x,), dy)
+    (dx64,) = torch.autograd.grad(ref, (x64,), dy.double())
+    assert rel_err(dx, dx64) <= 1e-5
+
+
+def test_glu_mlp_bf16_as_accurate_as_litgpt_math(device, monkeypatch):
+    """bf16: the chunked MLP's output and input gradient are no further from fp64 than LitGPT's own bf16 math's
+    (within 1.5x, plus a floor); a wrong chunk (rows dropped or duplicated) is off by O(1)."""
+    from lit_liger.kernels import _launch
+    from lit_liger.kernels.swiglu import glu_mlp
+
+    monkeypatch.setattr(_launch, "MLP_MIN_ROWS", 1)
+    torch.manual_seed(8)
+    x = torch.randn(2, 9, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    weights = _mlp_weights(64, 96, False, torch.bfloat16, device)
+    w1, _, w2, _, w3, _ = weights
+    lin = torch.nn.functional.linear
+    out = glu_mlp(x, *weights)
+    stock = lin(torch.nn.functional.silu(lin(x, w1)) * lin(x, w2), w3)
+    x64 = x.detach().double().requires_grad_()
+    ref = lin(torch.nn.functional.silu(lin(x64, w1.double())) * lin(x64, w2.double()), w3.double())
+    dy = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, (x,), dy)
+    (dx_stock,) = torch.autograd.grad(stock, (x,), dy)
+    (dx64,) = torch.autograd.grad(ref, (x64,), dy.double())
+    assert rel_err(out, ref) <= 1.5 * rel_err(stock, ref) + 2e-3
+    assert rel_err(dx, dx64) <= 1.5 * rel_err(dx_stock, dx64) + 2e-3
+    assert rel_err(dx, dx64) <= 1e-2
+
+
+def test_glu_mlp_bad_inputs(device):
+    from lit_liger.kernels.swiglu import glu_mlp
+
+    x = torch.randn(2, 3, 8, device=device)
+    w1, b1, w2, b2, w3, b3 = _mlp_weights(8, 12, True, torch.float32, device)
+    with pytest.raises(ValueError, match="frozen weights"):
+        glu_mlp(x, w1.clone().requires_grad_(), b1, w2, b2, w3, b3)
+    with pytest.raises(ValueError, match="w2 has shape"):
+        glu_mlp(x, w1, b1, w2[:5], b2, w3, b3)
+    with pytest.raises(ValueError, match="b3 has shape"):
+        glu_mlp(x, w1, b1, w2, b2, w3, b1)
+    with pytest.raises(TypeError, match="dtype"):
+        glu_mlp(x, w1.double(), b1, w2, b2, w3, b3)
+    with pytest.raises(ValueError, match="activation"):
+        glu_mlp(x, w1, b1, w2, b2, w3, b3, activation="relu")
+    with torch.no_grad():  # a trainable weight is fine where no gradient is taken
+        glu_mlp(x, w1.clone().requires_grad_(), b1, w2, b2, w3, b3)
+
+
+@pytest.mark.gpu
+def test_glu_mlp_gpu_real_size_and_memory():
+    """Llama-3.2-1B's MLP at 1 x 512 rows, bf16: equal to LitGPT's math within bf16's error, and the forward +
+    backward's peak above its inputs is a fraction of the unchunked MLP's three (N, I) tensors."""
+    from lit_liger.kernels.swiglu import glu_mlp
+
+    torch.manual_seed(9)
+    C, I, N = 2048, 8192, 512
+    weights = _mlp_weights(C, I, False, torch.bfloat16, "cuda")
+    w1, _, w2, _, w3, _ = weights
+    x = torch.randn(1, N, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(1, N, C, device="cuda", dtype=torch.bfloat16)
+    lin = torch.nn.functional.linear
+
+    def peak(fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn()
+        (dx,) = torch.autograd.grad(out, (x,), dy)
+        torch.cuda.synchronize()
+        return out, dx, torch.cuda.max_memory_allocated() - base
+
+    glu_mlp(x, *weights)  # warm-up (kernels compiled)
+    out, dx, p_chunked = peak(lambda: glu_mlp(x, *weights))
+    stock, dx_stock, p_stock = peak(lambda: lin(torch.nn.functional.silu(lin(x, w1)) * lin(x, w2), w3))
+    x64 = x.detach().double().requires_grad_()
+    ref = lin(torch.nn.functional.silu(lin(x64, w1.double())) * lin(x64, w2.double()), w3.double())
+    (dx64,) = torch.autograd.grad(ref, (x64,), dy.double())
+    assert rel_err(out, ref) <= 1.5 * rel_err(stock, ref) + 1e-3
+    assert rel_err(dx, dx64) <= 1.5 * rel_err(dx_stock, dx64) + 1e-3
+    nI = N * I * 2  # one (N, I) bf16 tensor: 8 MiB
+    assert p_stock >= 3 * nI and p_chunked <= nI, (p_chunked, p_stock)
