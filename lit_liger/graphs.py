@@ -12,9 +12,9 @@ everything else the training loop does run as before. :class:`_Replay` joins the
 forward replays the forward graph; its backward replays the backward graph and hands autograd the
 parameters' gradients, which it accumulates into ``.grad`` as usual (gradient accumulation works).
 
-Memory: every shape's graphs share one memory pool (one set of activations, the largest bucket's) and one
+Memory: every shape's graphs share one memory pool (one set of activations, the largest bucket's), one
 set of gradient buffers for the trainable parameters (a LoRA's are tiny; full fine-tuning pays one copy of
-the trainable parameters' size). Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
+the trainable parameters' size) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
 it (measured: they set the run's peak reserved memory before). Dropout (LoRA dropout) draws fresh random numbers on every replay
 (PyTorch's generator is graph-aware).
 
@@ -153,17 +153,21 @@ class _Graphs:
             # blocks are free to use
             hidden = gpt._liger_hidden(self.static_idx)
             torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
+            out_spec = hidden.shape, hidden.dtype, hidden.device
             del hidden
         torch.cuda.current_stream().wait_stream(stream)
+        out_buf = runner.shared_view("out", *out_spec)  # (outside the pool: a plain allocation)
         self.fwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             # kept for the graphs' lifetime, autograd graph included. Measured on an H100 (torch 2.11): when
             # this output (and with it the captured autograd graph) was released right after its backward's
             # capture, the *next* shape's backward capture failed ("operation failed due to a previous error
             # during capture"), even with LitGPT's own ops, and left the CUDA generator unusable;
-            # torch.cuda.make_graphed_callables keeps its outputs alive too (scripts/gpu_graph_diag2.py)
-            self.static_out = gpt._liger_hidden(self.static_idx)  # (B, T, C)
-        self.static_grad = runner.grad_input(self.static_out)  # d loss / d hidden, copied in by backward
+            # torch.cuda.make_graphed_callables keeps its outputs alive too (scripts/gpu_graph_diag2.py).
+            # It is a view of one buffer that every shape's output shares (the final norm's own output is a
+            # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
+            self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx), out_buf)  # (B, T, C)
+        self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
@@ -175,6 +179,20 @@ class _Graphs:
         self.static_hidden = self.static_out.detach()
         self.grads = [b if u else None for b, u in zip(bufs, self.used)]
         self.params = params
+
+
+class _IntoBuffer(torch.autograd.Function):
+    """``x`` copied into ``buf`` (a view of a buffer shared by every shape's graphs, not an input of autograd's),
+    returned as a new view of it; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        buf.copy_(x)
+        return buf.view_as(buf)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
 
 
 class _Replay(torch.autograd.Function):
@@ -230,7 +248,7 @@ class GraphRunner:
         self.pending: Any = None  # weakref to the autograd context of a replayed forward awaiting its backward
         self.addresses: tuple | None = None
         self.buffers: dict[int, torch.Tensor] = {}
-        self._grad_in: torch.Tensor | None = None  # see grad_input
+        self._shared: dict[str, torch.Tensor] = {}  # see shared_view
         self.disabled: str | None = None  # why capture was given up for this model
         self.error: str | None = None  # the capture failure's traceback
         self.warned: set[str] = set()
@@ -395,15 +413,16 @@ class GraphRunner:
             out.append(buf)
         return out
 
-    def grad_input(self, like: torch.Tensor) -> torch.Tensor:
-        """The backward graphs' input (d loss / d hidden) for ``like``'s shape: a view of one buffer shared by
-        every shape's backward (a replay copies its gradient in just before it runs, and replays run one at a
-        time). A shape larger than the buffer gets a new one; the graphs captured before keep the old."""
-        n = like.numel()
-        if self._grad_in is None or self._grad_in.numel() < n or self._grad_in.dtype != like.dtype \
-                or self._grad_in.device != like.device:
-            self._grad_in = torch.empty(n, dtype=like.dtype, device=like.device)
-        return self._grad_in[:n].view(like.shape)
+    def shared_view(self, name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A view of that shape into one buffer per ``name`` shared by every shape's graphs: ``"out"``, the
+        forward graphs' output (the final hidden states), ``"grad"``, the backward graphs' input (d loss /
+        d hidden; a replay copies it in just before it runs). Replays run one at a time, so one buffer serves them
+        all. A shape larger than the buffer gets a new one; the graphs captured before keep the old."""
+        n = shape.numel()
+        buf = self._shared.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+            buf = self._shared[name] = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n].view(shape)
 
     def new_pool(self) -> None:
         """A fresh memory pool for the next captures (the old one is freed with the graphs that used it)."""
@@ -418,7 +437,7 @@ class GraphRunner:
         """Drop every captured graph and buffer (their memory returns to PyTorch's allocator)."""
         self.graphs.clear()
         self.buffers.clear()
-        self._grad_in = None
+        self._shared.clear()
         self.pool = self._mempool = None
         self.addresses = None
 

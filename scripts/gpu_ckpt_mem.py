@@ -1,6 +1,6 @@
 """Where the memory of a micro-batch-1 LoRA step goes, with and without activation checkpointing.
 
-usage: python scripts/gpu_ckpt_mem.py VARIANT [OUT.jsonl]
+usage: python scripts/gpu_ckpt_mem.py VARIANT [OUT.jsonl] [all|python]
 
 Full-depth Llama-3.2-1B (random init), LoRA r=8 on query+value, dropout 0.05, bf16 weights, one sample of 512 tokens
 (the recipe's longest micro-batch at max_seq_length 512, where its peak is), CUDA graphs off. Prints the step's peak
@@ -19,6 +19,7 @@ import torch
 
 v = sys.argv[1]
 out = sys.argv[2] if len(sys.argv) > 2 else None
+STACKS = sys.argv[3] if len(sys.argv) > 3 else "all"  # "python": Python frames only
 MiB = 1 << 20
 
 from _diag_common import live_at_peak, lora_llama_1b  # noqa: E402
@@ -64,10 +65,17 @@ res = {"variant": v, "base_MiB": round(base / MiB, 1), "step_peak_over_base_MiB"
        "peak_GB": round(peak / 1e9, 3), "grads_MiB": round(sum(p.numel() * p.element_size() for p in params) / MiB, 1)}
 opt.zero_grad(set_to_none=True)
 
+print(json.dumps(res))
 if liger:
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=400000)
-    step_like_litgpt()
+    torch.cuda.memory._record_memory_history(max_entries=400000, stacks=STACKS)
+    try:
+        step_like_litgpt()
+    except BaseException:  # (once seen: a SystemError from autograd.Function.apply under the history's stacks)
+        import traceback
+
+        traceback.print_exc()
+        raise
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)

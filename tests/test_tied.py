@@ -82,13 +82,15 @@ def test_different_trained_or_switched_off_heads_stay_separate():
     _step(ours, x)
     assert not _shared(ours)
     calls = []
-    real_equal = torch.equal
+    real_equal = tied._bit_equal
     try:
-        torch.equal = lambda a, b: calls.append(1) or real_equal(a, b)
+        tied._bit_equal = lambda a, b: calls.append(1) or real_equal(a, b)
+        _step(ours, x)
+        ours.lm_head.linear.weight.data = ours.lm_head.linear.weight.data.clone()  # a new state: compared again
         _step(ours, x)
     finally:
-        torch.equal = real_equal
-    assert not calls
+        tied._bit_equal = real_equal
+    assert calls == [1]
     # equal but trained (full fine-tuning): separate
     cfg, _, ours = _lora_pair()
     for p in ours.parameters():
@@ -114,6 +116,27 @@ def test_different_trained_or_switched_off_heads_stay_separate():
     assert tied.head_weight(ours) is None
     assert "tied_weights" not in str(apply_liger(ours))
     _step(ours, x)
+    assert not _shared(ours)
+
+
+def test_comparison_is_bit_for_bit_a_block_of_rows_at_a_time(monkeypatch):
+    """``-0.0`` and ``0.0`` (equal to ``torch.equal``) are different bits: no sharing. With blocks of one row, a
+    difference in the last row or the first is found, and equal matrices compare equal."""
+    monkeypatch.setattr(tied, "COMPARE_BYTES", 1)
+    a = torch.randn(7, 5).to(torch.bfloat16)
+    assert tied._bit_equal(a, a.clone())
+    for r in (0, 6):
+        b = a.clone()
+        b[r, 3] = b[r, 3] + 1
+        assert not tied._bit_equal(a, b)
+    z = torch.zeros(7, 5)
+    assert torch.equal(z, -z) and not tied._bit_equal(z, -z)
+    cfg, _, ours = _lora_pair()
+    with torch.no_grad():
+        ours.lm_head.linear.weight[3, 2] = 0.0
+        ours.transformer.wte.weight[3, 2] = -0.0
+    apply_liger(ours)
+    _step(ours, torch.randint(0, cfg.vocab_size, (2, 8)))
     assert not _shared(ours)
 
 
