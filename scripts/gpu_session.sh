@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -210,6 +210,14 @@ case $phase in
       --out "$OUT/recipe-b4" 2>&1 | grep "lora B"
     timeout 200 python3 -m benchmarks recipe --tied_head --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
       --out "$OUT/recipe-tied-b4" 2>&1 | grep "lora B" ;;
+  mem8)   # after mem7: the graphs' outputs share one buffer, the tied-head check compares in blocks of rows. The GPU tests
+          # of the changed paths, the step's peak (memory history with Python stacks), the B1 recipe rows
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_swiglu.py -k glu_mlp \
+      tests/test_buckets.py tests/test_checkpointing.py tests/test_tied.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 60 python3 scripts/gpu_ckpt_mem.py ckpt "$OUT/ckpt_mem.jsonl" python 2>&1 | grep -v -i warn | tail -40 | cut -c1-400
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt,liger-ckpt-no-graphs \
+      --out "$OUT/recipe-b1" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
