@@ -30,6 +30,7 @@ from litgpt.api import LLM
 from torch import nn
 from torch.nn.modules import module as _nn_module
 from torch.utils.checkpoint import checkpoint as _checkpoint
+from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_early_stop
 
 from . import attention as _attention
 from ._dist import several_processes
@@ -545,7 +546,11 @@ class _GPTMixin:
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
                     x = _checkpoint(block, x, c, s, None, None, None, use_reentrant=False, preserve_rng_state=True)
                 else:
-                    x = _checkpoint(_checkpointed_block, block, x, c, s, use_reentrant=False, preserve_rng_state=True)
+                    # without early stop (which ends the recompute by raising from inside the last saving op, here
+                    # glu_mlp's autograd Function: seen to turn into a SystemError under CUDA memory history); the
+                    # recompute then also runs what follows that op in the Block, a residual add
+                    with _checkpoint_early_stop(False):
+                        x = _checkpoint(_checkpointed_block, block, x, c, s, use_reentrant=False, preserve_rng_state=True)
             else:
                 x = block(x, c, s, None, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)

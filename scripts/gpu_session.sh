@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -218,6 +218,20 @@ case $phase in
     timeout 60 python3 scripts/gpu_ckpt_mem.py ckpt "$OUT/ckpt_mem.jsonl" python 2>&1 | grep -v -i warn | tail -40 | cut -c1-400
     timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt,liger-ckpt-no-graphs \
       --out "$OUT/recipe-b1" 2>&1 | grep "lora B" ;;
+  mem9)   # after mem8: checkpoint recompute without early stop. The GPU tests of the captured, checkpointed and tied
+          # paths; the step's peak with the memory history; the tied-head B1 rows
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_buckets.py \
+      tests/test_checkpointing.py tests/test_tied.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 60 python3 scripts/gpu_ckpt_mem.py ckpt "$OUT/ckpt_mem.jsonl" python > "$OUT/ckpt_mem.log" 2>&1
+    echo "ckpt_mem rc $?"; grep -v -i warn "$OUT/ckpt_mem.log" | head -30 | cut -c1-300
+    timeout 200 python3 -m benchmarks recipe --tied_head --micro_batches 1 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-tied-b1" 2>&1 | grep "lora B" ;;
+  mem9b)  # micro-batch 4, untied and tied
+    timeout 250 python3 -m benchmarks recipe --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-b4" 2>&1 | grep "lora B"
+    timeout 250 python3 -m benchmarks recipe --tied_head --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
+      --out "$OUT/recipe-tied-b4" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
