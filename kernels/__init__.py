@@ -10,7 +10,7 @@ from .layer_norm import layer_norm
 from .rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .rope import rope, rope_qkv
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
-from .swiglu import geglu, glu_linear, swiglu
+from .swiglu import geglu, glu_linear, glu_mlp, swiglu
 
 __all__ = [
     "device_limits",
@@ -24,5 +24,6 @@ __all__ = [
     "swiglu",
     "geglu",
     "glu_linear",
+    "glu_mlp",
     "fused_linear_cross_entropy",
 ]

@@ -91,7 +91,9 @@ class LigerConfig:
             RNG state restored so that LoRA dropout draws the same masks). Saved activations drop from all of every
             Block's to one ``(B, T, C)`` tensor per Block plus one Block's at a time, for one more forward of the
             Blocks (about a third more compute when every weight trains, about half more with frozen ones as in
-            LoRA, whose backward has no weight-gradient GEMMs). Off by default. Single-process runs only: a
+            LoRA, whose backward has no weight-gradient GEMMs). In such a Block a frozen MLP (LoRA on attention only) runs
+            over chunks of rows and recomputes ``fc_1``/``fc_2`` per chunk in its own backward (``glu_mlp``), so that
+            no ``(B, T, I)`` tensor outlives one chunk. Off by default. Single-process runs only: a
             multi-process run (FSDP/DeepSpeed/DDP) warns once and leaves it to the strategy (litgpt's FSDP recipes
             already checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs capture such steps
             on torch >= 2.10 (which can rewind the CUDA generator inside a capture); on older torch they run
