@@ -35,13 +35,13 @@ def _data(cfg, B=2, T=12):
     return x, y
 
 
-def _lora_pair(dropout):
+def _lora_pair(dropout, name="Llama-3.2-1B", lora_mlp=True):
     from litgpt.lora import GPT as LoRAGPT
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
 
-    cfg = tiny_config("Llama-3.2-1B", config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True,
-                      lora_value=True, lora_mlp=True, lora_dropout=dropout)
+    cfg = tiny_config(name, config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True,
+                      lora_value=True, lora_mlp=lora_mlp, lora_dropout=dropout)
     torch.manual_seed(0)
     a = LoRAGPT(cfg)
     for n, p in a.named_parameters():
@@ -101,24 +101,12 @@ def test_frozen_mlp_runs_in_chunks_inside_checkpointed_blocks(name, monkeypatch)
     in checkpointed Blocks each MLP runs as ``glu_mlp`` (several chunks of rows here), in the forward and in the
     backward's recompute, with LoRA dropout; the loss and the LoRA gradients equal the run without checkpointing
     (which does not use it) up to fp32 rounding (the chunked GEMMs sum in another order)."""
-    from litgpt.lora import GPT as LoRAGPT
-    from litgpt.lora import Config as LoRAConfig
-    from litgpt.lora import mark_only_lora_as_trainable
-
     from lit_liger.kernels import _launch
 
     monkeypatch.setattr(_launch, "MLP_MIN_ROWS", 1)  # 4 chunks of 6 rows at 2 x 12 tokens
     calls, real = [], adapter.glu_mlp
     monkeypatch.setattr(adapter, "glu_mlp", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
-    cfg = tiny_config(name, config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True,
-                      lora_dropout=0.2)
-    torch.manual_seed(0)
-    plain = LoRAGPT(cfg)
-    for n, p in plain.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.05)
-    mark_only_lora_as_trainable(plain)
-    ckpt = copy.deepcopy(plain)
+    cfg, plain, ckpt = _lora_pair(0.2, name, lora_mlp=False)
     apply_liger(plain)
     apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
     x, y = _data(cfg)
