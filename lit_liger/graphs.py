@@ -182,8 +182,8 @@ class _Graphs:
 
 
 class _IntoBuffer(torch.autograd.Function):
-    """``x`` copied into ``buf`` (a view of a buffer shared by every shape's graphs, not an input of autograd's),
-    returned as a new view of it; the gradient passes through unchanged."""
+    """``x`` copied into ``buf`` (a view of the buffer every shape's graphs share; it needs no gradient and nothing
+    saves it), returned as a new view of it; the gradient passes through unchanged."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
