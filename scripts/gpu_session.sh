@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -232,6 +232,11 @@ case $phase in
       --out "$OUT/recipe-b4" 2>&1 | grep "lora B"
     timeout 250 python3 -m benchmarks recipe --tied_head --micro_batches 4 --iters 96 --variants stock,liger,liger-ckpt \
       --out "$OUT/recipe-tied-b4" 2>&1 | grep "lora B" ;;
+  final7) # the session's last call: every GPU test, then the B1 checkpointed row again after the early-stop change
+    timeout 330 python3 -m pytest -m "gpu and not slow" tests/ -q -p no:cacheprovider -rs --tb=short > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt \
+      --out "$OUT/recipe-b1" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
