@@ -119,21 +119,26 @@ def _glu_bwd_kernel(
     DY, A, B, DA, DB,
     stride_dy, stride_a, stride_b,
     n_cols, n_col_blocks,
-    ACTIVATION: tl.constexpr, NEED_DA: tl.constexpr, NEED_DB: tl.constexpr, BLOCK: tl.constexpr,
+    ACTIVATION: tl.constexpr, NEED_DA: tl.constexpr, NEED_DB: tl.constexpr, WRITE_H: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Same tiling as the forward. Reads dy, a (and b only if NEED_DA); recomputes act(a) in fp32;
-    writes da = dy * b * act'(a) (if NEED_DA) and db = dy * act(a) (if NEED_DB) to contiguous
-    outputs."""
+    """Same tiling as the forward. Reads dy, a (and b only if NEED_DA or WRITE_H); recomputes act(a) in
+    fp32; writes da = dy * b * act'(a) (if NEED_DA) and db = dy * act(a) (if NEED_DB) to contiguous
+    outputs and, with WRITE_H, the forward's product act(a) * b over dy (every load comes before the
+    program's first store, so outputs may alias the inputs they replace)."""
     row, col0, offs, mask = _tile(tl.program_id(0), n_cols, n_col_blocks, BLOCK)
     dy = tl.load(DY + (row * stride_dy + col0) + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(A + (row * stride_a + col0) + offs, mask=mask, other=0.0).to(tl.float32)
     act, dact = _act_and_grad(a, ACTIVATION, NEED_DA)
     out = row * n_cols + col0
-    if NEED_DA:
+    if NEED_DA or WRITE_H:
         b = tl.load(B + (row * stride_b + col0) + offs, mask=mask, other=0.0).to(tl.float32)
+    if NEED_DA:
         tl.store(DA + out + offs, (dy * b * dact).to(DA.dtype.element_ty), mask=mask)
     if NEED_DB:
         tl.store(DB + out + offs, (dy * act).to(DB.dtype.element_ty), mask=mask)
+    if WRITE_H:
+        tl.store(DY + (row * stride_dy + col0) + offs, (act * b).to(DY.dtype.element_ty), mask=mask)
 
 
 def _launch_shape(rows: list[torch.Tensor]) -> tuple[int, int, list[int]]:
@@ -183,18 +188,21 @@ def _(a, b, activation):
 
 def _glu_bwd_launch(
     dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor, activation: str,
-    need_da: bool, need_db: bool,
+    need_da: bool, need_db: bool, write_h: bool = False,
 ) -> None:
-    """The backward kernel: ``da``/``db`` (contiguous, ``a``'s shape, or anything where not needed) written."""
-    if a.numel() > 0 and (need_da or need_db):
+    """The backward kernel: ``da``/``db`` (contiguous, ``a``'s shape, or anything where not needed) written;
+    ``write_h``: the forward's product ``act(a) * b`` written over ``dy`` (contiguous, owned by the caller)."""
+    if a.numel() > 0 and (need_da or need_db or write_h):
         dy2, a2, b2 = as_rows(dy), as_rows(a), as_rows(b)  # (N, I)
+        if write_h and dy2.data_ptr() != dy.data_ptr():
+            raise AssertionError("write_h needs dy's own rows (a view), not a copy")
         n_rows, n_cols, (s_dy, s_a, s_b) = _launch_shape([dy2, a2, b2])
         plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
         _glu_bwd_kernel[grid](
             dy2, a2, b2, da if need_da else db, db if need_db else da,
             s_dy, s_a, s_b,
             n_cols, n_col_blocks,
-            ACTIVATION=ACTIVATIONS[activation], NEED_DA=need_da, NEED_DB=need_db,
+            ACTIVATION=ACTIVATIONS[activation], NEED_DA=need_da, NEED_DB=need_db, WRITE_H=write_h,
             BLOCK=plan.block, num_warps=plan.num_warps,
         )
 
@@ -202,21 +210,30 @@ def _glu_bwd_launch(
 def _glu_bwd_impl(
     dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _glu_bwd_new_outputs(dy, a, b, activation, need_da, need_db)
+
+
+def _glu_bwd_new_outputs(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool,
+    write_h: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward into new ``da``/``db`` (the custom op's implementation; ``write_h`` in eager mode only)."""
     da = torch.empty(a.shape if need_da else (0,), dtype=a.dtype, device=a.device)
     db = torch.empty(b.shape if need_db else (0,), dtype=b.dtype, device=b.device)
-    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db)
+    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db, write_h)
     return da, db
 
 
 def _glu_bwd_into_inputs(
-    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool,
+    write_h: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager only (``reuse_inputs``): the gradients are written over ``a`` and ``b`` (each element is read
     before its own program overwrites it), whose version counters are bumped, so that a second backward
     through them (``retain_graph``) raises PyTorch's in-place error instead of reading gradients."""
     da = a if need_da else a.new_empty(0)
     db = b if need_db else b.new_empty(0)
-    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db)
+    _glu_bwd_launch(dy, a, b, da, db, activation, need_da, need_db, write_h)
     torch.autograd.graph.increment_version([t for t, n in ((a, need_da), (b, need_db)) if n])
     return da, db
 
@@ -383,9 +400,11 @@ class _GLULinearFn(torch.autograd.Function):
 
     A plain ``proj(glu(a, b))`` keeps the ``(N, I)`` product alive for ``proj``'s weight gradient
     in addition to ``a`` and ``b`` (LitGPT's LLaMAMLP keeps three ``(N, I)`` tensors per layer).
-    Here the backward recomputes the product from ``a`` and ``b`` with one more pass of the forward
-    kernel (memory-bound, a few percent of the two GEMMs it sits between) and frees it right after
-    the weight gradient: one ``(N, I)`` tensor per layer fewer for the whole step.
+    Here the backward gets the product back from ``a`` and ``b`` and frees it right after the weight
+    gradient: one ``(N, I)`` tensor per layer fewer for the whole step. Where the input gradients are
+    needed too, the GLU's backward kernel writes the product over ``d h`` after reading it, so it costs
+    one more store there. Otherwise it is one more pass of the forward kernel, which is memory-bound and
+    a few percent of the two GEMMs it sits between.
     """
 
     @staticmethod
@@ -397,7 +416,21 @@ class _GLULinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return (*_gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl), None)  # none for ``reuse``
+        need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if not (need_dw and (need_da or need_db)):
+            return (*_gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl), None)  # none for ``reuse``
+        # Both gradients: one elementwise kernel instead of two. It writes d a, d b and, over d h (which it has
+        # just read), the product the weight gradient needs: no recompute pass reading a and b again, no more
+        # memory than the recompute's (N, I) tensor
+        a, b, weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
+        dh = dy.matmul(weight)  # (..., I): new, contiguous
+        bwd = _glu_bwd_into_inputs if ctx.reuse else _glu_bwd_new_outputs
+        da, db = bwd(dh, a, b, ctx.activation, need_da, need_db, write_h=True)
+        dw = dy2.t().mm(dh.reshape(-1, dh.shape[-1]))  # (C, I), from the product now in dh
+        del dh
+        dbias = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return (da if need_da else None), (db if need_db else None), dw, dbias, None, None
 
 
 def glu_linear(

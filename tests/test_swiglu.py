@@ -250,6 +250,40 @@ def test_glu_linear_matches_composition_and_saves_less(activation, with_bias, de
         assert rel_err(g, g64) <= 1e-5
 
 
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("need", ["a,b,w", "a,w", "b,w", "w"])
+def test_glu_linear_weight_gradient_from_the_fused_backward(reuse, need, device):
+    """With the weight trained and an input gradient asked for, the GLU backward kernel writes the product over
+    ``d h`` for the weight gradient (no recompute pass): every gradient against fp64, and the same bits with
+    ``reuse_inputs`` as without. Only the weight: the recompute path."""
+    from lit_liger.kernels.swiglu import glu_linear
+
+    torch.manual_seed(13)
+    a0 = torch.randn(3, 7, 40, device=device, requires_grad="a" in need.split(","))
+    b0 = torch.randn(3, 7, 40, device=device, requires_grad="b" in need.split(","))
+    w = torch.randn(24, 40, device=device, requires_grad=True)
+    bias = torch.randn(24, device=device, requires_grad=True)
+    dy = torch.randn(3, 7, 24, device=device)
+    a64, b64, w64, bias64 = (t.detach().double().requires_grad_() for t in (a0, b0, w, bias))
+    ref = torch.nn.functional.linear(torch.nn.functional.silu(a64) * b64, w64, bias64)
+    refs = dict(zip("abwc", torch.autograd.grad(ref, (a64, b64, w64, bias64), dy.double())))
+    inputs = [t for t in (a0, b0) if t.requires_grad] + [w, bias]
+    names = [n for n, t in zip("ab", (a0, b0)) if t.requires_grad] + ["w", "c"]
+
+    def run(reuse_inputs):
+        a, b = a0 * 1, b0 * 1  # fresh tensors, as fc_1(x), fc_2(x) are
+        out = glu_linear(a, b, w, bias, "silu", reuse_inputs=reuse_inputs)
+        return out, torch.autograd.grad(out, inputs, dy)
+
+    out, grads = run(reuse)
+    assert rel_err(out, ref) <= 1e-5
+    for n, g in zip(names, grads):
+        assert rel_err(g, refs[n]) <= 1e-5, n
+    if reuse:
+        for g, g0 in zip(grads, run(False)[1]):
+            assert torch.equal(g, g0)
+
+
 def test_glu_linear_bad_inputs(device):
     from lit_liger.kernels.swiglu import glu_linear
 
