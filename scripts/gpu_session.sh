@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -237,6 +237,12 @@ case $phase in
     echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
     timeout 200 python3 -m benchmarks recipe --micro_batches 1 --iters 96 --variants stock,liger-ckpt \
       --out "$OUT/recipe-b1" 2>&1 | grep "lora B" ;;
+  g15)    # issue 15: the fused GLU backward (product written over d h): its GPU tests, the per-layer time against the
+          # recompute pass, then gemma-2-2b's step against compile (30 timed steps, each variant in its own process)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_swiglu.py 2>&1 | tail -2
+    timeout 60 python3 scripts/gpu_glu_bwd.py "$OUT/glu_bwd.json"
+    timeout 420 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 30 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
