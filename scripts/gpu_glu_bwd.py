@@ -8,7 +8,9 @@ import sys
 
 import torch
 
-from lit_liger.kernels import swiglu as S
+import importlib
+
+S = importlib.import_module("lit_liger.kernels.swiglu")  # (the package attribute `swiglu` is the function)
 
 SHAPES = {"gemma-2-2b": (8192, 2304, 9216, "gelu_tanh"), "Llama-3.2-1B": (8192, 2048, 8192, "silu")}
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -243,6 +243,10 @@ case $phase in
     timeout 60 python3 scripts/gpu_glu_bwd.py "$OUT/glu_bwd.json"
     timeout 420 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
       --steps 30 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
+  g15b)   # the per-layer GLU backward timing g15 missed (import), then gemma-2-2b's compile and lit-liger rows again
+    timeout 60 python3 scripts/gpu_glu_bwd.py "$OUT/glu_bwd.json"
+    timeout 330 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger \
+      --steps 30 --warmup 3 --out "$OUT/step-gemma2-repeat" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
