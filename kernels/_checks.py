@@ -45,3 +45,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[-1] > 1 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return x2
+
+
+def owns_storage(t: torch.Tensor) -> bool:
+    """``t`` is the whole of its storage (not a view into a larger buffer): writing over it touches nothing else's."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()

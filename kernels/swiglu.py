@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import as_rows, check_float, check_same_device, check_same_dtype
+from ._checks import as_rows, check_float, check_same_device, check_same_dtype, owns_storage
 from . import _launch
 from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
 
@@ -163,10 +163,11 @@ def _plan(n_rows: int, n_cols: int, device: torch.device):
 # ----------------------------------------------------------------------------------------------
 # Custom ops (opaque to torch.compile, traced through their fake implementations)
 # ----------------------------------------------------------------------------------------------
-def _glu_fwd_impl(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
-    a2, b2 = as_rows(a), as_rows(b)  # (N, I), last dim contiguous, any row stride
-    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)  # contiguous
+def _glu_fwd_launch(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, activation: str) -> None:
+    """The forward kernel: ``y = act(a) * b`` into contiguous ``y`` (which may be ``a`` itself where ``a`` is
+    contiguous: each element is read before its own program writes it)."""
     if a.numel() > 0:
+        a2, b2 = as_rows(a), as_rows(b)  # (N, I), last dim contiguous, any row stride
         n_rows, n_cols, (s_a, s_b) = _launch_shape([a2, b2])
         plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
         _glu_fwd_kernel[grid](
@@ -175,6 +176,11 @@ def _glu_fwd_impl(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Te
             n_cols, n_col_blocks,
             ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps,
         )
+
+
+def _glu_fwd_impl(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)  # contiguous
+    _glu_fwd_launch(a, b, y, activation)
     return y
 
 
@@ -241,10 +247,8 @@ def _glu_bwd_into_inputs(
 def _reusable(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``a`` and ``b`` each own their whole storage, contiguously, and not the same one: writing each one's
     gradient over it touches no other tensor's memory."""
-    def owns(t: torch.Tensor) -> bool:
-        return (t.is_contiguous() and t.storage_offset() == 0
-                and t.untyped_storage().nbytes() == t.numel() * t.element_size())
-    return owns(a) and owns(b) and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    return (a.is_contiguous() and b.is_contiguous() and owns_storage(a) and owns_storage(b)
+            and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr())
 
 
 _glu_bwd = torch.library.custom_op("lit_liger::glu_bwd", _glu_bwd_impl, mutates_args=())
@@ -483,7 +487,7 @@ class _GLUMLPFn(torch.autograd.Function):
         for r0 in range(0, n, rows):
             xc = x2[r0:r0 + rows]
             a, b = F.linear(xc, w1, b1), F.linear(xc, w2, b2)  # (rows, I): fresh, contiguous
-            _glu_fwd_into(a, b, activation)  # the product over a
+            _glu_fwd_launch(a, b, a, activation)  # the product over a (contiguous)
             if b3 is None:
                 torch.mm(a, w3.t(), out=y[r0:r0 + rows])
             else:
@@ -512,14 +516,6 @@ class _GLUMLPFn(torch.autograd.Function):
             dxc.addmm_(b, w2)
             del a, b
         return dx.view(x.shape), None, None, None, None, None, None, None
-
-
-def _glu_fwd_into(a: torch.Tensor, b: torch.Tensor, activation: str) -> None:
-    """``a <- act(a) * b`` (contiguous ``a``, ``b`` of one shape; each element is read before it is written)."""
-    n_rows, n_cols, (s_a, s_b) = _launch_shape([a, b])
-    plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
-    _glu_fwd_kernel[grid](a, b, a, s_a, s_b, n_cols, n_col_blocks,
-                          ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps)
 
 
 def glu_mlp(

@@ -128,12 +128,10 @@ def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, si
 def _frozen_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(weight, bias) of a plain ``nn.Linear``, or of a LitGPT ``LoRALinear`` with r = 0 (whose forward is its
     inner Linear's), where neither requires grad; else None."""
-    if type(m) is not nn.Linear:
-        if not (isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear) or m.r != 0:
+    if not _plain_linear(m):
+        if not (_is_lora_linear(m) and m.r == 0 and _plain_linear(m.linear)):
             return None
         m = m.linear
-        if type(m) is not nn.Linear:
-            return None
     w, b = m.weight, m.bias
     if w.requires_grad or (b is not None and b.requires_grad):
         return None
@@ -149,7 +147,7 @@ def _frozen_mlp_weights(mlp: nn.Module, x: torch.Tensor) -> tuple | None:
     parts = [_frozen_linear(m) for m in mods]
     if any(p is None for p in parts):
         return None
-    if any(w.dtype != x.dtype or w.device != x.device or hasattr(w, "ds_id") or _is_dtensor(w) for w, _ in parts):
+    if any(w.dtype != x.dtype or w.device != x.device for w, _ in parts):
         return None
     inner = [m.linear for m in mods if type(m) is not nn.Linear]
     if not _called_plainly(*mods, *inner):
@@ -165,11 +163,15 @@ def _fresh_outputs(*modules: nn.Module) -> bool:
     for m in modules:
         if type(m) is nn.Linear:
             continue
-        lora = isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear
-        if not lora or type(m.linear) is not nn.Linear:
+        if not _is_lora_linear(m) or type(m.linear) is not nn.Linear:
             return False
         inner.append(m.linear)
     return _called_plainly(*modules, *inner)
+
+
+def _is_lora_linear(m: nn.Module) -> bool:
+    """LitGPT's ``LoRALinear``, swapped or not."""
+    return isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear
 
 
 def _plain_linear(m: nn.Module) -> bool:

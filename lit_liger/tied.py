@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ._dist import several_processes
+from .kernels._checks import owns_storage
 from .loss import _unwrap_linear
 
 __all__ = ["head_weight", "install", "share_if_tied", "unshare"]
@@ -58,16 +59,11 @@ def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> st
     if hasattr(head, "ds_id") or hasattr(emb, "ds_id") or type(head.data) is not torch.Tensor \
             or type(emb.data) is not torch.Tensor:
         return "sharded"
-    if not (_owns_storage(head) and _owns_storage(emb)):
+    if not (owns_storage(head) and owns_storage(emb)):  # (FSDP's original parameters view a flat buffer)
         return "part of a larger buffer (FSDP's flat parameters)"
     if several_processes():
         return "several processes"
     return None
-
-
-def _owns_storage(p: torch.Tensor) -> bool:
-    """``p`` is the whole of its storage (not a view into a flat buffer, as FSDP's original parameters are)."""
-    return p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
 
 
 def _state(head: nn.Parameter, emb: nn.Parameter) -> tuple:
