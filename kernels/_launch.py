@@ -32,6 +32,8 @@ __all__ = [
     "check_dtype_supported",
     "MAX_FUSED_BYTES",
     "flex_kernel_options",
+    "AttentionPlan",
+    "attention_plan",
     "cdiv",
     "next_pow2",
     "FastKernel",
@@ -245,6 +247,44 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device,
     if not windowed:
         options["BLOCKS_ARE_CONTIGUOUS"] = True
     return options
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Blocks, warps and stages of ``kernels/attention.py``: the forward (query rows ``fwd_m`` x key rows
+    ``fwd_n``), the key-block backward (``kv_n`` key rows, stepping ``kv_m`` query rows), the query-block
+    backward (``q_m`` x ``q_n``) and the ``delta`` pass (``delta_m`` rows)."""
+
+    fwd_m: int
+    fwd_n: int
+    fwd_warps: int
+    fwd_stages: int
+    kv_m: int
+    kv_n: int
+    kv_warps: int
+    kv_stages: int
+    q_m: int
+    q_n: int
+    q_warps: int
+    q_stages: int
+    delta_m: int = 64
+
+
+#: the interpreter (CI): small blocks, so a test's short sequences still cross several blocks and the padding
+_ATTN_CPU = AttentionPlan(16, 16, 4, 1, 16, 16, 4, 1, 16, 16, 4, 1, 16)
+#: a plan set by ``scripts/attn_sweep.py`` while it measures candidates (None: the table below)
+ATTENTION_PLAN_OVERRIDE: list[AttentionPlan | None] = [None]
+
+
+def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> AttentionPlan:
+    """Launch settings of the causal / softcap attention kernels for one head size on one device."""
+    if ATTENTION_PLAN_OVERRIDE[0] is not None:
+        return ATTENTION_PLAN_OVERRIDE[0]
+    if device.type != "cuda":
+        return _ATTN_CPU
+    if head_dim > 128:
+        return AttentionPlan(64, 64, 8, 2, 64, 32, 8, 2, 64, 32, 8, 2)
+    return AttentionPlan(128, 64, 8, 2, 64, 64, 8, 2, 64, 64, 8, 2)
 
 
 # ----------------------------------------------------------------------------------------------

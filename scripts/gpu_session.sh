@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -257,6 +257,9 @@ case $phase in
     timeout 420 python3 -m pytest -m "gpu and not slow" -q -p no:cacheprovider -rs --tb=short tests/test_adapter.py \
       tests/test_attention.py > "$OUT/pytest.log" 2>&1
     echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20 ;;
+  att1)   # issue 15: lit-liger's Triton causal/softcap attention against FlexAttention (accuracy, per-kernel sweep)
+    timeout 420 python3 scripts/attn_sweep.py --out "$OUT/attn" --shapes gemma2 2>&1 | tail -30
+    timeout 120 python3 scripts/attn_sweep.py --out "$OUT/attn-quick" --shapes gemma2-b1,hs128 --quick 2>&1 | tail -6 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -1,0 +1,184 @@
+"""lit-liger's Triton causal/softcap attention (kernels/attention.py) against FlexAttention, on the GPU.
+
+For each shape: accuracy of both against an fp32 reference (forward and the three gradients), then times
+(CUDA events, median of N):
+* FlexAttention as lit-liger runs it (``lit_liger.attention.flex_attend``), forward and forward+backward;
+* the Triton kernels with the default plan (``_launch.attention_plan``), forward, backward, forward+backward;
+* each candidate setting of one kernel (forward, key-block backward, query-block backward) with the others
+  at the default, timed on that kernel's call alone (candidates that do not fit the GPU are skipped);
+* the best of each combined;
+* SDPA flash and cuDNN on the same shape without the softcap (what a fused kernel of the library reaches).
+Writes ``attn_sweep.json``.
+
+    python scripts/attn_sweep.py --out DIR [--shapes gemma2] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lit_liger import attention as A
+from lit_liger.kernels import _launch as L
+from lit_liger.kernels import attention as K
+
+SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, scale)
+    "gemma2": (4, 8, 4, 2048, 256, 50.0, 256 ** -0.5),
+    "gemma2-b1": (1, 8, 4, 512, 256, 50.0, 256 ** -0.5),
+    "hs128": (4, 16, 8, 2048, 128, 30.0, 128 ** -0.5),
+}
+
+FWD = [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
+       (128, 64, 8, 1), (64, 128, 8, 2), (128, 128, 8, 1)]
+KV = [(32, 32, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2), (64, 64, 8, 1),
+      (128, 32, 8, 2), (32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)]
+QB = [(64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2),
+      (64, 64, 8, 1), (32, 32, 4, 2), (64, 64, 4, 3)]
+
+
+def _med(fn, n: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _errs(out, grads, ref_out, ref_grads) -> dict:
+    return {"out": (out.float() - ref_out).abs().max().item(),
+            **{f"d{n}": (g.float() - r).abs().max().item() for n, g, r in zip("qkv", grads, ref_grads)}}
+
+
+def run_shape(name: str, n: int, quick: bool) -> dict:
+    B, nh, ng, T, hs, cap, scale = SHAPES[name]
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    # the post-RoPE layout lit-liger passes: (B, heads, T, hs) views of (B, T, heads, hs)
+    q = torch.randn(B, T, nh, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    k = torch.randn(B, T, ng, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    v = torch.randn(B, T, ng, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    do = torch.randn(B, nh, T, hs, device=dev, dtype=torch.bfloat16, generator=g)
+    res: dict = {"shape": dict(B=B, n_head=nh, n_query_groups=ng, T=T, head_size=hs, softcap=cap, scale=scale)}
+
+    # accuracy against fp32 math (both kernels in bf16)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = K.reference(qf, kf, vf, scale, cap)
+    ref_g = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    ref = ref.detach()
+    ref32 = (ref, ref_g)
+    del qf, kf, vf
+    qb, kb, vb = (t.detach().requires_grad_() for t in (q, k, v))
+    o = K.softcap_attention(qb, kb, vb, scale, cap)
+    res["err_triton"] = _errs(o, torch.autograd.grad(o, (qb, kb, vb), do), ref, ref_g)
+    o = A.flex_attend(qb, kb, vb, scale=scale, softcap=cap)
+    res["err_flex"] = _errs(o, torch.autograd.grad(o, (qb, kb, vb), do), ref, ref_g)
+    del o
+
+    def fwd_bwd(fn):
+        def step():
+            out = fn(qb, kb, vb)
+            torch.autograd.grad(out, (qb, kb, vb), do)
+        return step
+
+    flex = lambda a, b, c: A.flex_attend(a, b, c, scale=scale, softcap=cap)  # noqa: E731
+    tri = lambda a, b, c: K.softcap_attention(a, b, c, scale, cap)  # noqa: E731
+    res["flex_fwd_ms"] = _med(lambda: flex(q, k, v), n)
+    res["flex_fwd_bwd_ms"] = _med(fwd_bwd(flex), n)
+    res["triton_fwd_bwd_ms"] = _med(fwd_bwd(tri), n)
+    capf = float(cap or 0.0)
+    o, lse = K._attn_fwd_impl(q, k, v, scale, capf)
+    res["triton_fwd_ms"] = _med(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
+    res["triton_bwd_ms"] = _med(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
+    for backend, label in ((torch.nn.attention.SDPBackend.FLASH_ATTENTION, "sdpa_flash_nocap"),
+                           (torch.nn.attention.SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_nocap")):
+        def sdpa(a, b, c, backend=backend):
+            with torch.nn.attention.sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=scale, enable_gqa=ng != nh)
+        try:
+            res[label + "_fwd_bwd_ms"] = _med(fwd_bwd(sdpa), n)
+        except Exception as e:  # noqa: BLE001 - a backend that does not take this shape
+            res[label + "_fwd_bwd_ms"] = f"{type(e).__name__}: {str(e)[:120]}"
+    if quick:
+        return res
+
+    base = L.attention_plan(hs, q.dtype, dev)
+    sweeps = {}
+    for part, cands, fields in (("fwd", FWD, ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
+                                ("kv", KV, ("kv_m", "kv_n", "kv_warps", "kv_stages")),
+                                ("q", QB, ("q_m", "q_n", "q_warps", "q_stages"))):
+        rows = {}
+        for c in cands:
+            plan = dataclasses.replace(base, **dict(zip(fields, c)))
+            L.ATTENTION_PLAN_OVERRIDE[0] = plan
+            try:
+                if part == "fwd":
+                    rows[str(c)] = _med(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
+                else:
+                    # the whole backward: the other backward kernel is at the default in every row of this part
+                    rows[str(c)] = _med(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
+            except Exception as e:  # noqa: BLE001 - out of shared memory / registers
+                rows[str(c)] = f"{type(e).__name__}: {str(e)[:100]}"
+            finally:
+                L.ATTENTION_PLAN_OVERRIDE[0] = None
+        sweeps[part] = rows
+        print(name, part, {k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in rows.items()}, flush=True)
+    res["sweeps"] = sweeps
+
+    def best(part):
+        ok = {k_: v_ for k_, v_ in sweeps[part].items() if isinstance(v_, float)}
+        return eval(min(ok, key=ok.get)) if ok else None  # noqa: S307 - our own tuple reprs
+
+    chosen = {}
+    for part, fields in (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
+                         ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages")),
+                         ("q", ("q_m", "q_n", "q_warps", "q_stages"))):
+        b_ = best(part)
+        if b_ is not None:
+            chosen.update(zip(fields, b_))
+    plan = dataclasses.replace(base, **chosen)
+    res["best_plan"] = dataclasses.asdict(plan)
+    L.ATTENTION_PLAN_OVERRIDE[0] = plan
+    try:
+        res["best_fwd_bwd_ms"] = _med(fwd_bwd(tri), n)
+        o2 = K.softcap_attention(qb, kb, vb, scale, cap)
+        res["err_triton_best"] = _errs(o2, torch.autograd.grad(o2, (qb, kb, vb), do), ref32[0], ref32[1])
+    finally:
+        L.ATTENTION_PLAN_OVERRIDE[0] = None
+    flex_fb = res["flex_fwd_bwd_ms"]
+    print(f"{name}: flex {flex_fb:.3f} ms, triton default {res['triton_fwd_bwd_ms']:.3f}, best {res['best_fwd_bwd_ms']:.3f} "
+          f"plan {chosen}", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="gemma2")
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": __import__("triton").__version__, "shapes": {}}
+    for name in a.shapes.split(","):
+        results["shapes"][name] = run_shape(name, a.n, a.quick)
+        r = results["shapes"][name]
+        print(json.dumps({k_: v_ for k_, v_ in r.items() if k_ != "sweeps"}, default=str), flush=True)
+        (out / "attn_sweep.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
