@@ -36,6 +36,16 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """``a @ b`` accumulated in fp32. ``PREC == "upcast"``: both operands taken to fp32 first, for bf16 under
+    Triton's interpreter (CI), whose bf16 ``tl.dot`` returns garbage (triton 3.x); the operands hold bf16 values
+    already, so the products are the GPU's."""
+    if PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _scores(qk, scale2, cap_c1, cap2, HAS_CAP: tl.constexpr):
     """Base-2 logits of raw ``q·k`` (``log2(e) * z``) and, with a softcap, ``tanh(scale * q·k / cap)``."""
     if HAS_CAP:
@@ -52,14 +62,14 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T
     cols = kv + offs_n
     k = tl.load(k_base + cols[:, None] * skt, mask=cols[:, None] < T, other=0.0)
     v = tl.load(v_base + cols[:, None] * svt, mask=cols[:, None] < T, other=0.0)
-    z, _ = _scores(tl.dot(q, tl.trans(k), input_precision=PREC), scale2, cap_c1, cap2, HAS_CAP)
+    z, _ = _scores(_dot(q, tl.trans(k), PREC), scale2, cap_c1, cap2, HAS_CAP)
     if MASKED:
         z = tl.where(cols[None, :] <= offs_m[:, None], z, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(z, 1))
     p = tl.exp2(z - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
     return acc, l_i, m_new
 
 
@@ -129,16 +139,16 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt
     # padded rows: lse = +inf gives p = 0 there
     lse = tl.load(LSE + row_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
-    zT, tT = _scores(tl.dot(k, tl.trans(q), input_precision=PREC), scale2, cap_c1, cap2, HAS_CAP)
+    zT, tT = _scores(_dot(k, tl.trans(q), PREC), scale2, cap_c1, cap2, HAS_CAP)
     pT = tl.exp2(zT - lse[None, :])  # (BLOCK_N, BLOCK_M)
     if MASKED:
         pT = tl.where(offs_n[:, None] <= rows[None, :], pT, 0.0)
-    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dv += _dot(pT.to(do.dtype), do, PREC)
+    dpT = _dot(v, tl.trans(do), PREC)
     dsT = pT * (dpT - delta[None, :])
     if HAS_CAP:
         dsT = dsT * (1.0 - tT * tT)
-    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+    dk += _dot(dsT.to(q.dtype), q, PREC)
     return dk, dv
 
 
@@ -191,15 +201,15 @@ def _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, sv
     cols = kv + offs_n
     k = tl.load(k_base + cols[:, None] * skt, mask=cols[:, None] < T, other=0.0)
     v = tl.load(v_base + cols[:, None] * svt, mask=cols[:, None] < T, other=0.0)
-    z, t = _scores(tl.dot(q, tl.trans(k), input_precision=PREC), scale2, cap_c1, cap2, HAS_CAP)
+    z, t = _scores(_dot(q, tl.trans(k), PREC), scale2, cap_c1, cap2, HAS_CAP)
     p = tl.exp2(z - lse[:, None])
     if MASKED:
         p = tl.where(cols[None, :] <= offs_m[:, None], p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    dp = _dot(do, tl.trans(v), PREC)
     ds = p * (dp - delta[:, None])
     if HAS_CAP:
         ds = ds * (1.0 - t * t)
-    return dq + tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return dq + _dot(ds.to(k.dtype), k, PREC)
 
 
 @triton.jit
@@ -255,9 +265,11 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _prec(dtype: torch.dtype) -> str:
-    # fp32 inputs: full-precision dots, as LitGPT's fp32 math (TF32 would lose ~3 digits)
-    return "ieee" if dtype == torch.float32 else "tf32"
+def _prec(t: torch.Tensor) -> str:
+    # fp32 inputs: full-precision dots, as LitGPT's fp32 math (TF32 would lose ~3 digits); see _dot for "upcast"
+    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+        return "upcast"
+    return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
 def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float
@@ -273,7 +285,7 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         _fwd_kernel[(cdiv(T, plan.fwd_m), B * NH)](
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             T, NH, NH // NG, scale2, cap_c1, cap2,
-            HAS_CAP=softcap > 0, PREC=_prec(q.dtype), HS=HS, BLOCK_M=plan.fwd_m, BLOCK_N=plan.fwd_n,
+            HAS_CAP=softcap > 0, PREC=_prec(q), HS=HS, BLOCK_M=plan.fwd_m, BLOCK_N=plan.fwd_n,
             num_warps=plan.fwd_warps, num_stages=plan.fwd_stages,
         )
     return o, lse
@@ -305,7 +317,7 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     delta = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
     _delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
         o, do, delta, *o.stride()[:3], *do.stride()[:3], T, NH, HS=HS, BLOCK_M=plan.delta_m, num_warps=4)
-    common = dict(HAS_CAP=softcap > 0, PREC=_prec(q.dtype), HS=HS)
+    common = dict(HAS_CAP=softcap > 0, PREC=_prec(q), HS=HS)
     _dkdv_kernel[(cdiv(T, plan.kv_n), B * NG)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],

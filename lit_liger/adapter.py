@@ -39,6 +39,8 @@ from .config import LigerConfig
 from . import graphs as _graphs
 from . import tied as _tied
 from .graphs import runner_for
+from .kernels._launch import use_triton
+from .kernels.attention import softcap_attention, supported_head_size
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
@@ -305,6 +307,21 @@ class _AttentionMixin:
             and self._liger_attention_path() == "flex"
         )
 
+    def _liger_softcap_kernel_here(self, q: torch.Tensor, T: int) -> bool:
+        """Whether this call runs lit-liger's Triton softcap attention (``kernels/attention.py``): a softcap layer
+        whose sequence fits inside its window (or that has none), where FlexAttention would otherwise serve it;
+        CUDA tensors, or CPU ones under Triton's interpreter."""
+        cfg = self.config
+        return (
+            cfg.attention_logit_softcapping is not None
+            and getattr(self, "_liger_softcap_kernel", True)
+            and supported_head_size(cfg.head_size)
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and use_triton(q)
+            and _attention.effective_window(T, self._liger_window()) is None
+            and self._liger_attention_path() == "flex"
+        )
+
     def _liger_qk_norm(self) -> dict | None:
         """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head
         (swapped by lit-liger or not) with one eps and offset; else None (the modules run)."""
@@ -365,6 +382,10 @@ class _AttentionMixin:
         window = self._liger_window()
         scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale  # LitGPT's
         if window is not None or cfg.attention_logit_softcapping is not None:
+            if (window is not None or mask is None) and self._liger_softcap_kernel_here(q, T):
+                # causal + softcap in lit-liger's kernel; its output is a (B, nh, T, hs) view of (B, T, nh, hs)
+                y = softcap_attention(q, k, v, scale, cfg.attention_logit_softcapping)
+                return self.proj(y.transpose(1, 2).reshape(B, T, hs * n_head))  # a view, no copy
             if (window is not None or mask is None) and self._liger_flex_here(q):
                 # softcap as score_mod, LitGPT's causal / window mask as a block mask, GQA without copies
                 y = _attention.flex_attend(q, k, v, scale=scale, softcap=cfg.attention_logit_softcapping,
@@ -839,11 +860,14 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                     what += " + qk-norm fused"
                 report.add(path, m, what)
                 m._liger_flex = cfg.flex_attention
+                m._liger_softcap_kernel = cfg.softcap_attention
                 m._liger_sdpa = cfg.sdpa_backend
                 attn_path = m._liger_attention_path()
                 flex = flex or attn_path == "flex"
                 sdpa = sdpa or attn_path == "sdpa"
-                report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(), attn_path))
+                report.add(path, m, _attention.describe(c.attention_logit_softcapping, m._liger_window(), attn_path,
+                                                         triton=cfg.softcap_attention
+                                                         and supported_head_size(c.head_size)))
         elif isinstance(m, lm.Block):
             fusable = (
                 cfg.fused_residual and cfg.rms_norm and not c.parallel_residual

@@ -266,14 +266,20 @@ def flex_attend(
             cfg.specialize_float = old_float
 
 
-def describe(softcap: float | None, window: int | None, path: str) -> str:
+def describe(softcap: float | None, window: int | None, path: str, triton: bool = False) -> str:
     """The report's name of a layer's attention kernel. ``path``: ``"flex"`` (FlexAttention on CUDA,
-    LitGPT's math elsewhere), ``"sdpa"`` (plain causal layers), or why LitGPT's math runs everywhere."""
+    LitGPT's math elsewhere), ``"sdpa"`` (plain causal layers), or why LitGPT's math runs everywhere.
+    ``triton``: a softcap layer runs lit-liger's Triton kernel where its sequence fits inside its window
+    (``LigerConfig.softcap_attention``)."""
     what = ", ".join(x for x in (f"softcap {softcap}" if softcap is not None else "",
                                  f"sliding window {window}" if window is not None else "") if x)
     if path == "sdpa":
         return "attention: SDPA (causal)"
     if path == "flex":
+        if triton and softcap is not None:
+            where = f"sequences up to {window} tokens; flex attention ({what}) beyond" if window is not None else "CUDA"
+            return (f"attention: lit-liger Triton causal softcap {softcap} on {where}; "
+                    "LitGPT's math on CPU without the Triton interpreter")
         return f"attention: flex attention ({what}) on CUDA; LitGPT's math on CPU"
     return f"attention: LitGPT's math ({what}; {path})"
 

@@ -27,6 +27,10 @@ class LigerConfig:
             ``(T, T)`` mask), GQA without kv copies; under ``torch.compile`` too, also for micro-batches
             below ``compile_min_tokens``. Off, or on CPU tensors: LitGPT's own attention math (after
             lit-liger's RoPE). Needs ``rope`` (the swapped attention module).
+        softcap_attention: of those layers, the ones with a softcap (Gemma-2) whose sequence fits inside their
+            window (or that have none) run lit-liger's own Triton kernel (``kernels/attention.py``: causal +
+            softcap, forward and backward) instead of FlexAttention; measured faster on an H100 at gemma-2's
+            shape. Off: FlexAttention there too. Needs ``flex_attention``.
         lora: LitGPT's LoRA layers (``LoRALinear``, ``LoRAQKVLinear`` with r > 0): the frozen projection and the
             LoRA update in one autograd function of GEMMs (``lit_liger.lora``) instead of LitGPT's dropout ->
             A -> grouped conv1d -> zero pad -> scale -> add chain (host-bound at fine-tuning sizes).
@@ -113,6 +117,7 @@ class LigerConfig:
     layer_norm: bool = True
     rope: bool = True
     flex_attention: bool = True
+    softcap_attention: bool = True
     lora: bool = True
     swiglu: bool = True
     geglu: bool = True

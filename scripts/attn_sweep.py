@@ -32,6 +32,7 @@ SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, scale)
     "gemma2-b1": (1, 8, 4, 512, 256, 50.0, 256 ** -0.5),
     "hs128": (4, 16, 8, 2048, 128, 30.0, 128 ** -0.5),
 }
+DTYPES = {"gemma2-fp32": ("gemma2-b1", torch.float32)}  # name: (shape, dtype other than bf16)
 
 FWD = [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
        (128, 64, 8, 1), (64, 128, 8, 2), (128, 128, 8, 1)]
@@ -39,6 +40,15 @@ KV = [(32, 32, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8
       (128, 32, 8, 2), (32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)]
 QB = [(64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2),
       (64, 64, 8, 1), (32, 32, 4, 2), (64, 64, 4, 3)]
+
+# second round, around the first round's best (fwd 128x64 w8 s2, kv 128x32 w8 s2, q 128x32 w8 s2: the default now)
+ROUND2 = dict(
+    fwd=[(128, 64, 8, 2), (128, 32, 4, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 64, 4, 2), (256, 32, 8, 1)],
+    kv=[(128, 32, 8, 2), (128, 32, 8, 3), (128, 32, 4, 2), (128, 64, 8, 1), (256, 32, 8, 1), (128, 16, 4, 2),
+        (64, 16, 4, 2), (256, 16, 8, 2)],
+    q=[(128, 32, 8, 2), (128, 32, 8, 3), (128, 32, 4, 2), (128, 16, 8, 2), (256, 32, 8, 1), (128, 16, 4, 2),
+       (256, 16, 8, 2)],
+)
 
 
 def _med(fn, n: int, warmup: int = 3) -> float:
@@ -61,16 +71,18 @@ def _errs(out, grads, ref_out, ref_grads) -> dict:
             **{f"d{n}": (g.float() - r).abs().max().item() for n, g, r in zip("qkv", grads, ref_grads)}}
 
 
-def run_shape(name: str, n: int, quick: bool) -> dict:
-    B, nh, ng, T, hs, cap, scale = SHAPES[name]
+def run_shape(name: str, n: int, quick: bool, round2: bool = False) -> dict:
+    base_name, dtype = DTYPES.get(name, (name, torch.bfloat16))
+    B, nh, ng, T, hs, cap, scale = SHAPES[base_name]
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     # the post-RoPE layout lit-liger passes: (B, heads, T, hs) views of (B, T, heads, hs)
-    q = torch.randn(B, T, nh, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
-    k = torch.randn(B, T, ng, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
-    v = torch.randn(B, T, ng, hs, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
-    do = torch.randn(B, nh, T, hs, device=dev, dtype=torch.bfloat16, generator=g)
-    res: dict = {"shape": dict(B=B, n_head=nh, n_query_groups=ng, T=T, head_size=hs, softcap=cap, scale=scale)}
+    q = torch.randn(B, T, nh, hs, device=dev, dtype=dtype, generator=g).transpose(1, 2)
+    k = torch.randn(B, T, ng, hs, device=dev, dtype=dtype, generator=g).transpose(1, 2)
+    v = torch.randn(B, T, ng, hs, device=dev, dtype=dtype, generator=g).transpose(1, 2)
+    do = torch.randn(B, nh, T, hs, device=dev, dtype=dtype, generator=g)
+    res: dict = {"shape": dict(B=B, n_head=nh, n_query_groups=ng, T=T, head_size=hs, softcap=cap, scale=scale,
+                               dtype=str(dtype))}
 
     # accuracy against fp32 math (both kernels in bf16)
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -115,9 +127,10 @@ def run_shape(name: str, n: int, quick: bool) -> dict:
 
     base = L.attention_plan(hs, q.dtype, dev)
     sweeps = {}
-    for part, cands, fields in (("fwd", FWD, ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-                                ("kv", KV, ("kv_m", "kv_n", "kv_warps", "kv_stages")),
-                                ("q", QB, ("q_m", "q_n", "q_warps", "q_stages"))):
+    cand = ROUND2 if round2 else dict(fwd=FWD, kv=KV, q=QB)
+    for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
+                                ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages")),
+                                ("q", cand["q"], ("q_m", "q_n", "q_warps", "q_stages"))):
         rows = {}
         for c in cands:
             plan = dataclasses.replace(base, **dict(zip(fields, c)))
@@ -168,13 +181,14 @@ def main() -> None:
     ap.add_argument("--shapes", default="gemma2")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
+    ap.add_argument("--round2", action="store_true", help="the second round's candidates (ROUND2)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": __import__("triton").__version__, "shapes": {}}
     for name in a.shapes.split(","):
-        results["shapes"][name] = run_shape(name, a.n, a.quick)
+        results["shapes"][name] = run_shape(name, a.n, a.quick, a.round2)
         r = results["shapes"][name]
         print(json.dumps({k_: v_ for k_, v_ in r.items() if k_ != "sweeps"}, default=str), flush=True)
         (out / "attn_sweep.json").write_text(json.dumps(results, indent=1, default=str))

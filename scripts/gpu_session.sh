@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -260,6 +260,15 @@ case $phase in
   att1)   # issue 15: lit-liger's Triton causal/softcap attention against FlexAttention (accuracy, per-kernel sweep)
     timeout 420 python3 scripts/attn_sweep.py --out "$OUT/attn" --shapes gemma2 2>&1 | tail -30
     timeout 120 python3 scripts/attn_sweep.py --out "$OUT/attn-quick" --shapes gemma2-b1,hs128 --quick 2>&1 | tail -6 ;;
+  att2)   # the Triton softcap attention in the adapter: its GPU tests and the attention module's, a second sweep
+          # round around the first's best, fp32, then gemma-2-2b's lit-liger step with a profile
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      tests/test_attention.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
+    timeout 150 python3 scripts/attn_sweep.py --out "$OUT/attn2" --shapes gemma2 --round2 2>&1 | grep -v Warn | tail -6
+    timeout 60 python3 scripts/attn_sweep.py --out "$OUT/attn-fp32" --shapes gemma2-fp32 --quick 2>&1 | tail -1
+    timeout 170 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger --steps 30 --warmup 3 --profile \
+      --out "$OUT/step-gemma2-liger" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

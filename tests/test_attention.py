@@ -196,19 +196,38 @@ def _spy_flex(monkeypatch):
     return calls
 
 
+def _spy_softcap_kernel(monkeypatch):
+    """Calls of lit-liger's Triton softcap attention from the swapped module."""
+    import lit_liger.adapter as adapter
+
+    calls = []
+    real = adapter.softcap_attention
+
+    def spy(q, k, v, scale, softcap):
+        calls.append((tuple(q.shape), scale, softcap))
+        return real(q, k, v, scale, softcap)
+
+    monkeypatch.setattr(adapter, "softcap_attention", spy)
+    return calls
+
+
 @needs_flex
 @pytest.mark.parametrize("ng, softcap, window, scalar, T", ATTN_CASES)
 def test_flex_path_forward_matches_litgpt_on_cpu(ng, softcap, window, scalar, T, monkeypatch):
     cfg, ref, ours, x, cos, sin = _attn_pair(ng, softcap, window, scalar, T)
     monkeypatch.setattr(A, "_FLEX_ON_CPU", True)
     calls = _spy_flex(monkeypatch)
+    kernel_calls = _spy_softcap_kernel(monkeypatch)
     with torch.no_grad():
         for i in range(cfg.n_layer):
             out = ours.transformer.h[i].attn(x, cos, sin)
             assert rel_err(out, ref.transformer.h[i].attn(x, cos, sin)) <= 1e-5, i
-    special = [i for i in range(cfg.n_layer) if softcap is not None or (window and i == 0)]
-    assert len(calls) == len(special)  # FlexAttention ran for exactly the softcap / window layers
-    if window is not None:
+    # a window shorter than T: FlexAttention; a softcap layer whose T fits its window: the Triton kernel
+    capped = [i for i in range(cfg.n_layer) if softcap is not None and (i == 1 or window is None or window >= T)]
+    flexed = [i for i in range(cfg.n_layer) if i not in capped and (softcap is not None or (window and i == 0))]
+    assert len(calls) == len(flexed)
+    assert [c[2] for c in kernel_calls] == [softcap] * len(capped)
+    if flexed:
         assert calls[0]["window"] == window
 
 
@@ -239,6 +258,33 @@ def test_flex_path_gradients_match_litgpt_on_cpu(ng, softcap, window, scalar, T,
     assert rel_err(x_ours.grad, x_ref.grad) <= 1e-5
     for (n, p), q in zip(a_ours.named_parameters(), a_ref.parameters()):
         assert rel_err(p.grad, q.grad) <= 1e-5, n
+
+
+@pytest.mark.parametrize("ng, softcap, window, scalar, T", [ATTN_CASES[1], ATTN_CASES[5]])
+def test_softcap_kernel_gradients_match_litgpt_on_cpu(ng, softcap, window, scalar, T, monkeypatch):
+    """Softcap layers whose sequence fits the window: lit-liger's Triton kernel (under the interpreter), loss and
+    every gradient of the attention module against LitGPT's."""
+    cfg, ref, ours, x, cos, sin = _attn_pair(ng, softcap, window, scalar, T)
+    kernel_calls = _spy_softcap_kernel(monkeypatch)
+    flex_calls = _spy_flex(monkeypatch)
+    for i in range(cfg.n_layer):
+        a_ref, a_ours = ref.transformer.h[i].attn, ours.transformer.h[i].attn
+        x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y_ref, y_ours = a_ref(x_ref, cos, sin), a_ours(x_ours, cos, sin)
+        assert rel_err(y_ours, y_ref) <= 1e-5, i
+        g = torch.randn_like(y_ref)
+        y_ref.backward(g)
+        y_ours.backward(g)
+        assert rel_err(x_ours.grad, x_ref.grad) <= 1e-5, i
+        for (n, p), q in zip(a_ours.named_parameters(), a_ref.parameters()):
+            assert rel_err(p.grad, q.grad) <= 1e-5, (i, n)
+    assert len(kernel_calls) == cfg.n_layer and flex_calls == []
+    off = _attn_pair(ng, softcap, window, scalar, T)[2]
+    apply_liger(off, {"softcap_attention": False})  # switched off: FlexAttention's path (here LitGPT's math on CPU)
+    kernel_calls.clear()
+    with torch.no_grad():
+        off.transformer.h[1].attn(x, cos, sin)
+    assert kernel_calls == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,8 +320,11 @@ def test_window_family_parity_on_cpu(name, monkeypatch):
     ref, ours = _pair(cfg)
     report = apply_liger(ours)
     calls = _spy_flex(monkeypatch)
+    kernel_calls = _spy_softcap_kernel(monkeypatch)
     _check_parity(ref, ours, cfg)  # B=2, T=12 > window: loss, every gradient, the no-grad logits
     assert calls == []  # CPU tensors: LitGPT's math, not FlexAttention
+    # Gemma-2's global softcap layer: lit-liger's Triton kernel (under the interpreter), once per training forward
+    assert bool(kernel_calls) == (cfg.attention_logit_softcapping is not None)
     # the fused norm_1 -> qkv now covers the window layers too
     assert sum(1 for _, _, k in report.swapped if "norm_1 and norm_2 outputs recomputed" in k) == cfg.n_layer
     assert not any("sliding" in why for path, _, why in report.skipped if path.startswith("transformer.h."))
@@ -286,8 +335,10 @@ def test_report_names_each_layers_attention():
     _, ours = _pair(cfg)
     report = apply_liger(ours)
     cap = cfg.attention_logit_softcapping
-    local = f"attention: flex attention (softcap {cap}, sliding window 5) on CUDA; LitGPT's math on CPU"
-    glob = f"attention: flex attention (softcap {cap}) on CUDA; LitGPT's math on CPU"
+    cpu = "LitGPT's math on CPU without the Triton interpreter"
+    local = (f"attention: lit-liger Triton causal softcap {cap} on sequences up to 5 tokens; flex attention "
+             f"(softcap {cap}, sliding window 5) beyond; {cpu}")
+    glob = f"attention: lit-liger Triton causal softcap {cap} on CUDA; {cpu}"
     assert report.paths(local) == ["transformer.h.0.attn", "transformer.h.2.attn"]
     assert report.paths(glob) == ["transformer.h.1.attn"]
     assert local in str(report)
