@@ -284,9 +284,9 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> A
         return _ATTN_CPU
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,
-        # softcap 50; h100-2026-11-24g/attn/): each kernel's best of 9-10 candidates: forward 0.318 ms (64x64 4 warps:
-        # 0.358), backward 1.5 ms; forward + backward 1.77 ms against FlexAttention's 2.42
-        return AttentionPlan(128, 64, 8, 2, 128, 32, 8, 2, 128, 32, 8, 2)
+        # softcap 50): each kernel's best of 9-10 candidates (h100-2026-11-24g/attn/), then of 6-8 around those
+        # (attn2/): forward 0.34 ms, backward 1.2 ms; forward + backward 1.51 ms against FlexAttention's 2.36
+        return AttentionPlan(128, 64, 8, 2, 128, 32, 8, 2, 128, 32, 8, 3)
     # not swept: at head size 128 (B4 T2048, 16 heads, 8 groups, softcap 30) forward + backward 2.11 ms against
     # FlexAttention's 2.40 (h100-2026-11-24g/attn-quick/)
     return AttentionPlan(128, 64, 8, 2, 64, 64, 8, 2, 64, 64, 8, 2)

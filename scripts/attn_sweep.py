@@ -50,6 +50,13 @@ ROUND2 = dict(
        (256, 16, 8, 2)],
 )
 
+# third round: 16 warps (half the accumulator registers per thread) around the second round's best
+ROUND3 = dict(
+    fwd=[(128, 64, 8, 2), (128, 64, 16, 2), (128, 128, 16, 1), (256, 64, 16, 1)],
+    kv=[(128, 32, 8, 2), (128, 64, 16, 2), (64, 64, 16, 2), (128, 32, 16, 2), (128, 64, 16, 1), (64, 32, 8, 2)],
+    q=[(128, 32, 8, 3), (128, 64, 16, 2), (128, 32, 16, 3), (256, 32, 16, 2), (128, 64, 16, 1)],
+)
+
 
 def _med(fn, n: int, warmup: int = 3) -> float:
     for _ in range(warmup):
@@ -71,7 +78,7 @@ def _errs(out, grads, ref_out, ref_grads) -> dict:
             **{f"d{n}": (g.float() - r).abs().max().item() for n, g, r in zip("qkv", grads, ref_grads)}}
 
 
-def run_shape(name: str, n: int, quick: bool, round2: bool = False) -> dict:
+def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     base_name, dtype = DTYPES.get(name, (name, torch.bfloat16))
     B, nh, ng, T, hs, cap, scale = SHAPES[base_name]
     dev = torch.device("cuda")
@@ -127,7 +134,7 @@ def run_shape(name: str, n: int, quick: bool, round2: bool = False) -> dict:
 
     base = L.attention_plan(hs, q.dtype, dev)
     sweeps = {}
-    cand = ROUND2 if round2 else dict(fwd=FWD, kv=KV, q=QB)
+    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3}[rnd]
     for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
                                 ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages")),
                                 ("q", cand["q"], ("q_m", "q_n", "q_warps", "q_stages"))):
@@ -181,14 +188,14 @@ def main() -> None:
     ap.add_argument("--shapes", default="gemma2")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
-    ap.add_argument("--round2", action="store_true", help="the second round's candidates (ROUND2)")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3), help="candidate set: 1, ROUND2 or ROUND3")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": __import__("triton").__version__, "shapes": {}}
     for name in a.shapes.split(","):
-        results["shapes"][name] = run_shape(name, a.n, a.quick, a.round2)
+        results["shapes"][name] = run_shape(name, a.n, a.quick, a.round)
         r = results["shapes"][name]
         print(json.dumps({k_: v_ for k_, v_ in r.items() if k_ != "sweeps"}, default=str), flush=True)
         (out / "attn_sweep.json").write_text(json.dumps(results, indent=1, default=str))

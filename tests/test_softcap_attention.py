@@ -68,7 +68,7 @@ def test_matches_fp64(B, nh, ng, T, hs, softcap, layout, device):
     for name, g_, r in zip("qkv", grads, ref_grads):
         assert g_.shape == r.shape and g_.dtype == torch.float32, name
         if T == 1 and name in "qk":  # one key: the softmax is constant, dq and dk are exactly 0 (ours: rounding)
-            assert g_.abs().max().item() <= 1e-6
+            assert g_.abs().max().item() <= 1e-5  # inputs and dy are O(1)
         else:
             assert rel_err(g_, r) <= 1e-5, name
 
