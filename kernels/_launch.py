@@ -282,6 +282,11 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> A
         return ATTENTION_PLAN_OVERRIDE[0]
     if device.type != "cuda":
         return _ATTN_CPU
+    if dtype == torch.float32 and head_dim > 64:
+        # fp32 tiles take twice the shared memory: the bf16 plans below need more than an H100's 227 KiB at head
+        # size 256 (measured: 295 KB requested). Sized to ~136 KB at 256; not timed (lit-liger's adapter sends fp32
+        # layers to FlexAttention)
+        return AttentionPlan(64, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1)
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,
         # softcap 50): each kernel's best of 9-10 candidates (h100-2026-11-24g/attn/), then of 6-8 around those

@@ -277,9 +277,9 @@ def describe(softcap: float | None, window: int | None, path: str, triton: bool 
         return "attention: SDPA (causal)"
     if path == "flex":
         if triton and softcap is not None:
-            where = f"sequences up to {window} tokens; flex attention ({what}) beyond" if window is not None else "CUDA"
-            return (f"attention: lit-liger Triton causal softcap {softcap} on {where}; "
-                    "LitGPT's math on CPU without the Triton interpreter")
+            where = f", sequences up to {window} tokens" if window is not None else ""
+            return (f"attention: lit-liger Triton causal softcap {softcap} (bf16/fp16 on CUDA{where}); flex attention "
+                    f"({what}) otherwise; LitGPT's math on CPU without the Triton interpreter")
         return f"attention: flex attention ({what}) on CUDA; LitGPT's math on CPU"
     return f"attention: LitGPT's math ({what}; {path})"
 

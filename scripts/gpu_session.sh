@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -277,6 +277,13 @@ case $phase in
     timeout 120 python3 scripts/attn_sweep.py --out "$OUT/attn3" --shapes gemma2 --round 3 2>&1 | grep -v Warn | tail -5
     timeout 60 python3 scripts/attn_sweep.py --out "$OUT/attn-fp32" --shapes gemma2-fp32 --quick > "$OUT/fp32.log" 2>&1
     echo "fp32 rc $?"; tail -3 "$OUT/fp32.log" ;;
+  att4)   # fp32 plans / fp32 layers on FlexAttention: the two tests att3 failed and the new fp32 test; then gemma-2-2b's
+          # step against compile, each variant in its own process
+    timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      tests/test_attention.py -k "fp32 or check_covers" > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
+    timeout 460 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -6 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -336,9 +336,10 @@ def test_report_names_each_layers_attention():
     report = apply_liger(ours)
     cap = cfg.attention_logit_softcapping
     cpu = "LitGPT's math on CPU without the Triton interpreter"
-    local = (f"attention: lit-liger Triton causal softcap {cap} on sequences up to 5 tokens; flex attention "
-             f"(softcap {cap}, sliding window 5) beyond; {cpu}")
-    glob = f"attention: lit-liger Triton causal softcap {cap} on CUDA; {cpu}"
+    local = (f"attention: lit-liger Triton causal softcap {cap} (bf16/fp16 on CUDA, sequences up to 5 tokens); "
+             f"flex attention (softcap {cap}, sliding window 5) otherwise; {cpu}")
+    glob = f"attention: lit-liger Triton causal softcap {cap} (bf16/fp16 on CUDA); flex attention (softcap {cap}) " \
+           f"otherwise; {cpu}"
     assert report.paths(local) == ["transformer.h.0.attn", "transformer.h.2.attn"]
     assert report.paths(glob) == ["transformer.h.1.attn"]
     assert local in str(report)
@@ -531,4 +532,4 @@ def test_gpu_check_covers_softcap_and_window_families(model, window, capsys):
 
     r = check(model=model, n_layer=2, seq_len=256, batch_size=2, device="cuda", sliding_window_size=window)
     assert r["ok"], r
-    assert "attention: flex attention" in capsys.readouterr().out
+    assert "flex attention (softcap 50.0, sliding window 64)" in capsys.readouterr().out  # fp32: FlexAttention

@@ -203,6 +203,22 @@ def test_gpu_real_size_bf16_against_fp32(shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hs", [256, 128])
+def test_gpu_fp32_fits_and_matches_fp64(hs):
+    """fp32 through the public API at large head sizes: the plan fits the GPU's shared memory (the bf16 plan does not
+    at 256), full-precision dots (1e-5 against fp64)."""
+    q, k, v = _qkv(1, 4, 2, 300, hs, torch.float32, "cuda")
+    out = softcap_attention(q, k, v, hs ** -0.5, 20.0)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _litgpt_math(q64, k64, v64, hs ** -0.5, 20.0)
+    assert rel_err(out, ref) <= 1e-5
+    dy = torch.randn_like(out)
+    for name, g_, r in zip("qkv", torch.autograd.grad(out, (q, k, v), dy),
+                           torch.autograd.grad(ref, (q64, k64, v64), dy.double())):
+        assert rel_err(g_, r) <= 1e-5, name
+
+
+@pytest.mark.gpu
 def test_gpu_compile_fullgraph_traces_the_custom_op():
     q, k, v = _qkv(2, 8, 4, 256, 256, torch.bfloat16, "cuda")
 
