@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -284,6 +284,17 @@ case $phase in
     echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
     timeout 460 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
       --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -6 ;;
+  att5)   # every GPU test of the two attention files (att4's 100 s cut them), then Mistral-7B-v0.1 at 2 layers with a
+          # 1024 window at T 2048: eager and lit-liger (att6: stock compile, which did not finish at 8 layers)
+    timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      tests/test_attention.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
+    timeout 200 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants eager,lit-liger --steps 20 --warmup 3 --out "$OUT/step-mistral-2L" 2>&1 | tail -4 ;;
+  att6)   # stock torch.compile and lit-liger + compile on the same 2-layer Mistral (LitGPT's window-mask loop unrolls)
+    timeout 570 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants compile,lit-liger+compile --isolate --variant_timeout 400 --steps 20 --warmup 3 \
+      --out "$OUT/step-mistral-2L-compile" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
