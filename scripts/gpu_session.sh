@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6|att7 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -295,6 +295,15 @@ case $phase in
     timeout 570 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
       --variants compile,lit-liger+compile --isolate --variant_timeout 400 --steps 20 --warmup 3 \
       --out "$OUT/step-mistral-2L-compile" 2>&1 | tail -4 ;;
+  att7)   # the attention GPU tests att5's limit cut (compile over the Triton layer, graphs, check), gemma-2's 200-step loss
+          # curve (global layers now on the Triton kernel), gemma-2's LoRA recipe at 2 layers (variable lengths)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_attention.py \
+      -k "compile_fullgraph or window_step or check_covers" > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
+    timeout 170 python3 -m benchmarks convergence --model gemma-2-2b --sliding_window 128 --steps 200 \
+      --out "$OUT/conv-gemma2" 2>&1 | tail -4
+    timeout 170 python3 -m benchmarks recipe --models gemma-2-2b --n_layer 2 --micro_batches 4 --iters 100 \
+      --variants stock,liger --out "$OUT/recipe-gemma2-2L" 2>&1 | grep "lora B" ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
