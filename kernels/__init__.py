@@ -11,6 +11,7 @@ from .rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .rope import rope, rope_qkv
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .swiglu import geglu, glu_linear, glu_mlp, swiglu
+from .attention import softcap_attention
 
 __all__ = [
     "device_limits",
@@ -26,4 +27,5 @@ __all__ = [
     "glu_linear",
     "glu_mlp",
     "fused_linear_cross_entropy",
+    "softcap_attention",
 ]

@@ -277,15 +277,25 @@ ATTENTION_PLAN_OVERRIDE: list[AttentionPlan | None] = [None]
 
 
 def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> AttentionPlan:
-    """Launch settings of the causal / softcap attention kernels for one head size on one device."""
+    """Launch settings of the causal / softcap attention kernels for one head size on one device.
+
+    The tiles sit in shared memory: a row of ``head_dim`` bf16 values is 512 bytes at 256, and the kernels hold
+    four such tiles (q, k, v, dO) plus the pipeline's copies. The measured plans are the H100's (sm90: 227 KiB per
+    block); every other device gets small blocks that fit in 64 KiB (the A100 has 163 KiB, consumer NVIDIA parts
+    99, AMD Instinct 64), not timed. ``tests/test_gpu_compile.py`` compiles every plan for sm90, sm80 and, where
+    Triton has the backend, gfx942, and checks each against its device's limit."""
     if ATTENTION_PLAN_OVERRIDE[0] is not None:
         return ATTENTION_PLAN_OVERRIDE[0]
-    if device.type != "cuda":
+    lim = device_limits(device)
+    if lim.capability == (0, 0):  # the interpreter
         return _ATTN_CPU
+    big = head_dim * (4 if dtype == torch.float32 else 2) > 256  # bytes per tile row
+    if lim.is_hip or lim.capability != (9, 0):
+        return AttentionPlan(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1) if big else \
+            AttentionPlan(64, 32, 4, 1, 32, 32, 4, 1, 64, 32, 4, 1)
     if dtype == torch.float32 and head_dim > 64:
         # fp32 tiles take twice the shared memory: the bf16 plans below need more than an H100's 227 KiB at head
-        # size 256 (measured: 295 KB requested). Sized to ~136 KB at 256; not timed (lit-liger's adapter sends fp32
-        # layers to FlexAttention)
+        # size 256 (measured: 295 KB requested). Not timed (lit-liger's adapter sends fp32 layers to FlexAttention)
         return AttentionPlan(64, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1)
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,

@@ -36,11 +36,11 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    """``a @ b`` accumulated in fp32. ``PREC == "upcast"``: both operands taken to fp32 first, for bf16 under
-    Triton's interpreter (CI), whose bf16 ``tl.dot`` returns garbage (triton 3.x); the operands hold bf16 values
-    already, so the products are the GPU's."""
-    if PREC == "upcast":
+def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` accumulated in fp32. ``UPCAST``: both operands taken to fp32 first, for bf16 under Triton's
+    interpreter (CI), whose bf16 ``tl.dot`` returns garbage (triton 3.x); the operands hold bf16 values already, so
+    the products are the GPU's."""
+    if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PREC)
 
@@ -57,19 +57,19 @@ def _scores(qk, scale2, cap_c1, cap2, HAS_CAP: tl.constexpr):
 
 @triton.jit
 def _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T, scale2, cap_c1, cap2,
-               MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+               MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """One key block of the online softmax."""
     cols = kv + offs_n
     k = tl.load(k_base + cols[:, None] * skt, mask=cols[:, None] < T, other=0.0)
     v = tl.load(v_base + cols[:, None] * svt, mask=cols[:, None] < T, other=0.0)
-    z, _ = _scores(_dot(q, tl.trans(k), PREC), scale2, cap_c1, cap2, HAS_CAP)
+    z, _ = _scores(_dot(q, tl.trans(k), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
     if MASKED:
         z = tl.where(cols[None, :] <= offs_m[:, None], z, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(z, 1))
     p = tl.exp2(z - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, UPCAST)
     return acc, l_i, m_new
 
 
@@ -78,7 +78,8 @@ def _fwd_kernel(
     Q, K, V, O, LSE,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     T, NH, GROUP, scale2, cap_c1, cap2,
-    HAS_CAP: tl.constexpr, PREC: tl.constexpr, HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -99,10 +100,10 @@ def _fwd_kernel(
     full_end = (start // BLOCK_N) * BLOCK_N
     for kv in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T,
-                                   scale2, cap_c1, cap2, False, HAS_CAP, PREC)
+                                   scale2, cap_c1, cap2, False, HAS_CAP, PREC, UPCAST)
     for kv in range(full_end, tl.minimum(start + BLOCK_M, T), BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T,
-                                   scale2, cap_c1, cap2, True, HAS_CAP, PREC)
+                                   scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST)
     acc = acc / l_i[:, None]
     row_ok = offs_m < T
     tl.store(O + b.to(tl.int64) * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
@@ -131,7 +132,8 @@ def _cdiv(a, b: tl.constexpr):
 
 @triton.jit
 def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T, LSE, DELTA,
-                scale2, cap_c1, cap2, MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+                scale2, cap_c1, cap2, MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr,
+                UPCAST: tl.constexpr):
     rows = qs + offs_m
     row_ok = rows < T
     q = tl.load(q_base + rows[:, None] * sqt, mask=row_ok[:, None], other=0.0)
@@ -139,16 +141,16 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt
     # padded rows: lse = +inf gives p = 0 there
     lse = tl.load(LSE + row_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
-    zT, tT = _scores(_dot(k, tl.trans(q), PREC), scale2, cap_c1, cap2, HAS_CAP)
+    zT, tT = _scores(_dot(k, tl.trans(q), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
     pT = tl.exp2(zT - lse[None, :])  # (BLOCK_N, BLOCK_M)
     if MASKED:
         pT = tl.where(offs_n[:, None] <= rows[None, :], pT, 0.0)
-    dv += _dot(pT.to(do.dtype), do, PREC)
-    dpT = _dot(v, tl.trans(do), PREC)
+    dv += _dot(pT.to(do.dtype), do, PREC, UPCAST)
+    dpT = _dot(v, tl.trans(do), PREC, UPCAST)
     dsT = pT * (dpT - delta[None, :])
     if HAS_CAP:
         dsT = dsT * (1.0 - tT * tT)
-    dk += _dot(dsT.to(q.dtype), q, PREC)
+    dk += _dot(dsT.to(q.dtype), q, PREC, UPCAST)
     return dk, dv
 
 
@@ -157,7 +159,8 @@ def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
     T, NH, NG, GROUP, scale, scale2, cap_c1, cap2,
-    HAS_CAP: tl.constexpr, PREC: tl.constexpr, HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One key block of one kv head: ``dv = Σ pᵀ dO``, ``dk = Σ dsᵀ q`` over the query heads of its group and the
     query blocks at or after it (causal)."""
@@ -184,10 +187,10 @@ def _dkdv_kernel(
         # row need no causal mask
         for qs in range(lo, tl.minimum(masked_end, T), BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                 LSE, DELTA, scale2, cap_c1, cap2, True, HAS_CAP, PREC)
+                                 LSE, DELTA, scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST)
         for qs in range(masked_end, T, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                 LSE, DELTA, scale2, cap_c1, cap2, False, HAS_CAP, PREC)
+                                 LSE, DELTA, scale2, cap_c1, cap2, False, HAS_CAP, PREC, UPCAST)
     dk = dk * scale
     tl.store(DK + b.to(tl.int64) * sdkb + g * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=col_ok)
@@ -197,19 +200,19 @@ def _dkdv_kernel(
 
 @triton.jit
 def _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, svt, T, scale2, cap_c1, cap2,
-              MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+              MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
     cols = kv + offs_n
     k = tl.load(k_base + cols[:, None] * skt, mask=cols[:, None] < T, other=0.0)
     v = tl.load(v_base + cols[:, None] * svt, mask=cols[:, None] < T, other=0.0)
-    z, t = _scores(_dot(q, tl.trans(k), PREC), scale2, cap_c1, cap2, HAS_CAP)
+    z, t = _scores(_dot(q, tl.trans(k), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
     p = tl.exp2(z - lse[:, None])
     if MASKED:
         p = tl.where(cols[None, :] <= offs_m[:, None], p, 0.0)
-    dp = _dot(do, tl.trans(v), PREC)
+    dp = _dot(do, tl.trans(v), PREC, UPCAST)
     ds = p * (dp - delta[:, None])
     if HAS_CAP:
         ds = ds * (1.0 - t * t)
-    return dq + _dot(ds.to(k.dtype), k, PREC)
+    return dq + _dot(ds.to(k.dtype), k, PREC, UPCAST)
 
 
 @triton.jit
@@ -217,7 +220,8 @@ def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
     T, NH, GROUP, scale, scale2, cap_c1, cap2,
-    HAS_CAP: tl.constexpr, PREC: tl.constexpr, HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One query block of one head: ``dq = Σ ds k`` over the key blocks up to the diagonal."""
     start = tl.program_id(0) * BLOCK_M
@@ -241,10 +245,10 @@ def _dq_kernel(
     full_end = (start // BLOCK_N) * BLOCK_N
     for kv in range(0, full_end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, svt, T,
-                       scale2, cap_c1, cap2, False, HAS_CAP, PREC)
+                       scale2, cap_c1, cap2, False, HAS_CAP, PREC, UPCAST)
     for kv in range(full_end, tl.minimum(start + BLOCK_M, T), BLOCK_N):
         dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, svt, T,
-                       scale2, cap_c1, cap2, True, HAS_CAP, PREC)
+                       scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST)
     dq = dq * scale
     tl.store(DQ + b.to(tl.int64) * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
@@ -265,11 +269,14 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _prec(t: torch.Tensor) -> str:
-    # fp32 inputs: full-precision dots, as LitGPT's fp32 math (TF32 would lose ~3 digits); see _dot for "upcast"
-    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
-        return "upcast"
-    return "ieee" if t.dtype == torch.float32 else "tf32"
+def _prec(t: torch.Tensor) -> dict:
+    """The dots' constexprs: fp32 inputs take full-precision dots, as LitGPT's fp32 math (TF32 would lose ~3
+    digits); bf16 on CPU (the interpreter) is upcast (see ``_dot``)."""
+    return dict(PREC="ieee" if t.dtype == torch.float32 else "tf32", UPCAST=_upcast(t))
+
+
+def _upcast(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bfloat16 and t.device.type == "cpu"
 
 
 def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float
@@ -285,7 +292,7 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         _fwd_kernel[(cdiv(T, plan.fwd_m), B * NH)](
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             T, NH, NH // NG, scale2, cap_c1, cap2,
-            HAS_CAP=softcap > 0, PREC=_prec(q), HS=HS, BLOCK_M=plan.fwd_m, BLOCK_N=plan.fwd_n,
+            HAS_CAP=softcap > 0, **_prec(q), HS=HS, BLOCK_M=plan.fwd_m, BLOCK_N=plan.fwd_n,
             num_warps=plan.fwd_warps, num_stages=plan.fwd_stages,
         )
     return o, lse
@@ -317,7 +324,7 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     delta = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
     _delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
         o, do, delta, *o.stride()[:3], *do.stride()[:3], T, NH, HS=HS, BLOCK_M=plan.delta_m, num_warps=4)
-    common = dict(HAS_CAP=softcap > 0, PREC=_prec(q), HS=HS)
+    common = dict(HAS_CAP=softcap > 0, **_prec(q), HS=HS)
     _dkdv_kernel[(cdiv(T, plan.kv_n), B * NG)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],

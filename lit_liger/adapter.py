@@ -310,8 +310,8 @@ class _AttentionMixin:
     def _liger_softcap_kernel_here(self, q: torch.Tensor, T: int) -> bool:
         """Whether this call runs lit-liger's Triton softcap attention (``kernels/attention.py``): a softcap layer
         whose sequence fits inside its window (or that has none), where FlexAttention would otherwise serve it;
-        bf16/fp16 CUDA tensors (measured faster there; fp32 keeps FlexAttention), or CPU ones of any float dtype under
-        Triton's interpreter."""
+        bf16/fp16 NVIDIA CUDA tensors (measured faster there; fp32 and ROCm keep FlexAttention), or CPU ones of any float
+        dtype under Triton's interpreter."""
         cfg = self.config
         return (
             cfg.attention_logit_softcapping is not None
@@ -319,6 +319,7 @@ class _AttentionMixin:
             and supported_head_size(cfg.head_size)
             and (q.dtype in (torch.float16, torch.bfloat16) or (q.dtype == torch.float32 and not q.is_cuda))
             and use_triton(q)
+            and torch.version.hip is None  # measured on NVIDIA; ROCm keeps FlexAttention
             and _attention.effective_window(T, self._liger_window()) is None
             and self._liger_attention_path() == "flex"
         )

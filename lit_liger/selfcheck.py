@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         rms_norm_linear,
         rope,
         rope_qkv,
+        softcap_attention,
         swiglu,
     )
+    from lit_liger.kernels.attention import reference as attention_reference
     from lit_liger.kernels._launch import device_limits, interpret_mode
 
     dev = torch.device("cuda" if cuda else "cpu")
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
     qkv = torch.randn(B, T, (nh + 2 * ng) * hs, device=dev, dtype=dtype)
     check("rope_qkv (fused qkv)", lambda qkv: rope_qkv(qkv, cos, sin, nh, ng), litgpt_qkv, [qkv])
+    v = torch.randn(B, ng, T, hs, device=dev, dtype=dtype)
+    check("softcap_attention (GQA)", lambda q, k, v: softcap_attention(q, k, v, 2 * hs**-0.5, 5.0),
+          lambda q, k, v: attention_reference(q, k, v, 2 * hs**-0.5, 5.0), [q, k, v])
     xs = torch.randn(N, H, device=dev, dtype=dtype)
     W = torch.randn(V, H, device=dev, dtype=dtype) * H**-0.5
     tgt = torch.randint(0, V, (N,), device=dev)

@@ -60,7 +60,9 @@ json.dump(results, sys.stdout)
 """
 
 
-def _record_launches(monkeypatch) -> list[dict]:
+def _record_launches(monkeypatch, exercise=None, limits=None) -> list[dict]:
+    """Each distinct launch of ``exercise()`` (default: every op but the attention, on an H100's plans) under the
+    interpreter, with ``_launch``'s device limits for CPU tensors set to ``limits`` (the plans of that device)."""
     import triton.runtime.interpreter as interp
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import native_specialize_impl
@@ -95,11 +97,24 @@ def _record_launches(monkeypatch) -> list[dict]:
     monkeypatch.setattr(interp.InterpretedFunction, "run", run)
     from helpers import exercise_kernels
 
-    monkeypatch.setattr(_launch, "_CPU_LIMITS", _launch.DeviceLimits("H100 (plan only)", 32, 1024, 132, (9, 0), False))
+    monkeypatch.setattr(_launch, "_CPU_LIMITS",
+                        limits or _launch.DeviceLimits("H100 (plan only)", 32, 1024, 132, (9, 0), False))
+    if exercise is not None:
+        exercise()
+        return list(specs.values())
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         exercise_kernels(2048, dtype, variants=True)
     exercise_kernels(96, torch.bfloat16)  # smaller blocks and warps
     return list(specs.values())
+
+
+def _compile(specs, targets) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps([specs, targets]), env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 def test_every_kernel_compiles_for_gpus(monkeypatch):
@@ -113,12 +128,7 @@ def test_every_kernel_compiles_for_gpus(monkeypatch):
         if name.endswith("_kernel") and hasattr(obj, "fn")
     }
     assert kernel_names and names == kernel_names, kernel_names - names  # every kernel was launched
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps([specs, TARGETS]), env=env,
-                          capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout)
+    results = _compile(specs, TARGETS)
     failures = [r for r in results if "error" in r]
     assert not failures, json.dumps(failures[:3], indent=1)
     compiled = [r for r in results if "kernel" in r]
@@ -127,3 +137,43 @@ def test_every_kernel_compiles_for_gpus(monkeypatch):
     # shared memory of every launch fits the smallest of these devices (A100: 163 KB per block)
     worst = max(compiled, key=lambda r: r["shared"])
     assert worst["shared"] <= 163 * 1024, worst
+
+
+# (device limits the plans are chosen for, its compile target, shared memory per block it allows)
+ATTENTION_DEVICES = [
+    (_launch.DeviceLimits("H100 (plan only)", 32, 1024, 132, (9, 0), False), ("cuda", 90, 32, "all"), 227 * 1024),
+    (_launch.DeviceLimits("A100 (plan only)", 32, 1024, 108, (8, 0), False), ("cuda", 80, 32, "all"), 163 * 1024),
+    (_launch.DeviceLimits("MI300 (plan only)", 64, 1024, 304, (9, 4), True), ("hip", "gfx942", 64, "all"), 64 * 1024),
+]
+
+
+def _exercise_attention():
+    from lit_liger.kernels.attention import softcap_attention
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for hs, cap in ((256, 50.0), (128, None), (64, 30.0)):
+            q = torch.randn(1, 2, 40, hs, dtype=dtype).requires_grad_()
+            k, v = (torch.randn(1, 1, 40, hs, dtype=dtype).requires_grad_() for _ in range(2))
+            softcap_attention(q, k, v, hs ** -0.5, cap).sum().backward()
+
+
+@pytest.mark.parametrize("limits, target, smem", ATTENTION_DEVICES, ids=["sm90", "sm80", "gfx942"])
+def test_attention_kernels_compile_within_each_devices_shared_memory(monkeypatch, limits, target, smem):
+    """The softcap attention's plans (``_launch.attention_plan``) hold whole tiles of q, k, v and dO in shared memory,
+    so each device gets its own: every launch (3 dtypes, head sizes 256 / 128 / 64, with and without the softcap)
+    compiles for that device and fits its shared memory (the H100's measured plans would not fit an A100's)."""
+    if not _launch.interpret_mode():
+        pytest.skip("records launches through Triton's interpreter")
+    from lit_liger.kernels import attention
+
+    monkeypatch.setattr(attention, "_upcast", lambda t: False)  # the interpreter's bf16 workaround: not a GPU launch
+    specs = _record_launches(monkeypatch, _exercise_attention, limits)
+    assert {s["name"] for s in specs} == {"_fwd_kernel", "_delta_kernel", "_dkdv_kernel", "_dq_kernel"}
+    results = _compile(specs, [target])
+    if all("skipped" in r for r in results):
+        pytest.skip(results[0]["skipped"])
+    failures = [r for r in results if "error" in r]
+    assert not failures, json.dumps(failures[:2], indent=1)
+    assert len(results) == len(specs)
+    worst = max(results, key=lambda r: r["shared"])
+    assert worst["shared"] <= smem, worst

@@ -146,18 +146,6 @@ def test_bad_inputs_are_refused(device):
             softcap_attention(q, k.cpu(), v, 0.5)
 
 
-def test_plans_are_legal():
-    """Every plan: powers of two, the forward's/backward's blocks at least 16 (tl.dot's minimum)."""
-    for hs in (16, 64, 128, 256):
-        for dev in ("cpu", "cuda"):
-            if dev == "cuda" and not torch.cuda.is_available():
-                continue
-            p = L.attention_plan(hs, torch.bfloat16, torch.device(dev))
-            for v in (p.fwd_m, p.fwd_n, p.kv_m, p.kv_n, p.q_m, p.q_n, p.delta_m):
-                assert v >= 16 and not v & (v - 1)
-            assert p.fwd_warps in (1, 2, 4, 8, 16)
-
-
 def test_custom_ops_fake_and_autograd_registration(device):
     """``torch.library.opcheck``: the custom ops' fake implementations, schemas and autograd agree with the kernels
     (what torch.compile traces)."""
