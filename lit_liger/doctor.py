@@ -40,7 +40,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_KERNELS = ("rms_norm", "layer_norm", "rope", "swiglu", "geglu", "fused_linear_cross_entropy")
+_KERNELS = ("rms_norm", "layer_norm", "rope", "swiglu", "geglu", "softcap_attention", "fused_linear_cross_entropy")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,6 +203,12 @@ def _smoke_cases(device: torch.device) -> dict[str, Callable[[Any], float]]:
             [rnd(6, 40), rnd(6, 40)],
         )
 
+    def softcap_attention(k):
+        from .kernels.attention import reference
+
+        return compare(lambda q, kk, v: k(q, kk, v, 0.5, 5.0), lambda q, kk, v: reference(q, kk, v, 0.5, 5.0),
+                       [rnd(2, 4, 20, 16), rnd(2, 2, 20, 16), rnd(2, 2, 20, 16)])
+
     def flce(k):
         t = torch.randint(0, 50, (12,), generator=g).to(device)
         return compare(lambda x, w: k(x, w, t), lambda x, w: F.cross_entropy(x @ w.t(), t), [rnd(12, 24), rnd(50, 24)])
@@ -213,6 +219,7 @@ def _smoke_cases(device: torch.device) -> dict[str, Callable[[Any], float]]:
         "rope": rope,
         "swiglu": swiglu,
         "geglu": geglu,
+        "softcap_attention": softcap_attention,
         "fused_linear_cross_entropy": flce,
     }
 

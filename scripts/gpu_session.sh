@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6|att7 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6|att7|att8 (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -304,6 +304,15 @@ case $phase in
       --out "$OUT/conv-gemma2" 2>&1 | tail -4
     timeout 170 python3 -m benchmarks recipe --models gemma-2-2b --n_layer 2 --micro_batches 4 --iters 100 \
       --variants stock,liger --out "$OUT/recipe-gemma2-2L" 2>&1 | grep "lora B" ;;
+  att8)   # the final code (per-device attention plans, the UPCAST constexpr, doctor/selfcheck rows): the kernel's GPU
+          # tests, the self-check and doctor on the GPU, gemma-2-2b's lit-liger step
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED|SKIPPED" "$OUT/pytest.log" | head -20
+    timeout 90 python3 -m lit_liger.selfcheck 2>&1 | tail -12
+    timeout 60 lit-liger doctor 2>&1 | grep -i -E "softcap|attention|kernel" | head -5
+    timeout 200 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger --steps 20 --warmup 3 \
+      --out "$OUT/step-gemma2-final" 2>&1 | tail -3 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
