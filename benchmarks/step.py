@@ -278,6 +278,7 @@ def run_one(config, variant: str, B: int, T: int, opts, *, steps: int, warmup: i
 # Kernel-name patterns -> category, first match wins (lower-case substrings).
 PROFILE_CATEGORIES = (
     ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("lit-liger attention", ("_attn_fwd_kernel", "_attn_delta_kernel", "_attn_dkdv_kernel", "_attn_dq_kernel")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "_mm_", "matmul", "splitk")),
     ("lit-liger triton", ("_rms_fwd_kernel", "_rms_bwd_kernel", "_ln_fwd_kernel", "_ln_bwd_kernel", "_rope_kernel",

@@ -74,7 +74,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T
 
 
 @triton.jit
-def _fwd_kernel(
+def _attn_fwd_kernel(
     Q, K, V, O, LSE,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     T, NH, GROUP, scale2, cap_c1, cap2,
@@ -112,7 +112,7 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _delta_kernel(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T, NH, HS: tl.constexpr, BLOCK_M: tl.constexpr):
+def _attn_delta_kernel(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T, NH, HS: tl.constexpr, BLOCK_M: tl.constexpr):
     """``delta = rowsum(dO * O)`` in fp32, per query row."""
     bh = tl.program_id(1)
     b = bh // NH
@@ -155,7 +155,7 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt
 
 
 @triton.jit
-def _dkdv_kernel(
+def _attn_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
     T, NH, NG, GROUP, scale, scale2, cap_c1, cap2,
@@ -216,7 +216,7 @@ def _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, sv
 
 
 @triton.jit
-def _dq_kernel(
+def _attn_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
     T, NH, GROUP, scale, scale2, cap_c1, cap2,
@@ -289,7 +289,7 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     if o.numel():
         plan = attention_plan(HS, q.dtype, q.device)
         scale2, cap_c1, cap2 = _consts(scale, softcap)
-        _fwd_kernel[(cdiv(T, plan.fwd_m), B * NH)](
+        _attn_fwd_kernel[(cdiv(T, plan.fwd_m), B * NH)](
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             T, NH, NH // NG, scale2, cap_c1, cap2,
             HAS_CAP=softcap > 0, **_prec(q), HS=HS, BLOCK_M=plan.fwd_m, BLOCK_N=plan.fwd_n,
@@ -322,16 +322,16 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     plan = attention_plan(HS, q.dtype, q.device)
     scale2, cap_c1, cap2 = _consts(scale, softcap)
     delta = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
-    _delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
+    _attn_delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
         o, do, delta, *o.stride()[:3], *do.stride()[:3], T, NH, HS=HS, BLOCK_M=plan.delta_m, num_warps=4)
     common = dict(HAS_CAP=softcap > 0, **_prec(q), HS=HS)
-    _dkdv_kernel[(cdiv(T, plan.kv_n), B * NG)](
+    _attn_dkdv_kernel[(cdiv(T, plan.kv_n), B * NG)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         T, NH, NG, NH // NG, scale, scale2, cap_c1, cap2,
         BLOCK_M=plan.kv_m, BLOCK_N=plan.kv_n, num_warps=plan.kv_warps, num_stages=plan.kv_stages, **common,
     )
-    _dq_kernel[(cdiv(T, plan.q_m), B * NH)](
+    _attn_dq_kernel[(cdiv(T, plan.q_m), B * NH)](
         q, k, v, do, lse, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
         T, NH, NH // NG, scale, scale2, cap_c1, cap2,

@@ -168,7 +168,8 @@ def test_attention_kernels_compile_within_each_devices_shared_memory(monkeypatch
 
     monkeypatch.setattr(attention, "_upcast", lambda t: False)  # the interpreter's bf16 workaround: not a GPU launch
     specs = _record_launches(monkeypatch, _exercise_attention, limits)
-    assert {s["name"] for s in specs} == {"_fwd_kernel", "_delta_kernel", "_dkdv_kernel", "_dq_kernel"}
+    assert {s["name"] for s in specs} == {"_attn_fwd_kernel", "_attn_delta_kernel", "_attn_dkdv_kernel",
+                                          "_attn_dq_kernel"}
     results = _compile(specs, [target])
     if all("skipped" in r for r in results):
         pytest.skip(results[0]["skipped"])
