@@ -74,6 +74,24 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T
 
 
 @triton.jit
+def _query_block(K, V, skb, skh, svb, svh, T, NH, GROUP, HS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """A query-block program's indices: its first row, (batch, head) index, batch, head, the row / key / feature
+    offsets, which rows exist, and the bases of its kv head's k and v (GQA: head ``h`` reads kv head
+    ``h // GROUP``)."""
+    start = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // NH
+    h = bh % NH
+    g = h // GROUP
+    offs_m = start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HS)
+    k_base = K + b.to(tl.int64) * skb + g * skh + offs_d[None, :]
+    v_base = V + b.to(tl.int64) * svb + g * svh + offs_d[None, :]
+    return start, bh, b, h, offs_m, tl.arange(0, BLOCK_N), offs_d, offs_m < T, k_base, v_base
+
+
+@triton.jit
 def _attn_fwd_kernel(
     Q, K, V, O, LSE,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
@@ -81,18 +99,10 @@ def _attn_fwd_kernel(
     HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // NH
-    h = bh % NH
-    g = h // GROUP
-    offs_m = start + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
+    start, bh, b, h, offs_m, offs_n, offs_d, row_ok, k_base, v_base = _query_block(
+        K, V, skb, skh, svb, svh, T, NH, GROUP, HS, BLOCK_M, BLOCK_N)
     q = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                mask=offs_m[:, None] < T, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + g * skh + offs_d[None, :]
-    v_base = V + b.to(tl.int64) * svb + g * svh + offs_d[None, :]
+                mask=row_ok[:, None], other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HS), tl.float32)
@@ -105,7 +115,6 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, kv, offs_m, offs_n, skt, svt, T,
                                    scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST)
     acc = acc / l_i[:, None]
-    row_ok = offs_m < T
     tl.store(O + b.to(tl.int64) * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
              acc.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + bh.to(tl.int64) * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
@@ -224,23 +233,14 @@ def _attn_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One query block of one head: ``dq = Σ ds k`` over the key blocks up to the diagonal."""
-    start = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // NH
-    h = bh % NH
-    g = h // GROUP
-    offs_m = start + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    row_ok = offs_m < T
+    start, bh, b, h, offs_m, offs_n, offs_d, row_ok, k_base, v_base = _query_block(
+        K, V, skb, skh, svb, svh, T, NH, GROUP, HS, BLOCK_M, BLOCK_N)
     q = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b.to(tl.int64) * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
     lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + g * skh + offs_d[None, :]
-    v_base = V + b.to(tl.int64) * svb + g * svh + offs_d[None, :]
     dq = tl.zeros((BLOCK_M, HS), tl.float32)
     full_end = (start // BLOCK_N) * BLOCK_N
     for kv in range(0, full_end, BLOCK_N):
