@@ -696,11 +696,13 @@ def test_config_parses_with_print_config(path, monkeypatch, capsys):
 def test_doctor_runs_on_cpu(monkeypatch, capsys):
     run_cli(monkeypatch, ["doctor"])
     out = capsys.readouterr().out
-    for needle in ("torch", "triton", "lightning", "litgpt", "rms_norm", "rope", "fused_linear_cross_entropy"):
+    from lit_liger.doctor import _KERNELS
+
+    for needle in ("torch", "triton", "lightning", "litgpt", *_KERNELS):
         assert needle in out
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
         assert "interpreter" in out and "MISMATCH" not in out and "FAILED" not in out
-        assert out.count("ok (rel err") == 6
+        assert out.count("ok (rel err") == len(_KERNELS) == 7  # one checked row per kernel, softcap_attention too
 
 
 def test_doctor_reports_missing_optional_pieces_with_the_install_line(monkeypatch, capsys):
