@@ -253,7 +253,7 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device,
 class AttentionPlan:
     """Blocks, warps and stages of ``kernels/attention.py``: the forward (query rows ``fwd_m`` x key rows
     ``fwd_n``), the key-block backward (``kv_n`` key rows, stepping ``kv_m`` query rows), the query-block
-    backward (``q_m`` x ``q_n``) and the ``delta`` pass (``delta_m`` rows)."""
+    backward (``q_m`` x ``q_n``) and the ``delta`` pass (``delta_m`` rows, ``delta_warps`` warps)."""
 
     fwd_m: int
     fwd_n: int
@@ -268,6 +268,7 @@ class AttentionPlan:
     q_warps: int
     q_stages: int
     delta_m: int = 64
+    delta_warps: int = 4
 
 
 #: the interpreter (CI): small blocks, so a test's short sequences still cross several blocks and the padding

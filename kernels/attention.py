@@ -323,7 +323,8 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     scale2, cap_c1, cap2 = _consts(scale, softcap)
     delta = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
     _attn_delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
-        o, do, delta, *o.stride()[:3], *do.stride()[:3], T, NH, HS=HS, BLOCK_M=plan.delta_m, num_warps=4)
+        o, do, delta, *o.stride()[:3], *do.stride()[:3], T, NH, HS=HS, BLOCK_M=plan.delta_m,
+        num_warps=plan.delta_warps)
     common = dict(HAS_CAP=softcap > 0, **_prec(q), HS=HS)
     _attn_dkdv_kernel[(cdiv(T, plan.kv_n), B * NG)](
         q, k, v, do, lse, delta, dk, dv,

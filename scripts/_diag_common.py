@@ -1,5 +1,24 @@
 """Pieces shared by the device diagnostic scripts (run as ``python scripts/NAME.py``; this folder is on sys.path)."""
+import statistics
+
 import torch
+
+
+def cuda_median_ms(fn, n=20, warmup=3):
+    """Median milliseconds of ``fn()`` between two CUDA events, after ``warmup`` untimed calls (no L2 clearing:
+    back-to-back calls, as a training step runs them)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
 
 
 def lora_llama_1b(device="cuda"):

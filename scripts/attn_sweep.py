@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from _diag_common import cuda_median_ms
 from lit_liger import attention as A
 from lit_liger.kernels import _launch as L
 from lit_liger.kernels import attention as K
@@ -56,21 +56,6 @@ ROUND3 = dict(
     kv=[(128, 32, 8, 2), (128, 64, 16, 2), (64, 64, 16, 2), (128, 32, 16, 2), (128, 64, 16, 1), (64, 32, 8, 2)],
     q=[(128, 32, 8, 3), (128, 64, 16, 2), (128, 32, 16, 3), (256, 32, 16, 2), (128, 64, 16, 1)],
 )
-
-
-def _med(fn, n: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def _errs(out, grads, ref_out, ref_grads) -> dict:
@@ -113,20 +98,20 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     flex = lambda a, b, c: A.flex_attend(a, b, c, scale=scale, softcap=cap)  # noqa: E731
     tri = lambda a, b, c: K.softcap_attention(a, b, c, scale, cap)  # noqa: E731
-    res["flex_fwd_ms"] = _med(lambda: flex(q, k, v), n)
-    res["flex_fwd_bwd_ms"] = _med(fwd_bwd(flex), n)
-    res["triton_fwd_bwd_ms"] = _med(fwd_bwd(tri), n)
+    res["flex_fwd_ms"] = cuda_median_ms(lambda: flex(q, k, v), n)
+    res["flex_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(flex), n)
+    res["triton_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(tri), n)
     capf = float(cap or 0.0)
     o, lse = K._attn_fwd_impl(q, k, v, scale, capf)
-    res["triton_fwd_ms"] = _med(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
-    res["triton_bwd_ms"] = _med(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
+    res["triton_fwd_ms"] = cuda_median_ms(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
+    res["triton_bwd_ms"] = cuda_median_ms(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
     for backend, label in ((torch.nn.attention.SDPBackend.FLASH_ATTENTION, "sdpa_flash_nocap"),
                            (torch.nn.attention.SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_nocap")):
         def sdpa(a, b, c, backend=backend):
             with torch.nn.attention.sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=scale, enable_gqa=ng != nh)
         try:
-            res[label + "_fwd_bwd_ms"] = _med(fwd_bwd(sdpa), n)
+            res[label + "_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(sdpa), n)
         except Exception as e:  # noqa: BLE001 - a backend that does not take this shape
             res[label + "_fwd_bwd_ms"] = f"{type(e).__name__}: {str(e)[:120]}"
     if quick:
@@ -144,10 +129,10 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
             L.ATTENTION_PLAN_OVERRIDE[0] = plan
             try:
                 if part == "fwd":
-                    rows[str(c)] = _med(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
+                    rows[str(c)] = cuda_median_ms(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
                 else:
                     # the whole backward: the other backward kernel is at the default in every row of this part
-                    rows[str(c)] = _med(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
+                    rows[str(c)] = cuda_median_ms(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
             except Exception as e:  # noqa: BLE001 - out of shared memory / registers
                 rows[str(c)] = f"{type(e).__name__}: {str(e)[:100]}"
             finally:
@@ -171,7 +156,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     res["best_plan"] = dataclasses.asdict(plan)
     L.ATTENTION_PLAN_OVERRIDE[0] = plan
     try:
-        res["best_fwd_bwd_ms"] = _med(fwd_bwd(tri), n)
+        res["best_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(tri), n)
         o2 = K.softcap_attention(qb, kb, vb, scale, cap)
         res["err_triton_best"] = _errs(o2, torch.autograd.grad(o2, (qb, kb, vb), do), ref32[0], ref32[1])
     finally:

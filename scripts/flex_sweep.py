@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from _diag_common import cuda_median_ms
 from lit_liger import attention as A
 
 SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, window, scale)
@@ -59,18 +59,12 @@ CANDIDATES = {
 
 def _time(fn, q, k, v, n=20, warmup=3) -> float:
     g = torch.randn_like(q)
-    for _ in range(warmup):
-        fn(q, k, v).backward(g)
-    times = []
-    for _ in range(n):
+
+    def step():
         q.grad = k.grad = v.grad = None
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
         fn(q, k, v).backward(g)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+
+    return cuda_median_ms(step, n, warmup)
 
 
 def main() -> None:
