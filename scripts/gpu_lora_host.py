@@ -22,6 +22,7 @@ from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from _diag_common import cuda_median_ms
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 
 p = argparse.ArgumentParser()
@@ -125,16 +126,7 @@ if "sdpa" in opts.parts:
                     call()
                     torch.cuda.synchronize()
                     first = (time.perf_counter() - t0) * 1e3
-                    for _ in range(3):
-                        call()
-                    times = []
-                    for _ in range(20):
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        call()
-                        b.record()
-                        b.synchronize()
-                        times.append(a.elapsed_time(b))
+                    repeat_gpu_ms = cuda_median_ms(call, n=20, warmup=3)
                     host_t = []
                     for _ in range(10):
                         torch.cuda.synchronize()
@@ -142,7 +134,7 @@ if "sdpa" in opts.parts:
                         call()
                         host_t.append((time.perf_counter() - t0) * 1e3)
                     rows.append({"backend": name, "B": B, "T": T, "first_ms": first,
-                                 "repeat_gpu_ms": statistics.median(times), "host_ms": statistics.median(host_t)})
+                                 "repeat_gpu_ms": repeat_gpu_ms, "host_ms": statistics.median(host_t)})
                 except Exception as e:  # noqa: BLE001
                     rows.append({"backend": name, "B": B, "T": T, "error": str(e)[:200]})
                 print("sdpa", json.dumps(rows[-1]), flush=True)
