@@ -252,8 +252,11 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device,
 @dataclass(frozen=True)
 class AttentionPlan:
     """Blocks, warps and stages of ``kernels/attention.py``: the forward (query rows ``fwd_m`` x key rows
-    ``fwd_n``), the key-block backward (``kv_n`` key rows, stepping ``kv_m`` query rows), the query-block
-    backward (``q_m`` x ``q_n``) and the ``delta`` pass (``delta_m`` rows, ``delta_warps`` warps)."""
+    ``fwd_n``), the key-block backward (``kv_n`` key rows, stepping ``kv_m`` query rows; ``kv_hs_major``: it
+    accumulates ``dk``/``dv`` transposed, ``(hs, kv_n)``, which puts the head size in its dots' M: Hopper's
+    warp-group MMA needs M >= 64, and 64-key ``(kv_n, hs)`` accumulators at head size 256 do not fit the
+    registers), the query-block backward (``q_m`` x ``q_n``) and the ``delta`` pass (``delta_m`` rows,
+    ``delta_warps`` warps)."""
 
     fwd_m: int
     fwd_n: int
@@ -269,6 +272,7 @@ class AttentionPlan:
     q_stages: int
     delta_m: int = 64
     delta_warps: int = 4
+    kv_hs_major: bool = False
 
 
 #: the interpreter (CI): small blocks, so a test's short sequences still cross several blocks and the padding
@@ -301,11 +305,14 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> A
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,
         # softcap 50): each kernel's best of 9-10 candidates (h100-2026-11-24g/attn/), then of 6-8 around those
-        # (attn2/): forward 0.34 ms, backward 1.2 ms; forward + backward 1.51 ms against FlexAttention's 2.36
-        return AttentionPlan(128, 64, 8, 2, 128, 32, 8, 2, 128, 32, 8, 3)
-    # not swept: at head size 128 (B4 T2048, 16 heads, 8 groups, softcap 30) forward + backward 2.11 ms against
-    # FlexAttention's 2.40 (h100-2026-11-24g/attn-quick/)
-    return AttentionPlan(128, 64, 8, 2, 64, 64, 8, 2, 64, 64, 8, 2)
+        # (attn2/): forward 0.34 ms, backward 1.2 ms; forward + backward 1.51 ms against FlexAttention's 2.36.
+        # The key-block backward in the (hs, keys) layout (h100-2026-11-24h/attn4/, 8 candidates of both layouts):
+        # the whole backward 1.11 ms against 1.21 for the (keys, hs) layout's best, in one run
+        return AttentionPlan(128, 64, 8, 2, 128, 32, 8, 1, 128, 32, 8, 3, kv_hs_major=True)
+    # head size 128 (B4 T2048, 16 heads, 8 groups, softcap 30; gemma-2-27b's heads), the backward's kernels swept
+    # (h100-2026-11-24h/attn5/, both layouts): forward + backward 1.80 ms against 2.10 with the earlier unswept plan
+    # and FlexAttention's 1.91, in one run
+    return AttentionPlan(128, 64, 8, 2, 128, 64, 8, 2, 128, 64, 8, 2, kv_hs_major=True)
 
 
 # ----------------------------------------------------------------------------------------------

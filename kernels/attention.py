@@ -142,7 +142,10 @@ def _cdiv(a, b: tl.constexpr):
 @triton.jit
 def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T, LSE, DELTA,
                 scale2, cap_c1, cap2, MASKED: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr,
-                UPCAST: tl.constexpr):
+                UPCAST: tl.constexpr, HS_MAJOR: tl.constexpr):
+    """One query block's contribution to a key block's ``dk``, ``dv``: ``(BLOCK_N, HS)``, or with ``HS_MAJOR``
+    their transposes ``(HS, BLOCK_N)`` (the head size is then the M of their dots: warp-group MMAs on Hopper
+    whatever the key block's size)."""
     rows = qs + offs_m
     row_ok = rows < T
     q = tl.load(q_base + rows[:, None] * sqt, mask=row_ok[:, None], other=0.0)
@@ -150,16 +153,26 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt
     # padded rows: lse = +inf gives p = 0 there
     lse = tl.load(LSE + row_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
-    zT, tT = _scores(_dot(k, tl.trans(q), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
-    pT = tl.exp2(zT - lse[None, :])  # (BLOCK_N, BLOCK_M)
-    if MASKED:
-        pT = tl.where(offs_n[:, None] <= rows[None, :], pT, 0.0)
-    dv += _dot(pT.to(do.dtype), do, PREC, UPCAST)
-    dpT = _dot(v, tl.trans(do), PREC, UPCAST)
-    dsT = pT * (dpT - delta[None, :])
-    if HAS_CAP:
-        dsT = dsT * (1.0 - tT * tT)
-    dk += _dot(dsT.to(q.dtype), q, PREC, UPCAST)
+    if HS_MAJOR:
+        z, t = _scores(_dot(q, tl.trans(k), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
+        p = tl.exp2(z - lse[:, None])  # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            p = tl.where(offs_n[None, :] <= rows[:, None], p, 0.0)
+        dv += _dot(tl.trans(do), p.to(do.dtype), PREC, UPCAST)
+        if HAS_CAP:
+            p = p * (1.0 - t * t)  # the softcap's derivative, folded in before dp is live
+        ds = p * (_dot(do, tl.trans(v), PREC, UPCAST) - delta[:, None])
+        dk += _dot(tl.trans(q), ds.to(q.dtype), PREC, UPCAST)
+    else:
+        zT, tT = _scores(_dot(k, tl.trans(q), PREC, UPCAST), scale2, cap_c1, cap2, HAS_CAP)
+        pT = tl.exp2(zT - lse[None, :])  # (BLOCK_N, BLOCK_M)
+        if MASKED:
+            pT = tl.where(offs_n[:, None] <= rows[None, :], pT, 0.0)
+        dv += _dot(pT.to(do.dtype), do, PREC, UPCAST)
+        if HAS_CAP:
+            pT = pT * (1.0 - tT * tT)
+        dsT = pT * (_dot(v, tl.trans(do), PREC, UPCAST) - delta[None, :])
+        dk += _dot(dsT.to(q.dtype), q, PREC, UPCAST)
     return dk, dv
 
 
@@ -169,7 +182,7 @@ def _attn_dkdv_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
     T, NH, NG, GROUP, scale, scale2, cap_c1, cap2,
     HAS_CAP: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HS_MAJOR: tl.constexpr,
 ):
     """One key block of one kv head: ``dv = Σ pᵀ dO``, ``dk = Σ dsᵀ q`` over the query heads of its group and the
     query blocks at or after it (causal)."""
@@ -183,8 +196,12 @@ def _attn_dkdv_kernel(
     col_ok = offs_n[:, None] < T
     k = tl.load(K + b.to(tl.int64) * skb + g * skh + offs_n[:, None] * skt + offs_d[None, :], mask=col_ok, other=0.0)
     v = tl.load(V + b.to(tl.int64) * svb + g * svh + offs_n[:, None] * svt + offs_d[None, :], mask=col_ok, other=0.0)
-    dk = tl.zeros((BLOCK_N, HS), tl.float32)
-    dv = tl.zeros((BLOCK_N, HS), tl.float32)
+    if HS_MAJOR:
+        dk = tl.zeros((HS, BLOCK_N), tl.float32)
+        dv = tl.zeros((HS, BLOCK_N), tl.float32)
+    else:
+        dk = tl.zeros((BLOCK_N, HS), tl.float32)
+        dv = tl.zeros((BLOCK_N, HS), tl.float32)
     lo = (start // BLOCK_M) * BLOCK_M
     masked_end = lo + _cdiv(start + BLOCK_N - lo, BLOCK_M) * BLOCK_M
     for hh in range(0, GROUP):
@@ -196,15 +213,19 @@ def _attn_dkdv_kernel(
         # row need no causal mask
         for qs in range(lo, tl.minimum(masked_end, T), BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                 LSE, DELTA, scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST)
+                                 LSE, DELTA, scale2, cap_c1, cap2, True, HAS_CAP, PREC, UPCAST, HS_MAJOR)
         for qs in range(masked_end, T, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                 LSE, DELTA, scale2, cap_c1, cap2, False, HAS_CAP, PREC, UPCAST)
+                                 LSE, DELTA, scale2, cap_c1, cap2, False, HAS_CAP, PREC, UPCAST, HS_MAJOR)
     dk = dk * scale
-    tl.store(DK + b.to(tl.int64) * sdkb + g * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + b.to(tl.int64) * sdvb + g * sdvh + offs_n[:, None] * sdvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok)
+    dk_ptr = DK + b.to(tl.int64) * sdkb + g * sdkh
+    dv_ptr = DV + b.to(tl.int64) * sdvb + g * sdvh
+    if HS_MAJOR:
+        tl.store(dk_ptr + offs_n[None, :] * sdkt + offs_d[:, None], dk.to(DK.dtype.element_ty), mask=col_ok.T)
+        tl.store(dv_ptr + offs_n[None, :] * sdvt + offs_d[:, None], dv.to(DV.dtype.element_ty), mask=col_ok.T)
+    else:
+        tl.store(dk_ptr + offs_n[:, None] * sdkt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok)
+        tl.store(dv_ptr + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -217,10 +238,9 @@ def _dq_block(dq, q, do, lse, delta, k_base, v_base, kv, offs_m, offs_n, skt, sv
     p = tl.exp2(z - lse[:, None])
     if MASKED:
         p = tl.where(cols[None, :] <= offs_m[:, None], p, 0.0)
-    dp = _dot(do, tl.trans(v), PREC, UPCAST)
-    ds = p * (dp - delta[:, None])
     if HAS_CAP:
-        ds = ds * (1.0 - t * t)
+        p = p * (1.0 - t * t)  # the softcap's derivative, folded in before dp is live
+    ds = p * (_dot(do, tl.trans(v), PREC, UPCAST) - delta[:, None])
     return dq + _dot(ds.to(k.dtype), k, PREC, UPCAST)
 
 
@@ -330,7 +350,7 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         q, k, v, do, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         T, NH, NG, NH // NG, scale, scale2, cap_c1, cap2,
-        BLOCK_M=plan.kv_m, BLOCK_N=plan.kv_n, num_warps=plan.kv_warps, num_stages=plan.kv_stages, **common,
+        BLOCK_M=plan.kv_m, BLOCK_N=plan.kv_n, HS_MAJOR=plan.kv_hs_major, num_warps=plan.kv_warps, num_stages=plan.kv_stages, **common,
     )
     _attn_dq_kernel[(cdiv(T, plan.q_m), B * NH)](
         q, k, v, do, lse, delta, dq,

@@ -364,6 +364,23 @@ def _(a, b, weight, bias, activation):
     return a.new_empty((*a.shape[:-1], weight.shape[0]))
 
 
+def _glu_bwd_h_impl(
+    dh: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str, need_da: bool, need_db: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``glu_linear``'s backward with an input gradient and the weight's: new ``da``/``db``, and the forward's
+    product ``act(a) * b`` written over ``dh`` (fresh, contiguous), which the weight gradient then reads."""
+    return _glu_bwd_new_outputs(dh, a, b, activation, need_da, need_db, write_h=True)
+
+
+# mutates ``dh`` (declared: functionalized under torch.compile, which keeps it in place where dh has no other reader)
+_glu_bwd_h = torch.library.custom_op("lit_liger::glu_bwd_h", _glu_bwd_h_impl, mutates_args=("dh",))
+
+
+@_glu_bwd_h.register_fake
+def _(dh, a, b, activation, need_da, need_db):
+    return (a.new_empty(a.shape) if need_da else a.new_empty(0)), (b.new_empty(b.shape) if need_db else b.new_empty(0))
+
+
 def _gl_setup_context(ctx, inputs, output):
     a, b, weight, bias, activation = inputs
     ctx.save_for_backward(a, b, weight)  # not the GLU product: recomputed for the weight gradient
@@ -371,26 +388,36 @@ def _gl_setup_context(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
-def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd):
+def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd, glu_bwd_h=_glu_bwd_h):
+    """``glu_linear``'s backward (the custom op's; the eager function passes the plain implementations).
+
+    With the weight's gradient and an input's: one elementwise kernel writes ``d a``, ``d b`` and, over ``d h``
+    (which it has just read), the product the weight gradient needs: no recompute pass reading ``a`` and ``b``
+    again, no more memory than the recompute's ``(N, I)`` tensor. Only the weight's: the product recomputed.
+    Only inputs': the GLU backward."""
     a, b, weight = ctx.saved_tensors
-    if getattr(ctx, "reuse", False):
-        glu_bwd = _glu_bwd_into_inputs  # after the weight gradient's recompute below, which reads a and b
+    reuse = getattr(ctx, "reuse", False)  # eager only: the input gradients written over a and b
     need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
-    dw = dbias = None
-    if need_dw:
+    dw = da = db = None
+    if need_dw and (need_da or need_db):
+        dh = dy.matmul(weight)  # (..., I): new, contiguous
+        if reuse:
+            da, db = _glu_bwd_into_inputs(dh, a, b, ctx.activation, need_da, need_db, write_h=True)
+        else:
+            da, db = glu_bwd_h(dh, a, b, ctx.activation, need_da, need_db)
+        dw = dy2.t().mm(dh.reshape(-1, dh.shape[-1]))  # (C, I), from the product now in dh
+        del dh
+    elif need_dw:
         h = glu_fwd(a, b, ctx.activation)  # recomputed (..., I)
         dw = dy2.t().mm(h.reshape(-1, h.shape[-1]))  # (C, I)
         del h
-    if need_dbias:
-        dbias = dy2.sum(0)
-    da = db = None
-    if need_da or need_db:
+    elif need_da or need_db:
         dh = dy.matmul(weight)  # (..., I)
-        da, db = glu_bwd(dh, a, b, ctx.activation, need_da, need_db)
-        da, db = (da if need_da else None), (db if need_db else None)
-    return da, db, dw, dbias, None
+        da, db = (_glu_bwd_into_inputs if reuse else glu_bwd)(dh, a, b, ctx.activation, need_da, need_db)
+    dbias = dy2.sum(0) if need_dbias else None
+    return (da if need_da else None), (db if need_db else None), dw, dbias, None
 
 
 _glu_linear_op.register_autograd(_gl_backward, setup_context=_gl_setup_context)
@@ -404,11 +431,8 @@ class _GLULinearFn(torch.autograd.Function):
 
     A plain ``proj(glu(a, b))`` keeps the ``(N, I)`` product alive for ``proj``'s weight gradient
     in addition to ``a`` and ``b`` (LitGPT's LLaMAMLP keeps three ``(N, I)`` tensors per layer).
-    Here the backward gets the product back from ``a`` and ``b`` and frees it right after the weight
-    gradient: one ``(N, I)`` tensor per layer fewer for the whole step. Where the input gradients are
-    needed too, the GLU's backward kernel writes the product over ``d h`` after reading it, so it costs
-    one more store there. Otherwise it is one more pass of the forward kernel, which is memory-bound and
-    a few percent of the two GEMMs it sits between.
+    Here the backward gets the product back from ``a`` and ``b`` (see ``_gl_backward``) and frees it
+    right after the weight gradient: one ``(N, I)`` tensor per layer fewer for the whole step.
     """
 
     @staticmethod
@@ -420,21 +444,8 @@ class _GLULinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        need_da, need_db, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        if not (need_dw and (need_da or need_db)):
-            return (*_gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl), None)  # none for ``reuse``
-        # Both gradients: one elementwise kernel instead of two. It writes d a, d b and, over d h (which it has
-        # just read), the product the weight gradient needs: no recompute pass reading a and b again, no more
-        # memory than the recompute's (N, I) tensor
-        a, b, weight = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
-        dh = dy.matmul(weight)  # (..., I): new, contiguous
-        bwd = _glu_bwd_into_inputs if ctx.reuse else _glu_bwd_new_outputs
-        da, db = bwd(dh, a, b, ctx.activation, need_da, need_db, write_h=True)
-        dw = dy2.t().mm(dh.reshape(-1, dh.shape[-1]))  # (C, I), from the product now in dh
-        del dh
-        dbias = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return (da if need_da else None), (db if need_db else None), dw, dbias, None, None
+        grads = _gl_backward(ctx, dy, glu_fwd=_glu_fwd_impl, glu_bwd=_glu_bwd_impl, glu_bwd_h=_glu_bwd_h_impl)
+        return (*grads, None)  # none for ``reuse``
 
 
 def glu_linear(

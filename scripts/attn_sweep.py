@@ -57,6 +57,23 @@ ROUND3 = dict(
     q=[(128, 32, 8, 3), (128, 64, 16, 2), (128, 32, 16, 3), (256, 32, 16, 2), (128, 64, 16, 1)],
 )
 
+# fourth round: the key-block backward's two layouts (5th field ``kv_hs_major``: 0 = dk/dv as (keys, hs), whose dots
+# need 64-key blocks for Hopper's warp-group MMA; 1 = their transposes (hs, keys), the head size as the dots' M)
+ROUND4 = dict(
+    fwd=[(128, 64, 8, 2)],
+    kv=[(128, 32, 8, 2, 0), (32, 64, 8, 2, 0), (16, 64, 8, 2, 0), (16, 64, 8, 3, 0), (128, 16, 8, 1, 1),
+        (128, 32, 8, 1, 1), (64, 16, 8, 2, 1), (64, 32, 8, 2, 1)],
+    q=[(128, 32, 8, 3), (128, 32, 8, 2)],
+)
+
+# fifth round: head size 128 (not swept before), both layouts of the key-block backward around its current plan
+ROUND5 = dict(
+    fwd=[(128, 64, 8, 2)],
+    kv=[(64, 64, 8, 2, 0), (128, 64, 8, 1, 1), (128, 64, 8, 2, 1), (64, 64, 8, 2, 1), (128, 32, 8, 2, 1),
+        (128, 32, 8, 1, 1), (128, 128, 8, 1, 1)],
+    q=[(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
+)
+
 
 def _errs(out, grads, ref_out, ref_grads) -> dict:
     return {"out": (out.float() - ref_out).abs().max().item(),
@@ -119,9 +136,10 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     base = L.attention_plan(hs, q.dtype, dev)
     sweeps = {}
-    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3}[rnd]
+    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5}[rnd]
+    errs = {}
     for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-                                ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages")),
+                                ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
                                 ("q", cand["q"], ("q_m", "q_n", "q_warps", "q_stages"))):
         rows = {}
         for c in cands:
@@ -133,6 +151,9 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
                 else:
                     # the whole backward: the other backward kernel is at the default in every row of this part
                     rows[str(c)] = cuda_median_ms(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
+                    # and this plan's gradients against fp32 math (a wrong layout or mask shows here)
+                    o2 = K.softcap_attention(qb, kb, vb, scale, cap)
+                    errs[f"{part} {c}"] = _errs(o2, torch.autograd.grad(o2, (qb, kb, vb), do), ref32[0], ref32[1])
             except Exception as e:  # noqa: BLE001 - out of shared memory / registers
                 rows[str(c)] = f"{type(e).__name__}: {str(e)[:100]}"
             finally:
@@ -140,6 +161,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
         sweeps[part] = rows
         print(name, part, {k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in rows.items()}, flush=True)
     res["sweeps"] = sweeps
+    res["sweep_errs"] = errs
 
     def best(part):
         ok = {k_: v_ for k_, v_ in sweeps[part].items() if isinstance(v_, float)}
@@ -147,7 +169,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     chosen = {}
     for part, fields in (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-                         ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages")),
+                         ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
                          ("q", ("q_m", "q_n", "q_warps", "q_stages"))):
         b_ = best(part)
         if b_ is not None:
@@ -173,7 +195,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="gemma2")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3), help="candidate set: 1, ROUND2 or ROUND3")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3, 4, 5),
+                    help="candidate set: 1 or ROUND2 ... ROUND5")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

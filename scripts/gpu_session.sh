@@ -313,6 +313,23 @@ case $phase in
     timeout 60 lit-liger doctor 2>&1 | grep -i -E "softcap|attention|kernel" | head -5
     timeout 200 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger --steps 20 --warmup 3 \
       --out "$OUT/step-gemma2-final" 2>&1 | tail -3 ;;
+  b1)     # issue 15, eighth session: the key-block backward's (hs, keys) layout against (keys, hs) (4th sweep round,
+          # each candidate's gradients against fp32), then gemma-2-2b's lit-liger + compile step with a profile (the GLU
+          # backward under compile now the fused one)
+    timeout 240 python3 scripts/attn_sweep.py --out "$OUT/attn4" --shapes gemma2 --round 4 2>&1 | grep -v Warn | tail -6
+    timeout 330 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger+compile --steps 20 --warmup 3 \
+      --profile --out "$OUT/step-gemma2-lc-prof" 2>&1 | tail -4 ;;
+  b2)     # the (hs, keys) key-block backward as gemma-2's plan: the kernel's GPU tests (both layouts against fp64, the
+          # real-size gemma-2 shape), the GLU tests under compile; head size 128's sweep (5th round)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      -k "matches_fp64 or (real_size and 1024)" > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_swiglu.py \
+      -k "compiled_backward or bwd_h or gpu" 2>&1 | tail -3
+    timeout 200 python3 scripts/attn_sweep.py --out "$OUT/attn5" --shapes hs128 --round 5 2>&1 | grep -v Warn | tail -5 ;;
+  b3)     # gemma-2-2b's step against compile after this session's changes, each variant in its own process
+    timeout 480 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -6 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -1,5 +1,6 @@
 """lit-liger's Triton causal / softcap attention (``kernels/attention.py``) against fp64 math and LitGPT's."""
 
+import dataclasses
 import math
 
 import pytest
@@ -54,8 +55,12 @@ CASES = [
 
 @pytest.mark.parametrize("B, nh, ng, T, hs, softcap", CASES)
 @pytest.mark.parametrize("layout", ["bthd", "bhtd"])
-def test_matches_fp64(B, nh, ng, T, hs, softcap, layout, device):
+@pytest.mark.parametrize("kv_hs_major", [False, True], ids=["dkdv-keys-hs", "dkdv-hs-keys"])
+def test_matches_fp64(B, nh, ng, T, hs, softcap, layout, kv_hs_major, device, monkeypatch):
+    """Both layouts of the key-block backward (``AttentionPlan.kv_hs_major``), whichever the device's plan has."""
     q, k, v = _qkv(B, nh, ng, T, hs, torch.float32, device, layout)
+    plan = dataclasses.replace(L.attention_plan(hs, q.dtype, q.device), kv_hs_major=kv_hs_major)
+    monkeypatch.setattr(L, "ATTENTION_PLAN_OVERRIDE", [plan])
     scale = 1.7 / math.sqrt(hs)  # large enough that the softcap bends the scores
     out = softcap_attention(q, k, v, scale, softcap)
     assert out.shape == q.shape and out.dtype == q.dtype

@@ -284,6 +284,74 @@ def test_glu_linear_weight_gradient_from_the_fused_backward(reuse, need, device)
             assert torch.equal(g, g0)
 
 
+@pytest.mark.parametrize("need", ["a,b,w", "a,w", "w", "a,b"])
+def test_glu_linear_compiled_backward_is_the_eager_one(need, device):
+    """Under torch.compile (the custom op ``lit_liger::glu_linear``) the backward takes the eager path's kernels:
+    with the weight's gradient and an input's, the one GLU backward kernel that also writes the product over
+    ``d h`` (``lit_liger::glu_bwd_h``, a declared mutation), no recompute pass; the product is recomputed only
+    for the weight alone. Gradients against fp64; the traced ops read from the compiled backward graph."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from lit_liger.kernels._launch import use_triton
+    from lit_liger.kernels.swiglu import glu_linear
+
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton, no custom op)")
+    torch.manual_seed(21)
+    wants = need.split(",")
+    a = torch.randn(2, 5, 40, device=device, requires_grad="a" in wants)
+    b = torch.randn(2, 5, 40, device=device, requires_grad="b" in wants)
+    w = torch.randn(24, 40, device=device, requires_grad="w" in wants)
+    dy = torch.randn(2, 5, 24, device=device)
+    bw_ops = []
+
+    def bw_compiler(gm, _inputs):
+        bw_ops.extend(str(n.args[0] if "auto_functionalized" in str(n.target) else n.target)
+                      for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler)
+    torch._dynamo.reset()
+    out = torch.compile(lambda a, b, w: glu_linear(a * 1, b * 1, w, None, "gelu_tanh"), fullgraph=True,
+                        backend=backend)(a, b, w)
+    inputs = [t for t in (a, b, w) if t.requires_grad]
+    grads = torch.autograd.grad(out, inputs, dy)
+    torch._dynamo.reset()
+    a64, b64, w64 = (t.detach().double().requires_grad_(t.requires_grad) for t in (a, b, w))
+    ref = F.linear(F.gelu(a64, approximate="tanh") * b64, w64)
+    refs = torch.autograd.grad(ref, [t for t in (a64, b64, w64) if t.requires_grad], dy.double())
+    assert rel_err(out, ref) <= 1e-5
+    for g, r in zip(grads, refs):
+        assert rel_err(g, r) <= 1e-5
+    fused = sum("lit_liger.glu_bwd_h" in o for o in bw_ops)
+    recomputed = sum("lit_liger.glu_fwd" in o for o in bw_ops)
+    plain = sum(o.startswith("lit_liger.glu_bwd.") for o in bw_ops)
+    if "w" in wants and len(wants) > 1:
+        assert (fused, recomputed, plain) == (1, 0, 0), bw_ops
+    elif "w" in wants:
+        assert (fused, recomputed, plain) == (0, 1, 0), bw_ops
+    else:
+        assert (fused, recomputed, plain) == (0, 0, 1), bw_ops
+
+
+def test_glu_bwd_h_custom_op_registration(device):
+    """``torch.library.opcheck`` of the backward op that writes the product over ``d h``: schema (the declared
+    mutation), fake implementation."""
+    from lit_liger.kernels._launch import use_triton
+    from lit_liger.kernels.swiglu import _glu_bwd_h
+
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    a, b, dh = (torch.randn(3, 7, 40, device=device) for _ in range(3))
+    torch.library.opcheck(_glu_bwd_h, (dh, a, b, "silu", True, True), test_utils=("test_schema", "test_faketensor"))
+    dh2 = dh.clone()
+    da, db = _glu_bwd_h(dh2, a, b, "silu", True, False)
+    assert torch.allclose(dh2, F.silu(a) * b, rtol=1e-5, atol=1e-6)  # the product, over dh
+    assert torch.allclose(da, dh * torch.sigmoid(a) * (1 + a * (1 - torch.sigmoid(a))) * b, rtol=1e-4, atol=1e-5)
+    assert db.numel() == 0
+
+
 def test_glu_linear_bad_inputs(device):
     from lit_liger.kernels.swiglu import glu_linear
 
