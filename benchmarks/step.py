@@ -300,8 +300,8 @@ def _kernel_category(name: str) -> str:
 
 
 def profile_step(loss_fn, optimizer, x: torch.Tensor, y: torch.Tensor, n: int = 3) -> dict[str, Any]:
-    """Where one step's GPU time and memory go: kernel time per category and the 12 costliest kernels
-    (torch.profiler, mean of ``n`` steps), plus memory allocated at the end of forward and its peak."""
+    """Where one step's GPU time and memory go: kernel time per category, the 12 costliest kernels and every
+    kernel's (torch.profiler, mean of ``n`` steps), plus memory allocated at the end of forward and its peak."""
     if not C.CUDA:
         return {}
     from torch.profiler import ProfilerActivity, profile
@@ -337,6 +337,8 @@ def profile_step(loss_fn, optimizer, x: torch.Tensor, y: torch.Tensor, n: int = 
     return {"kernel_ms_per_step": sum(cats.values()), "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top_kernels": [{"name": k[:120], "ms": ms, "calls": c, "category": _kernel_category(k)}
                             for k, ms, c in top],
+            # every kernel (JSON only), to compare two variants' steps kernel by kernel
+            "kernels": [[k[:120], round(ms, 4), c] for k, ms, c in sorted(per_kernel, key=lambda t: -t[1])],
             "memory": mem}
 
 

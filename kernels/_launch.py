@@ -307,8 +307,9 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> A
         # softcap 50): each kernel's best of 9-10 candidates (h100-2026-11-24g/attn/), then of 6-8 around those
         # (attn2/): forward 0.34 ms, backward 1.2 ms; forward + backward 1.51 ms against FlexAttention's 2.36.
         # The key-block backward in the (hs, keys) layout (h100-2026-11-24h/attn4/, 8 candidates of both layouts):
-        # the whole backward 1.11 ms against 1.21 for the (keys, hs) layout's best, in one run
-        return AttentionPlan(128, 64, 8, 2, 128, 32, 8, 1, 128, 32, 8, 3, kv_hs_major=True)
+        # the whole backward 1.11 ms against 1.21 for the (keys, hs) layout's best, in one run; then 64-key blocks
+        # (attn6/, 5 candidates): 0.93 ms against 1.04 for 32 keys, in one run
+        return AttentionPlan(128, 64, 8, 2, 128, 64, 8, 1, 128, 32, 8, 3, kv_hs_major=True)
     # head size 128 (B4 T2048, 16 heads, 8 groups, softcap 30; gemma-2-27b's heads), the backward's kernels swept
     # (h100-2026-11-24h/attn5/, both layouts): forward + backward 1.80 ms against 2.10 with the earlier unswept plan
     # and FlexAttention's 1.91, in one run

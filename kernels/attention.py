@@ -78,8 +78,9 @@ def _query_block(K, V, skb, skh, svb, svh, T, NH, GROUP, HS: tl.constexpr, BLOCK
                  BLOCK_N: tl.constexpr):
     """A query-block program's indices: its first row, (batch, head) index, batch, head, the row / key / feature
     offsets, which rows exist, and the bases of its kv head's k and v (GQA: head ``h`` reads kv head
-    ``h // GROUP``)."""
-    start = tl.program_id(0) * BLOCK_M
+    ``h // GROUP``). The last query block (the most keys under the causal mask) goes to the first program, so the
+    longest programs start first and the short ones fill the last wave."""
+    start = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // NH
     h = bh % NH

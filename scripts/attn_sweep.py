@@ -74,6 +74,13 @@ ROUND5 = dict(
     q=[(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
 )
 
+# sixth round (head size 256): 64-key blocks in the (hs, keys) layout, 64-key blocks for the query-block backward
+ROUND6 = dict(
+    fwd=[(128, 64, 8, 2)],
+    kv=[(128, 32, 8, 1, 1), (128, 64, 8, 1, 1), (64, 64, 8, 1, 1), (128, 64, 8, 2, 1), (64, 64, 8, 2, 1)],
+    q=[(128, 32, 8, 3), (128, 64, 8, 1), (64, 64, 8, 2), (64, 64, 4, 2)],
+)
+
 
 def _errs(out, grads, ref_out, ref_grads) -> dict:
     return {"out": (out.float() - ref_out).abs().max().item(),
@@ -136,7 +143,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     base = L.attention_plan(hs, q.dtype, dev)
     sweeps = {}
-    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5}[rnd]
+    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6}[rnd]
     errs = {}
     for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
                                 ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
@@ -195,8 +202,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="gemma2")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3, 4, 5),
-                    help="candidate set: 1 or ROUND2 ... ROUND5")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3, 4, 5, 6),
+                    help="candidate set: 1 or ROUND2 ... ROUND6")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -330,6 +330,37 @@ case $phase in
   b3)     # gemma-2-2b's step against compile after this session's changes, each variant in its own process
     timeout 480 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
       --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -6 ;;
+  b4)     # the forward / dq kernels' query blocks longest first (A/B against program order), then gemma-2-2b's step
+          # against compile with that and the fused loss's 2048-row minimum chunk (attn_order_ab.py was a one-off:
+          # it switched the order through a temporary constexpr, removed with it; its result is in h100-2026-11-24h/)
+    timeout 120 python3 scripts/attn_order_ab.py "$OUT/attn_order_ab.json" 2>&1 | grep -v Warn | tail -3
+    timeout 440 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
+  b5)     # gemma-2-2b: lit-liger and lit-liger + compile profiled, every kernel kept (where compile on top differs)
+    timeout 300 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --profile --out "$OUT/step-gemma2-prof" 2>&1 | tail -4 ;;
+  b6)     # where gemma-2-2b's step leaves the GPU idle: lit-liger + compile, then lit-liger (trace analysis)
+    timeout 240 python3 scripts/gpu_gaps.py "$OUT/gaps-lc" --variant lit-liger+compile 2>&1 | grep -v Warn | tail -45
+    timeout 150 python3 scripts/gpu_gaps.py "$OUT/gaps-l" --variant lit-liger 2>&1 | grep -v Warn | tail -45 ;;
+  b7)     # GPU tests of what this session changed (attention both layouts + real sizes + compile, GLU under compile,
+          # the fused loss), then a 6th sweep round: 64-key blocks in the (hs, keys) layout, 64-key dq blocks
+    timeout 260 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_swiglu.py \
+      tests/test_fused_linear_cross_entropy.py tests/test_softcap_attention.py -k "gpu or compiled_backward or bwd_h" \
+      > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 150 python3 scripts/attn_sweep.py --out "$OUT/attn6" --shapes gemma2 --round 6 2>&1 | grep -v Warn | tail -5 ;;
+  b8)     # the final plan (64-key blocks in the key-block backward): the real-size gemma-2 attention test, then
+          # gemma-2-2b's step against compile, each variant in its own process
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      -k "real_size and 1024" 2>&1 | tail -2  # (selected nothing: the parameters' ids do not hold "1024")
+    timeout 440 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
+  b9)     # the same step, variants in the reverse order (does running last cost a variant?), and the real-size
+          # attention tests with the final plan
+    timeout 440 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger+compile,lit-liger,compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2-rev" 2>&1 | tail -5
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
+      -k "real_size" 2>&1 | tail -2 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

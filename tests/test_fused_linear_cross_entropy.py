@@ -431,6 +431,19 @@ def test_chunk_sizes():
     assert flce._balanced(100, 512, 128) == 100
 
 
+def test_gpu_row_chunks_have_at_least_min_rows(monkeypatch):
+    """On a GPU (device type only: the free-memory cap stubbed out) "fast" chunks hold the byte budget's rows or
+    ``_FAST_MIN_ROWS``, whichever is more: each chunk costs a pass over the fp32 dW whatever V is, so a large
+    vocabulary (gemma's 256k) no longer gets twice the chunks. A caller's byte cap still wins."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(flce, "_chunk_budget", lambda device, default: default)
+    assert flce._FAST_MIN_ROWS == 2048
+    assert flce._row_chunk(8192, 256000, 2, cuda, 0) == 2048  # the 512 MiB budget alone: 1024
+    assert flce._row_chunk(8192, 128256, 2, cuda, 0) == 2048  # the budget's own 2048 (the swept case)
+    assert flce._row_chunk(8192, 32000, 2, cuda, 0) == 8192  # small vocabulary: the budget allows one chunk
+    assert flce._row_chunk(8192, 256000, 2, cuda, -100 * 2**20) == 128  # a 100 MiB cap: 204 rows, aligned down
+
+
 def test_max_chunk_bytes_caps_the_automatic_chunk(monkeypatch):
     """``max_chunk_bytes`` reaches the ops as a negative ``chunk_size`` and caps the automatic budget (never above the
     default, never below one row / vocabulary entry); an explicit ``chunk_size`` wins."""
