@@ -34,6 +34,7 @@ cfg, m = lora_llama_1b()
 liger = v != "stock"
 if v.startswith("ckpt-rows"):
     F._FAST_CHUNK_BYTES = int(v.removeprefix("ckpt-rows")) * cfg.padded_vocab_size * 2
+    F._FAST_MIN_ROWS = 1  # (since h100-2026-11-24h the GPU default is at least 2048 rows a chunk)
 if liger:
     apply_liger(m, LigerConfig(cuda_graphs=False, activation_checkpointing=v.startswith("ckpt"),
                                flce_mode="lean" if v.endswith("lean") else "fast"))

@@ -361,6 +361,10 @@ case $phase in
       --steps 20 --warmup 3 --out "$OUT/step-gemma2-rev" 2>&1 | tail -5
     timeout 120 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_softcap_attention.py \
       -k "real_size" 2>&1 | tail -2 ;;
+  b10)    # Gemma-3 (sliding window 512 on its local layers) at 2 layers, where stock compile can finish: all five variants
+    timeout 560 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 \
+      --variants eager,compile,lit-liger,lit-liger+compile,liger-kernel --isolate --variant_timeout 330 \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L" 2>&1 | tail -7 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
