@@ -35,23 +35,41 @@ def _finish(result, queue) -> None:
     dist.destroy_process_group()
 
 
-def _worker(rank: int, world: int, mode: str, port: int, queue) -> None:
+def _worker(rank: int, world: int, mode: str, name: str, port: int, queue) -> None:
     faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.path.insert(0, HERE)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    _finish(_sharded_run(rank, mode), queue)
+    _finish(_sharded_run(rank, mode, name), queue)
 
 
-def _sharded_run(rank: int, mode: str):
+def _sharded_config(name: str):
+    """The tiny config of ``name``: Llama's from test_adapter; gemma-2's from test_attention (softcap on every layer,
+    a window of 5 on the local ones, shorter than the test's 8 tokens: lit-liger's Triton softcap attention on the
+    global layer, LitGPT's math after lit-liger's RoPE on the windowed ones, on CPU)."""
+    if name == "gemma-2-2b":
+        from test_attention import window_config
+
+        return window_config(name)
+    from test_adapter import tiny_config
+
+    return tiny_config(name)
+
+
+def _sharded_run(rank: int, mode: str, name: str):
     from litgpt.model import Block
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
-    from test_adapter import _pair, tiny_config
+    from test_adapter import _pair
 
     from lit_liger import LigerLogits, apply_liger, chunked_cross_entropy
 
-    cfg = tiny_config("Llama-3.2-1B")
+    cfg = _sharded_config(name)
     ref, ours = _pair(cfg)
+    import lit_liger.adapter as adapter
+
+    kernel_calls = []  # lit-liger's Triton softcap attention, as the swapped (and sharded) layers call it
+    real_kernel = adapter.softcap_attention
+    adapter.softcap_attention = lambda *a: kernel_calls.append(a[0].shape) or real_kernel(*a)
     torch.manual_seed(5)
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     y = torch.randint(0, cfg.vocab_size, (2, 8))
@@ -114,32 +132,38 @@ def _sharded_run(rank: int, mode: str):
         stock = GPT(cfg)
         stock.load_state_dict(full, strict=True)  # same keys: the swap and the wrappers left no trace
         loads = all(torch.equal(stock.state_dict()[k], v) for k, v in ref.state_dict().items())
-    return (float(loss.detach()), float(loss_ref.detach()), errs, loads) if rank == 0 else None
+    adapter.softcap_attention = real_kernel
+    return (float(loss.detach()), float(loss_ref.detach()), errs, loads, len(kernel_calls)) if rank == 0 else None
 
 
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp1_ckpt", "fsdp2"])
-def test_sharded_fused_loss_matches_single_process(mode):
+@pytest.mark.parametrize("mode, name", [("fsdp1", "Llama-3.2-1B"), ("fsdp1_ckpt", "Llama-3.2-1B"),
+                                        ("fsdp2", "Llama-3.2-1B"), ("fsdp1_ckpt", "gemma-2-2b"),
+                                        ("fsdp2", "gemma-2-2b")])
+def test_sharded_fused_loss_matches_single_process(mode, name):
+    """Sharded (FSDP1 with and without LitGPT's activation checkpointing, FSDP2) swapped models against stock LitGPT
+    in one process: loss and every gradient; gemma-2 adds the softcap attention kernel and windowed layers."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.spawn(_worker, args=(2, mode, _free_port(), queue), nprocs=2, join=True)
-    loss, loss_ref, errs, loads = queue.get(timeout=60)
+    mp.spawn(_worker, args=(2, mode, name, _free_port(), queue), nprocs=2, join=True)
+    loss, loss_ref, errs, loads, kernel_calls = queue.get(timeout=60)
     assert loads  # consolidated weights == the (untrained) single-process model's, key for key
     assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
-    assert len(errs) == len(list(tiny_config_param_names()))
+    assert len(errs) == len(list(tiny_config_param_names(name)))
+    # gemma-2's global layer (1 of 3) ran the Triton kernel: once per forward, twice where checkpointing recomputes
+    assert kernel_calls == {"Llama-3.2-1B": 0, "gemma-2-2b": 2 if mode == "fsdp1_ckpt" else 1}[name]
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 1e-4, (worst, errs[worst])
     assert errs["lm_head.weight"] <= 1e-4  # the fused loss's weight gradient reached the sharded parameter
 
 
-def tiny_config_param_names():
+def tiny_config_param_names(name: str = "Llama-3.2-1B"):
     sys.path.insert(0, HERE)
     from litgpt import GPT
-    from test_adapter import tiny_config
 
     with torch.device("meta"):
-        return [n for n, _ in GPT(tiny_config("Llama-3.2-1B")).named_parameters()]
+        return [n for n, _ in GPT(_sharded_config(name)).named_parameters()]
 
 
 def _deepspeed_worker(rank: int, world: int, port: int, stage: int, queue) -> None:
