@@ -9,7 +9,10 @@ exactly LitGPT's order (scale, then softcap, then the mask). No ``(T, T)`` tenso
 an online softmax over key blocks that saves one log-sum-exp per query row; the backward recomputes each
 block's scores, and the softcap's derivative ``1 - tanh²`` comes from the recomputed ``tanh``. Two backward
 kernels: one per key block (``dk``, ``dv``, summed over the query heads of its group, so no atomics) and one
-per query block (``dq``).
+per query block (``dq``). The key-block kernel accumulates ``(BLOCK_N, hs)`` tiles or, with the plan's
+``kv_hs_major``, their transposes ``(hs, BLOCK_N)``: the head size is then its dots' M, which lets Hopper run them as
+warp-group MMAs with key blocks small enough for the registers. Query-block programs start with the last block (the
+most keys under the causal mask).
 
 The output is returned as a ``(B, nh, T, hs)`` view of a ``(B, T, nh, hs)`` tensor: LitGPT's next step,
 ``y.transpose(1, 2).reshape(B, T, C)``, is then a view, not a copy.
