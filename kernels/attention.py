@@ -354,7 +354,8 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         q, k, v, do, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         T, NH, NG, NH // NG, scale, scale2, cap_c1, cap2,
-        BLOCK_M=plan.kv_m, BLOCK_N=plan.kv_n, HS_MAJOR=plan.kv_hs_major, num_warps=plan.kv_warps, num_stages=plan.kv_stages, **common,
+        BLOCK_M=plan.kv_m, BLOCK_N=plan.kv_n, HS_MAJOR=plan.kv_hs_major, num_warps=plan.kv_warps,
+        num_stages=plan.kv_stages, **common,
     )
     _attn_dq_kernel[(cdiv(T, plan.q_m), B * NH)](
         q, k, v, do, lse, delta, dq,

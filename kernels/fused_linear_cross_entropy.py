@@ -70,10 +70,10 @@ _MAX_V_BLOCK = 4096
 # at full rate ((Nc, H) x (H, V) with Nc ~ 1024 for V = 128k in bf16). "lean": an (N, Vc) chunk;
 # Vc ~ 2048 keeps the four GEMMs efficient at N = 8192..16384.
 _FAST_CHUNK_BYTES = 512 << 20  # H100 sweep (V=128256): 2-4 row chunks balance GEMM size and fp32-dW passes
-# ... and at least this many rows where the device has room: each "fast" chunk's dW GEMM reads and writes the whole
-# (V, H) fp32 accumulator (8·V·H bytes) against the chunk's 6·Nc·V·H GEMM flops, about 300 / Nc of the GEMM time on an
-# H100 (~3 TB/s, ~700 TFLOP/s) whatever V is. gemma-2 (V = 256k) got 1024-row chunks from the byte budget alone: each
-# dW GEMM took 2.76 ms against the logits GEMM's 1.66 (h100-2026-11-24h/step-gemma2-lc-prof/)
+# ... and at least this many rows where the device has room: each "fast" chunk's dW GEMM reads and writes the
+# whole (V, H) fp32 accumulator (8·V·H bytes) against the chunk's 6·Nc·V·H GEMM flops, about 300 / Nc of the GEMM
+# time on an H100 (~3 TB/s, ~700 TFLOP/s) whatever V is. gemma-2 (V = 256k) got 1024-row chunks from the byte
+# budget alone: each dW GEMM took 2.76 ms against the logits GEMM's 1.66 (h100-2026-11-24h/step-gemma2-lc-prof/)
 _FAST_MIN_ROWS = 2048
 _LEAN_CHUNK_BYTES = 32 << 20
 # CPU tensors only reach the kernels under Triton's interpreter (tests): small chunks.
@@ -432,7 +432,9 @@ def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device,
     if chunk_size > 0:
         return max(1, min(chunk_size, n_rows))
     align = _ROW_ALIGN if device.type == "cuda" else 1
-    default = max(_FAST_CHUNK_BYTES, _FAST_MIN_ROWS * vocab * element_size) if device.type == "cuda" else _FAST_CHUNK_BYTES
+    default = _FAST_CHUNK_BYTES
+    if device.type == "cuda":
+        default = max(default, _FAST_MIN_ROWS * vocab * element_size)
     rows = _chunk_budget(device, _capped_budget(default, chunk_size)) // (vocab * element_size)
     return _balanced(n_rows, max(align, rows // align * align), align)
 
