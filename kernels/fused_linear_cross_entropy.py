@@ -426,14 +426,16 @@ def _capped_budget(default: int, chunk_size: int) -> int:
     return min(default, -chunk_size) if chunk_size < 0 else default
 
 
-def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int) -> int:
+def _row_chunk(n_rows: int, vocab: int, element_size: int, device: torch.device, chunk_size: int,
+               need_dw: bool = True) -> int:
     """Rows per chunk in "fast" mode: a (rows, V) logits buffer within the budget, a multiple of
-    128 rows on the GPU (full GEMM tiles). ``chunk_size`` > 0: that many rows; < 0: a byte cap."""
+    128 rows on the GPU (full GEMM tiles); with the weight's gradient, at least ``_FAST_MIN_ROWS`` on the GPU
+    (a frozen head has no fp32 dW pass to save). ``chunk_size`` > 0: that many rows; < 0: a byte cap."""
     if chunk_size > 0:
         return max(1, min(chunk_size, n_rows))
     align = _ROW_ALIGN if device.type == "cuda" else 1
     default = _FAST_CHUNK_BYTES
-    if device.type == "cuda":
+    if device.type == "cuda" and need_dw:
         default = max(default, _FAST_MIN_ROWS * vocab * element_size)
     rows = _chunk_budget(device, _capped_budget(default, chunk_size)) // (vocab * element_size)
     return _balanced(n_rows, max(align, rows // align * align), align)
@@ -475,7 +477,7 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     write_grad = need_dx or need_dw or need_db
     row_loss = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
     dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
-    rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size) if n_rows > 0 else 0
+    rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size, need_dw) if n_rows > 0 else 0
     # dW accumulates over row chunks in fp32 (in the output itself for an fp32 weight); the first
     # chunk's GEMM writes it, so it needs no zero-fill (except when there are no rows at all). With a
     # single chunk there is nothing to accumulate across: its GEMM (fp32 accumulation inside cuBLAS,

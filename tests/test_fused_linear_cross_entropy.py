@@ -433,8 +433,9 @@ def test_chunk_sizes():
 
 def test_gpu_row_chunks_have_at_least_min_rows(monkeypatch):
     """On a GPU (device type only: the free-memory cap stubbed out) "fast" chunks hold the byte budget's rows or
-    ``_FAST_MIN_ROWS``, whichever is more: each chunk costs a pass over the fp32 dW whatever V is, so a large
-    vocabulary (gemma's 256k) no longer gets twice the chunks. A caller's byte cap still wins."""
+    ``_FAST_MIN_ROWS``, whichever is more, where the weight's gradient is computed: each chunk costs a pass over the
+    fp32 dW whatever V is, so a large vocabulary (gemma's 256k) no longer gets twice the chunks. A caller's byte cap
+    still wins; a frozen head keeps the byte budget's chunks."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(flce, "_chunk_budget", lambda device, default: default)
     assert flce._FAST_MIN_ROWS == 2048
@@ -442,6 +443,8 @@ def test_gpu_row_chunks_have_at_least_min_rows(monkeypatch):
     assert flce._row_chunk(8192, 128256, 2, cuda, 0) == 2048  # the budget's own 2048 (the swept case)
     assert flce._row_chunk(8192, 32000, 2, cuda, 0) == 8192  # small vocabulary: the budget allows one chunk
     assert flce._row_chunk(8192, 256000, 2, cuda, -100 * 2**20) == 128  # a 100 MiB cap: 204 rows, aligned down
+    # a frozen head (LoRA) has no fp32 dW to pass over: the byte budget alone
+    assert flce._row_chunk(8192, 256000, 2, cuda, 0, need_dw=False) == 1024
 
 
 def test_max_chunk_bytes_caps_the_automatic_chunk(monkeypatch):
@@ -459,7 +462,7 @@ def test_max_chunk_bytes_caps_the_automatic_chunk(monkeypatch):
     # the op receives it, and chunks by it: same loss and gradients as an explicit chunk of those rows
     seen = []
     real = flce._row_chunk
-    monkeypatch.setattr(flce, "_row_chunk", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(flce, "_row_chunk", lambda *a: seen.append(a[4]) or real(*a))  # a[4]: chunk_size
     x, w, b, t = _inputs("cpu", torch.float32)
     loss = fused_linear_cross_entropy(x, w, t, b, max_chunk_bytes=10 * V * 4)
     loss.backward()
