@@ -156,7 +156,7 @@ def test_loss_chunk_capped_at_the_kept_inputs(monkeypatch):
     apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
     x, y = _data(cfg)
     rows, real = [], flce._row_chunk
-    monkeypatch.setattr(flce, "_row_chunk", lambda *a: rows.append((a[-1], real(*a))) or rows[-1][1])
+    monkeypatch.setattr(flce, "_row_chunk", lambda *a: rows.append((a[4], real(*a))) or rows[-1][1])  # a[4]: chunk_size
     _step(plain, x, y)
     _step(ckpt, x, y)
     cap = cfg.n_layer * x.numel() * cfg.n_embd * 4  # fp32
