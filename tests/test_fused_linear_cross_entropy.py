@@ -263,19 +263,65 @@ def test_single_chunk_writes_weight_gradient_without_fp32_buffer(device, monkeyp
 def test_gradients_handed_over_without_copy(mode, device, monkeypatch):
     # dx and dW are computed in the forward; autograd must take those very buffers as x.grad and
     # weight.grad. A clone there would add a second (V, H) dW (and (N, H) dx) at the start of the
-    # backward, when a model's activations are at their peak.
+    # backward, when a model's activations are at their peak. The one exception: "fast" over several
+    # chunks hands the backward its fp32 dW accumulator, which the backward casts (the cast the forward
+    # would otherwise make) into the gradient.
     made = []
     compute = flce._compute
 
     def spy(*args, **kwargs):
         out = compute(*args, **kwargs)
-        made.append((out[1].data_ptr(), out[2].data_ptr()))
+        made.append((out[1].data_ptr(), out[2].data_ptr(), out[2].dtype))
         return out
 
     monkeypatch.setattr(flce, "_compute", spy)
     x, w, _, t = _inputs(device, torch.bfloat16)
     fused_linear_cross_entropy(x, w, t, mode=mode, chunk_size=CHUNK[mode]).backward()
-    assert made == [(x.grad.data_ptr(), w.grad.data_ptr())]
+    assert len(made) == 1 and made[0][0] == x.grad.data_ptr()
+    assert w.grad.dtype == torch.bfloat16
+    if mode == "fast":  # N > CHUNK["fast"] rows: several chunks
+        assert made[0][2] == torch.float32 and made[0][1] != w.grad.data_ptr()
+    else:
+        assert made[0][1:] == (w.grad.data_ptr(), torch.bfloat16)
+
+
+def test_fp32_dw_kept_for_the_backward_only_where_rows_take_several_chunks(device):
+    # _keeps_fp32_dw decides from the shapes alone (the fake implementation asks it too): the forward's dW
+    # output is fp32 exactly where the rows take more than one chunk, and the weight's dtype otherwise
+    x, w, _, t = _inputs(device, torch.bfloat16)
+    args = (None, None, -1, IGNORE, "mean", 0.0, 0.0, 0.0, "fast")
+    for chunk, want in ((N // 2, torch.float32), (N, torch.bfloat16), (2 * N, torch.bfloat16)):
+        _, _, dw, _ = flce._flce_fwd(x.detach(), w.detach(), t, *args, chunk, True, True, False)
+        assert dw.dtype == want, chunk
+        fake = flce._flce_fwd(x.detach().to("meta"), w.detach().to("meta"), t.to("meta"), *args, chunk,
+                              True, True, False)
+        assert fake[2].dtype == want and fake[2].shape == w.shape, chunk
+    # a frozen head, "lean" and fp32 weights never keep an fp32 buffer of their own
+    _, _, dw, _ = flce._flce_fwd(x.detach(), w.detach(), t, *args[:-1], "lean", 16, True, True, False)
+    assert dw.dtype == torch.bfloat16
+    _, _, dw, _ = flce._flce_fwd(x.detach().float(), w.detach().float(), t, *args, N // 2, True, True, False)
+    assert dw.dtype == torch.float32
+    assert not flce._keeps_fp32_dw(N, V, 2, x.device, N // 2, False, "fast", torch.bfloat16)
+
+
+def test_scale_into_rounds_once(device):
+    # dst = src * g in fp32, rounded once to dst's dtype: from an fp32 source (the kept dW accumulator) and in place
+    g = torch.tensor(1.0 / 3.0, device=device)
+    src = torch.randn(3, 1000, generator=torch.Generator().manual_seed(3)).to(device)
+    out = torch.empty(3, 1000, dtype=torch.bfloat16, device=device)
+    flce._scale_into(out, g, src)
+    _assert_rounded_once(out, src * g, device)
+    inplace = src.bfloat16()
+    flce._scale_into(inplace, g)
+    _assert_rounded_once(inplace, src.bfloat16().float() * g, device)
+
+
+def _assert_rounded_once(got, want32, device):
+    """``got`` (bf16) is ``want32`` (fp32) rounded once: to nearest on a GPU; Triton's interpreter truncates, so
+    on a CPU within one bf16 step (2**-7 relative) of it."""
+    assert torch.all((got.float() - want32).abs() <= want32.abs() * 2**-7)
+    if torch.device(device).type == "cuda":
+        assert torch.equal(got, want32.bfloat16())
 
 
 @pytest.mark.parametrize("mode", ["fast", "lean"])
@@ -437,7 +483,7 @@ def test_gpu_row_chunks_have_at_least_min_rows(monkeypatch):
     fp32 dW whatever V is, so a large vocabulary (gemma's 256k) no longer gets twice the chunks. A caller's byte cap
     still wins; a frozen head keeps the byte budget's chunks."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(flce, "_chunk_budget", lambda device, default: default)
+    monkeypatch.setattr(flce, "_chunk_budget", lambda device, default, free_memory=True: default)
     assert flce._FAST_MIN_ROWS == 2048
     assert flce._row_chunk(8192, 256000, 2, cuda, 0) == 2048  # the 512 MiB budget alone: 1024
     assert flce._row_chunk(8192, 128256, 2, cuda, 0) == 2048  # the budget's own 2048 (the swept case)
@@ -445,6 +491,10 @@ def test_gpu_row_chunks_have_at_least_min_rows(monkeypatch):
     assert flce._row_chunk(8192, 256000, 2, cuda, -100 * 2**20) == 128  # a 100 MiB cap: 204 rows, aligned down
     # a frozen head (LoRA) has no fp32 dW to pass over: the byte budget alone
     assert flce._row_chunk(8192, 256000, 2, cuda, 0, need_dw=False) == 1024
+    # the forward keeps its fp32 dW for the backward where the shapes' budget takes several chunks
+    assert flce._keeps_fp32_dw(8192, 256000, 2, cuda, 0, True, "fast", torch.bfloat16)
+    assert not flce._keeps_fp32_dw(8192, 32000, 2, cuda, 0, True, "fast", torch.bfloat16)
+    assert not flce._keeps_fp32_dw(8192, 256000, 2, cuda, 0, True, "lean", torch.bfloat16)
 
 
 def test_max_chunk_bytes_caps_the_automatic_chunk(monkeypatch):
@@ -571,3 +621,37 @@ def test_compile_fullgraph_traces(mode, reduction, device):
     go = torch.randn_like(loss_e)
     for a, e in zip(torch.autograd.grad(loss_c, (x, w, b), go), torch.autograd.grad(loss_e, (x, w, b), go)):
         assert torch.equal(a, e)
+
+
+def test_compile_traces_the_kept_fp32_dw(device):
+    # bf16 over several "fast" chunks: the op's fake dW is fp32 (the accumulator handed to the backward) and the
+    # backward's cast-and-scale op traces; gradients equal the eager ones, dW in the weight's dtype
+    torch._dynamo.reset()
+    x, w, _, t = _inputs(device, torch.bfloat16)
+
+    def f(x, w, t):
+        return fused_linear_cross_entropy(x, w, t, chunk_size=CHUNK["fast"])
+
+    loss_c = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, t)
+    loss_e = f(x, w, t)
+    assert torch.equal(loss_c, loss_e)
+    go = torch.tensor(0.37, device=device)
+    got, want = torch.autograd.grad(loss_c, (x, w), go), torch.autograd.grad(loss_e, (x, w), go)
+    for a, e in zip(got, want):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, e)
+    ref, leaves = _fp64(x, w, None, t)
+    leaves = [leaf for leaf in leaves if leaf is not None]  # (x, w)
+    for a, r in zip(got, torch.autograd.grad(ref, leaves, torch.tensor(0.37, dtype=torch.float64))):
+        assert rel_err(a, r) <= 1e-2
+
+
+def test_scale_grad_custom_op_registration(device):
+    """``torch.library.opcheck`` of the backward's cast-and-scale op: schema (the declared mutation of ``dst``),
+    fake implementation."""
+    if not flce.use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    g = torch.tensor(0.5, device=device)
+    src = torch.randn(5, 33, device=device)
+    dst = torch.empty(5, 33, dtype=torch.bfloat16, device=device)
+    torch.library.opcheck(flce._scale_into, (dst, g, src), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(flce._scale_into, (src.clone(), g), test_utils=("test_schema", "test_faketensor"))
