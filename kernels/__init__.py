@@ -12,6 +12,7 @@ from .rope import rope, rope_qkv
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .swiglu import geglu, glu_linear, glu_mlp, swiglu
 from .attention import softcap_attention
+from .embedding import embedding
 
 __all__ = [
     "device_limits",
@@ -28,4 +29,5 @@ __all__ = [
     "glu_mlp",
     "fused_linear_cross_entropy",
     "softcap_attention",
+    "embedding",
 ]

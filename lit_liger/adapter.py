@@ -41,6 +41,7 @@ from . import tied as _tied
 from .graphs import runner_for
 from .kernels._launch import use_triton
 from .kernels.attention import softcap_attention, supported_head_size
+from .kernels.embedding import embedding
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
@@ -230,6 +231,16 @@ class _LoRAMixin:
         xd = drop(x) if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else None  # (B, T, C)
         lin = self.linear
         return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd)
+
+
+class _EmbeddingMixin:
+    """The token embedding: while ``torch.compile`` traces a training forward, the weight's gradient comes from
+    one op (:func:`embedding`); otherwise ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels)."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and torch.is_grad_enabled() and self.weight.requires_grad:
+            return embedding(self.weight, idx)
+        return super().forward(idx)
 
 
 class _SwiGLUMixin:
@@ -821,6 +832,18 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
             else:
                 _swap_class(m, _LayerNormMixin)
                 report.add(path, m, "layer_norm" + ("" if m.weight is not None else " (no affine)"))
+        elif isinstance(m, nn.Embedding) and name == "transformer.wte":
+            if not cfg.embedding:
+                report.skip(path, m, "embedding switched off")
+            elif type(m) is not nn.Embedding or m.padding_idx is not None or m.max_norm is not None \
+                    or m.scale_grad_by_freq or m.sparse:
+                report.skip(path, m, f"not a plain nn.Embedding ({type(m).__name__}, padding_idx={m.padding_idx}, "
+                                     f"max_norm={m.max_norm}, scale_grad_by_freq={m.scale_grad_by_freq}, "
+                                     f"sparse={m.sparse})")
+            else:
+                _swap_class(m, _EmbeddingMixin)
+                report.add(path, m, "embedding: under torch.compile, the weight gradient from one op (ATen's "
+                                    "kernel, no fp32 (V, C) buffer); eager mode unchanged")
         elif isinstance(m, lm.LLaMAMLP):
             if _has_class_named(m, "GemmaMLP"):
                 if cfg.geglu:

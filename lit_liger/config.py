@@ -41,6 +41,10 @@ class LigerConfig:
             ``mlp.fc_1``/``fc_2``) are recomputed in backward instead of kept for their weight
             gradients (two ``(B, T, C)`` activations per layer less; one extra norm pass each).
         fused_linear_cross_entropy: in training, lm_head + cross-entropy without the N x V logits.
+        embedding: the token embedding (``transformer.wte``, a plain ``nn.Embedding``): under ``torch.compile``, its
+            weight gradient from one op running ATen's CUDA kernel (``kernels/embedding.py``) where inductor would
+            build a zero-filled fp32 ``(V, C)`` buffer, atomic adds and a cast (measured on an H100, gemma-2-2b's
+            256k vocabulary: 1.96 ms per step against 0.68). Eager mode runs ``nn.Embedding`` as before.
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
         compile_min_tokens: under ``torch.compile``, a micro-batch of fewer tokens (B x T) than this
             runs LitGPT's own norm, attention and MLP code, which inductor fuses and launches with
@@ -124,6 +128,7 @@ class LigerConfig:
     fused_residual: bool = True
     recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True
+    embedding: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call per phase (each under the 10-minute limit), from the repo root, with carry [".whl"]:
-#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6|att7|att8 (the case labels below)
+#   bash scripts/gpu_session.sh tests|final|...|attn1|attn2|last|next15|next15b|next16|ckpt|ckpt2|ckpt3|ckpt4|ckpt5|mem6|tied|mem7|mem7b|mem8|mem9|mem9b|final7|g15|g15b|rest|rest2|att1|att2|att3|att4|att5|att6|att7|att8|b1..b10|c1.. (the case labels below)
 # Results go to /tmp/res/<phase> and come back as $OUT/<phase>.tgz plus the log.
 set -uo pipefail
 phase=$1
@@ -365,6 +365,14 @@ case $phase in
     timeout 560 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 \
       --variants eager,compile,lit-liger,lit-liger+compile,liger-kernel --isolate --variant_timeout 330 \
       --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L" 2>&1 | tail -7 ;;
+  c1)     # issue 15, ninth session: the fused loss's fp32 dW cast in the backward's scaling pass, the embedding's
+          # backward as one op under compile: their GPU tests, then gemma-2-2b's step against compile
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_embedding.py \
+      tests/test_fused_linear_cross_entropy.py -k "gpu or embedding or kept_fp32 or scale or several_chunks" \
+      > "$OUT/pytest.log" 2>&1
+    echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
+    timeout 440 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
