@@ -373,6 +373,13 @@ case $phase in
     echo "pytest rc $?"; grep -E "^E |Error|passed|failed|^FAILED" "$OUT/pytest.log" | head -20
     timeout 440 python3 -m benchmarks step --models gemma-2-2b --variants compile,lit-liger,lit-liger+compile \
       --steps 20 --warmup 3 --out "$OUT/step-gemma2" 2>&1 | tail -5 ;;
+  c2)     # the same step with the variants in reverse order, then lit-liger + compile profiled (which kernels went)
+    timeout 330 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger+compile,lit-liger,compile \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma2-rev" 2>&1 | tail -5
+    timeout 220 python3 -m benchmarks step --models gemma-2-2b --variants lit-liger+compile \
+      --steps 20 --warmup 3 --profile --out "$OUT/step-gemma2-lc-prof" 2>&1 | tail -3 ;;
+  c3)     # the sliding-window memory target (Mistral-7B shape, 2 layers, window 1024): where each variant's peak goes
+    timeout 420 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 2>&1 | grep -v Warn | tail -60 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
