@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, "scripts")
+sys.path[:0] = ["scripts", "."]  # (run from the repo root)
 from _diag_common import live_at_peak  # noqa: E402
 
 from benchmarks.step import _optimizer, build_model, make_batch, model_config  # noqa: E402
