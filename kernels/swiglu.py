@@ -559,3 +559,85 @@ def glu_mlp(
     if not use_triton(x) or torch.compiler.is_compiling() or x.numel() == 0:
         return _glu_mlp_reference(x, w1, b1, w2, b2, w3, b3, activation)
     return _GLUMLPFn.apply(x, w1, b1, w2, b2, w3, b3, activation)
+
+
+class _NormMLPRecomputeFn(torch.autograd.Function):
+    """``s = x + residual``; ``y = F.linear(act(F.linear(n, w1, b1)) * F.linear(n, w2, b2), w3, b3)`` with
+    ``n = rms_norm(s)`` (a LitGPT Block's fused residual, ``norm_2`` and GLU MLP), keeping only ``s`` and the
+    norm's ``rstd`` for backward: not ``fc_1``/``fc_2``'s ``(N, I)`` outputs, which the backward recomputes (two
+    GEMMs) from the recomputed ``n``. Trainable weights; eager Triton path only."""
+
+    @staticmethod
+    def forward(ctx, x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation):
+        from .rms_norm import _rms_norm_linear_impl
+
+        s, rstd, a, b = _rms_norm_linear_impl(x, residual, norm_w, eps, offset, w1, b1, w2, b2)
+        y = _glu_linear_impl(a, b, w3, b3, activation)  # a, b: freed on return
+        ctx.save_for_backward(s, norm_w, rstd, w1, b1, w2, b2, w3)
+        ctx.cfg = (eps, offset, activation, b3 is not None)
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        from .rms_norm import _rms_norm_bwd_impl, _rms_norm_fwd_impl
+
+        s, norm_w, rstd, w1, b1, w2, b2, w3 = ctx.saved_tensors
+        eps, offset, activation, has_b3 = ctx.cfg
+        need = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation
+        n = _rms_norm_fwd_impl(s, None, norm_w, eps, offset)[0].reshape(-1, s.shape[-1])  # (N, C), as the forward's
+        a = torch.nn.functional.linear(n, w1, b1)  # (N, I): recomputed, owned here
+        b = torch.nn.functional.linear(n, w2, b2)
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
+        dh = dy2.mm(w3)  # (N, I)
+        _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
+        dw3 = dy2.t().mm(dh) if need[9] else None  # (C, I)
+        db3 = dy2.sum(0) if has_b3 and need[10] else None
+        del dh
+        dw1 = a.t().mm(n) if need[5] else None  # (I, C)
+        dw2 = b.t().mm(n) if need[7] else None
+        db1 = a.sum(0) if b1 is not None and need[6] else None
+        db2 = b.sum(0) if b2 is not None and need[8] else None
+        del n
+        dn = a.mm(w1).addmm_(b, w2)  # (N, C)
+        del a, b
+        dx, dnw = _rms_norm_bwd_impl(dn.view(s.shape), ds, s, norm_w, rstd, offset, need[2])
+        dx = dx.view(s.shape)
+        return dx, dx, dnw if need[2] else None, None, None, dw1, db1, dw2, db2, dw3, db3, None
+
+
+def rms_norm_glu_mlp(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+    w3: torch.Tensor, b3: torch.Tensor | None = None, activation: str = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, F.linear(act(F.linear(n, w1, b1)) * F.linear(n, w2, b2), w3, b3))`` with ``s = x + residual`` and
+    ``n = rms_norm(s, norm_weight, eps, offset)``: a LitGPT Block's residual add, ``norm_2`` and GLU MLP, whose
+    ``fc_1``/``fc_2`` outputs (two ``(N, I)`` tensors per layer) are recomputed in backward instead of kept
+    (``LigerConfig.recompute_mlp``: two more GEMMs per layer). Eager Triton path; elsewhere (the reference path,
+    ``torch.compile``) the same math with the outputs kept."""
+    from .rms_norm import rms_norm_linear
+
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    named = {"x": x, "residual": residual, "norm_weight": norm_weight, "w1": w1, "b1": b1, "w2": w2, "b2": b2,
+             "w3": w3, "b3": b3}
+    for name, t in named.items():
+        if t is not None:
+            check_float(name, t)
+    check_same_device(**named)
+    check_same_dtype(**named)
+    C = x.shape[-1]
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"residual shape {tuple(residual.shape)} must equal x's {tuple(x.shape)}")
+    I = w1.shape[0] if w1.dim() == 2 else -1
+    shapes = {"norm_weight": (C,), "w1": (I, C), "w2": (I, C), "w3": (C, I), "b1": (I,), "b2": (I,), "b3": (C,)}
+    for name, want in shapes.items():
+        t = named[name]
+        if t is not None and tuple(t.shape) != want:
+            raise ValueError(f"rms_norm_glu_mlp: {name} has shape {tuple(t.shape)}, expected {want} for x of shape "
+                             f"{tuple(x.shape)} and w1 of shape {tuple(w1.shape)}")
+    if not use_triton(x) or torch.compiler.is_compiling() or x.numel() == 0 or not torch.is_grad_enabled():
+        s, (a, b) = rms_norm_linear(x, norm_weight, [(w1, b1), (w2, b2)], eps, offset, residual=residual)
+        return s, glu_linear(a, b, w3, b3, activation)
+    return _NormMLPRecomputeFn.apply(x.contiguous(), residual.contiguous(), norm_weight, float(eps), float(offset),
+                                     w1, b1, w2, b2, w3, b3, activation)

@@ -45,7 +45,7 @@ from .kernels.embedding import embedding
 from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
-from .kernels.swiglu import geglu, glu_linear, glu_mlp, swiglu
+from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
 from .lora import lora_linear, lora_parts
 from .loss import (
     GatheredHead,
@@ -463,6 +463,15 @@ class _BlockMixin:
             and _called_plainly(self.norm_2, mlp, mlp.fc_1, mlp.fc_2)
         )
 
+    def _liger_recompute_mlp_here(self, x: torch.Tensor) -> bool:
+        """``LigerConfig.recompute_mlp`` applies to this call (the fused norm_2 path already chosen): eager mode on
+        the Triton path, outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no autocast."""
+        proj = self.mlp.proj
+        return (getattr(self, "_liger_recompute_mlp", False) and not torch.compiler.is_compiling()
+                and not _IN_CHECKPOINTED_BLOCK[0] and use_triton(x) and type(proj) is nn.Linear
+                and proj.weight.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
+                and _called_plainly(proj))
+
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
@@ -483,6 +492,11 @@ class _BlockMixin:
         offset = 1.0 if n2.add_unit_offset else 0.0
         if self._liger_fuse_norm_2():
             mlp = self.mlp
+            if self._liger_recompute_mlp_here(x):  # LigerConfig.recompute_mlp: fc_1 / fc_2 outputs not kept
+                fc_1, fc_2, proj = mlp.fc_1, mlp.fc_2, mlp.proj
+                x, mlp_out = rms_norm_glu_mlp(attention_output, x, n2.weight, n2.eps, offset, fc_1.weight, fc_1.bias,
+                                              fc_2.weight, fc_2.bias, proj.weight, proj.bias, mlp._liger_activation)
+                return self.post_mlp_norm(mlp_out) + x
             x, (a, b) = rms_norm_linear(attention_output, n2.weight, [(mlp.fc_1.weight, mlp.fc_1.bias),
                                         (mlp.fc_2.weight, mlp.fc_2.bias)], n2.eps, offset, residual=x)
             # a, b (B, T, I): new outputs of the fused function, which keeps neither for its backward
@@ -901,6 +915,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
             if fusable:
                 _swap_class(m, _BlockMixin)
                 m._liger_recompute_norm = cfg.recompute_norm
+                m._liger_recompute_mlp = cfg.recompute_mlp
                 blocks.append((path, m))  # reported below, once its norms, attention and MLP are swapped
             else:
                 why = (
@@ -930,6 +945,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                                       ("norm_2", m._liger_fuse_norm_2(structure_only=True))) if ok]
         if recomputed:
             what += f"; {' and '.join(recomputed)} outputs recomputed in backward"
+        if cfg.recompute_mlp and "norm_2" in recomputed and type(m.mlp.proj) is nn.Linear:
+            what += "; fc_1 and fc_2 outputs recomputed in backward (eager mode; recompute_mlp)"
         report.add(path, m, what)
     # the fused loss
     if not cfg.fused_linear_cross_entropy:

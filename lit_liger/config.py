@@ -10,7 +10,7 @@ from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command l
 
 # LigerConfig fields that are settings, not on/off switches
 _SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
-             "activation_checkpointing")
+             "activation_checkpointing", "recompute_mlp")
 
 
 @dataclass
@@ -107,6 +107,12 @@ class LigerConfig:
             on torch >= 2.10 (which can rewind the CUDA generator inside a capture); on older torch they run
             uncaptured, with one warning. The fused loss's logits chunk is capped at the size of the Blocks' kept
             inputs, so that it does not set the step's peak. Measured on an H100 in the README.
+        recompute_mlp: in the Blocks of ``recompute_norm`` whose GLU MLP reads ``norm_2`` through plain Linears
+            (``fc_1``, ``fc_2``, ``proj``; trainable or not), keep neither ``fc_1``'s nor ``fc_2``'s ``(B, T, I)``
+            output for the backward: it recomputes them from the kept residual sum (two more GEMMs per layer, about
+            a sixth more compute for a Llama-shaped layer whose weights all train). Eager mode with the Triton
+            kernels (not under ``torch.compile``), outside ``activation_checkpointing``'s Blocks (which recompute
+            everything). Off by default. Measured on an H100 in the README (Mistral-7B's shape).
         tied_weights: where the output head's weight and the token embedding are both frozen (LoRA, adapters) and
             equal bit for bit, keep one copy (``lm_head.weight`` shares ``transformer.wte.weight``'s storage; the
             same parameters, values and ``state_dict`` keys). LitGPT's conversion of a Hugging Face checkpoint with
@@ -136,6 +142,7 @@ class LigerConfig:
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False
     activation_checkpointing: bool = False
+    recompute_mlp: bool = False
     tied_weights: bool = True
 
     @classmethod

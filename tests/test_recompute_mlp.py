@@ -1,0 +1,136 @@
+"""LigerConfig.recompute_mlp: a Block's residual add, norm_2 and GLU MLP with fc_1 / fc_2 recomputed in backward."""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import rel_err
+
+from lit_liger.kernels._launch import use_triton
+from lit_liger.kernels.rms_norm import rms_norm_linear
+from lit_liger.kernels.swiglu import glu_linear, rms_norm_glu_mlp
+
+C, I = 40, 72
+
+
+def _inputs(device, dtype, bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def t(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype).requires_grad_()
+
+    x, res = t(2, 9, C), t(2, 9, C)
+    nw = t(C, scale=0.1)
+    w1, w2, w3 = t(I, C, scale=C**-0.5), t(I, C, scale=C**-0.5), t(C, I, scale=I**-0.5)
+    b1, b2, b3 = (t(I), t(I), t(C)) if bias else (None, None, None)
+    return x, res, nw, w1, b1, w2, b2, w3, b3
+
+
+def _fp64(x, res, nw, w1, b1, w2, b2, w3, b3, act, eps, offset):
+    s = x + res
+    n = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (nw + offset)
+    a, b = F.linear(n, w1, b1), F.linear(n, w2, b2)
+    h = (F.silu(a) if act == "silu" else F.gelu(a, approximate="tanh")) * b
+    return s, F.linear(h, w3, b3)
+
+
+@pytest.mark.parametrize("act,bias", [("silu", False), ("gelu_tanh", True)])
+def test_matches_fp64_and_the_kept_path(act, bias, device):
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton): the function is the kept composition there")
+    ins = _inputs(device, torch.float32, bias)
+    leaves = [t for t in ins if t is not None]
+    ds, dy = torch.randn(2, 9, C, device=device), torch.randn(2, 9, C, device=device)
+    s, y = rms_norm_glu_mlp(*ins[:3], 1e-5, 1.0, *ins[3:], activation=act)
+    got = torch.autograd.grad((s, y), leaves, (ds, dy))
+    # the path that keeps fc_1 / fc_2's outputs (the default): the same math
+    x, res, nw, w1, b1, w2, b2, w3, b3 = ins
+    s_k, (a, b) = rms_norm_linear(x, nw, [(w1, b1), (w2, b2)], 1e-5, 1.0, residual=res)
+    y_k = glu_linear(a, b, w3, b3, act)
+    kept = torch.autograd.grad((s_k, y_k), leaves, (ds, dy))
+    assert torch.equal(s, s_k) and torch.equal(y, y_k)
+    for g, k in zip(got, kept):
+        assert torch.allclose(g, k, rtol=1e-5, atol=1e-6)
+    d64 = [t.detach().double().requires_grad_() if t is not None else None for t in ins]
+    s64, y64 = _fp64(*d64, act, 1e-5, 1.0)
+    ref = torch.autograd.grad((s64, y64), [t for t in d64 if t is not None], (ds.double(), dy.double()))
+    assert rel_err(y, y64) <= 1e-5
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-4
+
+
+def test_keeps_no_intermediate_sized_tensor(device):
+    """Saved for backward: the residual sum, rstd and the weights; no (N, I) tensor (the kept path saves two)."""
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    ins = _inputs(device, torch.float32, False)
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        s, y = rms_norm_glu_mlp(*ins[:3], 1e-5, 0.0, *ins[3:])
+    assert (2, 9, I) not in saved and (18, I) not in saved, saved
+    saved.clear()
+    x, res, nw, w1, b1, w2, b2, w3, b3 = ins
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, (a, b) = rms_norm_linear(x, nw, [(w1, b1), (w2, b2)], 1e-5, 0.0, residual=res)
+        glu_linear(a, b, w3, b3)
+    assert saved.count((2, 9, I)) == 2, saved
+
+
+def test_frozen_weights_and_bad_inputs(device):
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    x, res, nw, w1, b1, w2, b2, w3, b3 = _inputs(device, torch.float32, False)
+    for w in (w1, w2, w3, nw):
+        w.requires_grad_(False)
+    s, y = rms_norm_glu_mlp(x, res, nw, 1e-5, 0.0, w1, b1, w2, b2, w3, b3)
+    gx, gr = torch.autograd.grad(y.sum() + s.sum(), (x, res))
+    assert torch.equal(gx, gr) and gx.abs().sum() > 0
+    with pytest.raises(ValueError, match="w3 has shape"):
+        rms_norm_glu_mlp(x, res, nw, 1e-5, 0.0, w1, b1, w2, b2, w3.t(), b3)
+    with pytest.raises(ValueError, match="residual shape"):
+        rms_norm_glu_mlp(x, res[:1], nw, 1e-5, 0.0, w1, b1, w2, b2, w3, b3)
+    with pytest.raises(ValueError, match="activation"):
+        rms_norm_glu_mlp(x, res, nw, 1e-5, 0.0, w1, b1, w2, b2, w3, b3, activation="relu")
+
+
+def test_adapter_setting(device):
+    """``recompute_mlp=True``: the report says so, the Blocks run the function, and loss and gradients equal the
+    default configuration's."""
+    from litgpt import Config
+    from litgpt.model import GPT
+
+    import lit_liger.adapter as adapter
+    from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    cfg = Config.from_name("pythia-14m", n_layer=2, n_embd=32, n_head=2, head_size=16, intermediate_size=64,
+                           padded_vocab_size=96, vocab_size=96, mlp_class_name="LLaMAMLP", norm_class_name="RMSNorm",
+                           parallel_residual=False, bias=False)
+    torch.manual_seed(0)
+    base = GPT(cfg).to(device)
+    ours = GPT(cfg).to(device)
+    ours.load_state_dict(base.state_dict())
+    apply_liger(base, LigerConfig(cuda_graphs=False))
+    report = apply_liger(ours, LigerConfig(recompute_mlp=True, cuda_graphs=False))
+    assert "recompute_mlp" in str(report)
+    calls = []
+    real = adapter.rms_norm_glu_mlp
+    adapter.rms_norm_glu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        x = torch.randint(0, 96, (2, 12), device=device)
+        y = torch.randint(0, 96, (2, 12), device=device)
+        losses = []
+        for m in (base, ours):
+            loss = chunked_cross_entropy(m(x), y)
+            loss.backward()
+            losses.append(loss)
+    finally:
+        adapter.rms_norm_glu_mlp = real
+    assert len(calls) == 2  # one per Block, the recomputing model only
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=1e-6)
+    for (n, p), q in zip(base.named_parameters(), ours.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), n
