@@ -380,6 +380,17 @@ case $phase in
       --steps 20 --warmup 3 --profile --out "$OUT/step-gemma2-lc-prof" 2>&1 | tail -3 ;;
   c3)     # the sliding-window memory target (Mistral-7B shape, 2 layers, window 1024): where each variant's peak goes
     timeout 420 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 2>&1 | grep -v Warn | tail -60 ;;
+  c4)     # recompute_mlp: its GPU tests, where the Mistral-shape step's peak goes with it, then the 2-layer Mistral
+          # step: stock compile and lit-liger (defaults) in one run, lit-liger with recompute_mlp in another
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_recompute_mlp.py tests/test_embedding.py \
+      2>&1 | tail -2
+    timeout 120 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 liger recompute recompute-lean 2>&1 \
+      | grep -v Warn | tail -30
+    timeout 330 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants compile,lit-liger --steps 20 --warmup 3 --out "$OUT/step-mistral-2L" 2>&1 | tail -4
+    timeout 90 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
+      --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -3 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -10,7 +10,8 @@ allocated them (memory-history replay of one more step). Stock torch.compile is 
 layers takes ~260 s): its peak comes from ``benchmarks step`` (h100-2026-11-24g/step-mistral-2L-compile: 7.51 GiB).
 
 Variants: ``eager`` (stock LitGPT, anchors this script to the benchmark's 8.90 GiB), ``liger`` (defaults),
-``lean`` (flce_mode lean), ``ckpt`` (activation_checkpointing), ``ckpt-lean``.
+``lean`` (flce_mode lean), ``ckpt`` (activation_checkpointing), ``ckpt-lean``, ``recompute`` (recompute_mlp),
+``recompute-lean``.
 """
 import json
 import statistics
@@ -39,7 +40,8 @@ def run(v):
     model = build_model(config, seq_len=T, dtype=torch.bfloat16, seed=1234)
     if v != "eager":
         apply_liger(model, LigerConfig(flce_mode="lean" if v.endswith("lean") else "fast",
-                                       activation_checkpointing=v.startswith("ckpt")))
+                                       activation_checkpointing=v.startswith("ckpt"),
+                                       recompute_mlp=v.startswith("recompute")))
     ce = stock_ce if v == "eager" else chunked_cross_entropy
     opt = _optimizer(model)
     x, y = make_batch(config, B, T, 1234)
