@@ -74,7 +74,8 @@ LIGER_HELP = (
     "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false); sdpa_backend (auto|flash|"
     "cudnn|efficient|math|torch: the causal layers' SDPA kernel; auto = flash on NVIDIA sm80+ for uncaptured steps (no per-shape plans), PyTorch's choice for CUDA-graph captured ones); "
     "caller_thread_backward (true: autograd's backward runs on the training thread; off by default); "
-    "activation_checkpointing (true: each Block's forward recomputed in backward, less memory; off by default). "
+    "activation_checkpointing (true: each Block's forward recomputed in backward, less memory; off by default); "
+    "recompute_mlp (true: each Block's fc_1/fc_2 outputs recomputed in backward, less memory; off by default). "
     "See ``lit_liger.LigerConfig``."
 )
 
