@@ -50,3 +50,17 @@ def live_at_peak(trace):
         elif a == "free_requested" and ev["addr"] in live:
             cur -= live.pop(ev["addr"])["size"]
     return best, list(at_peak.values())
+
+
+def group_at_peak(at_peak, keys=("lit_liger", "kernels/", "litgpt", "checkpoint"), depth=4, top=10):
+    """:func:`live_at_peak`'s blocks grouped by their first ``depth`` frames from files matching ``keys``:
+    ``[{"MiB", "n", "where"}]``, biggest first (``"?"``: no such frame)."""
+    groups: dict[str, list] = {}
+    for ev in at_peak:
+        frames = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in ev.get("frames", [])
+                  if any(k in f["filename"] for k in keys)][:depth]
+        g = groups.setdefault(" <- ".join(frames) or "?", [0, 0])
+        g[0] += ev["size"]
+        g[1] += 1
+    return [{"MiB": round(s / (1 << 20), 1), "n": n, "where": k}
+            for k, (s, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]]

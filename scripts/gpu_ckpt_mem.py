@@ -22,7 +22,7 @@ out = sys.argv[2] if len(sys.argv) > 2 else None
 STACKS = sys.argv[3] if len(sys.argv) > 3 else "all"  # "python": Python frames only
 MiB = 1 << 20
 
-from _diag_common import live_at_peak, lora_llama_1b  # noqa: E402
+from _diag_common import group_at_peak, live_at_peak, lora_llama_1b  # noqa: E402
 from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
@@ -81,16 +81,8 @@ if liger:
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     best, at_peak = live_at_peak(snap["device_traces"][0])
-    groups: dict[str, list] = {}
-    for ev in at_peak:
-        frames = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in ev.get("frames", [])
-                  if any(k in f["filename"] for k in ("lit_liger", "kernels/", "litgpt", "checkpoint"))][:4]
-        g = groups.setdefault(" <- ".join(frames) or "?", [0, 0])
-        g[0] += ev["size"]
-        g[1] += 1
     res["trace_peak_over_start_MiB"] = round(best / MiB, 1)
-    res["live_at_peak"] = [{"MiB": round(s / MiB, 1), "n": n, "where": k}
-                           for k, (s, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:10]]
+    res["live_at_peak"] = group_at_peak(at_peak)
 print(json.dumps(res, indent=1))
 if out:
     with open(out, "a") as f:

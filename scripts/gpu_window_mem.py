@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path[:0] = ["scripts", "."]  # (run from the repo root)
-from _diag_common import live_at_peak  # noqa: E402
+from _diag_common import group_at_peak, live_at_peak  # noqa: E402
 
 from benchmarks.step import _optimizer, build_model, make_batch, model_config  # noqa: E402
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
@@ -78,17 +78,9 @@ def run(v):
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     best, at_peak = live_at_peak(snap["device_traces"][0])
-    groups = {}
-    for e in at_peak:
-        frames = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in e.get("frames", [])
-                  if any(k in f["filename"] for k in ("lit_liger", "kernels/", "litgpt", "checkpoint", "optim",
-                                                       "gpu_window_mem"))][:3]
-        g = groups.setdefault(" <- ".join(frames) or "?", [0, 0])
-        g[0] += e["size"]
-        g[1] += 1
     res["trace_peak_over_start_MiB"] = round(best / MiB, 1)
-    res["live_at_peak"] = [{"MiB": round(s / MiB, 1), "n": n, "where": k}
-                           for k, (s, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:12]]
+    res["live_at_peak"] = group_at_peak(at_peak, ("lit_liger", "kernels/", "litgpt", "checkpoint", "optim",
+                                                  "gpu_window_mem"), depth=3, top=12)
     return res
 
 

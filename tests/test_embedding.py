@@ -7,6 +7,16 @@ from torch._dynamo.backends.common import aot_autograd
 from lit_liger.kernels.embedding import _embedding_bwd, embedding
 
 
+def _capturing_backend(bw_ops):
+    """An aot_autograd backend that runs the graphs as traced and appends the backward graph's call targets."""
+
+    def bw_compiler(gm, _inputs):
+        bw_ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler)
+
+
 def _inputs(device, dtype, V=50, C=24, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(V, C, generator=g).to(device=device, dtype=dtype).requires_grad_()
@@ -36,12 +46,7 @@ def test_compiled_backward_calls_the_op(device):
     compiled backward graph, and equals eager mode's."""
     w, idx, dy = _inputs(device, torch.float32)
     bw_ops = []
-
-    def bw_compiler(gm, _inputs):
-        bw_ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return make_boxed_func(gm.forward)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler)
+    backend = _capturing_backend(bw_ops)
     torch._dynamo.reset()
     out = torch.compile(lambda w, i: embedding(w, i) * 2.0, fullgraph=True, backend=backend)(w, idx)
     (gw,) = torch.autograd.grad(out, w, dy)
@@ -88,12 +93,7 @@ def test_adapter_uses_it_only_under_compile(device):
     ref = stock_ce(stock(x), y)
     ref.backward()
     bw_ops = []
-
-    def bw_compiler(gm, _inputs):
-        bw_ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return make_boxed_func(gm.forward)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler)
+    backend = _capturing_backend(bw_ops)
     torch._dynamo.reset()
     loss = chunked_cross_entropy(torch.compile(ours, backend=backend)(x), y)
     loss.backward()
