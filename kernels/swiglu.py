@@ -585,21 +585,39 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
         eps, offset, activation, has_b3 = ctx.cfg
         need = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation
         n = _rms_norm_fwd_impl(s, None, norm_w, eps, offset)[0].reshape(-1, s.shape[-1])  # (N, C), as the forward's
-        a = torch.nn.functional.linear(n, w1, b1)  # (N, I): recomputed, owned here
-        b = torch.nn.functional.linear(n, w2, b2)
         dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
-        dh = dy2.mm(w3)  # (N, I)
-        _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
-        dw3 = dy2.t().mm(dh) if need[9] else None  # (C, I)
-        db3 = dy2.sum(0) if has_b3 and need[10] else None
-        del dh
-        dw1 = a.t().mm(n) if need[5] else None  # (I, C)
-        dw2 = b.t().mm(n) if need[7] else None
-        db1 = a.sum(0) if b1 is not None and need[6] else None
-        db2 = b.sum(0) if b2 is not None and need[8] else None
+        n_rows = n.shape[0]
+        # Chunks of rows (_launch.mlp_chunk_rows, glu_mlp's): each chunk's fc_1 / fc_2 outputs and d h, three
+        # (rows, I) tensors that the GLU backward reads at once, exist one chunk at a time. The weight gradients sum
+        # the chunks in the weights' dtype (the GEMM adds each chunk's product to the running sum in fp32 and rounds
+        # once per chunk, as gradient accumulation over micro-batches does in LitGPT's bf16-true training).
+        rows = _launch.mlp_chunk_rows(n_rows)
+        dw1 = dw2 = dw3 = None
+        bias_sums = {}  # fp32 over the chunks
+        dn = torch.empty_like(n)  # (N, C)
+        for r0 in range(0, n_rows, rows):
+            r1 = min(r0 + rows, n_rows)
+            n_c, dy_c = n[r0:r1], dy2[r0:r1]
+            a = torch.nn.functional.linear(n_c, w1, b1)  # (rows, I): recomputed, owned here
+            b = torch.nn.functional.linear(n_c, w2, b2)
+            dh = dy_c.mm(w3)  # (rows, I)
+            _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
+            first = r0 == 0
+            if need[9]:
+                dw3 = dy_c.t().mm(dh) if first else dw3.addmm_(dy_c.t(), dh)  # (C, I)
+            del dh
+            if need[5]:
+                dw1 = a.t().mm(n_c) if first else dw1.addmm_(a.t(), n_c)  # (I, C)
+            if need[7]:
+                dw2 = b.t().mm(n_c) if first else dw2.addmm_(b.t(), n_c)
+            for key, src, k, has in (("b3", dy_c, 10, has_b3), ("b1", a, 6, b1 is not None), ("b2", b, 8, b2 is not None)):
+                if has and need[k]:  # (a, b hold d a, d b here)
+                    part = src.sum(0, dtype=torch.float32)
+                    bias_sums[key] = part if first else bias_sums[key].add_(part)
+            torch.mm(a, w1, out=dn[r0:r1]).addmm_(b, w2)  # (rows, C)
+            del a, b
         del n
-        dn = a.mm(w1).addmm_(b, w2)  # (N, C)
-        del a, b
+        db1, db2, db3 = (bias_sums[k].to(w3.dtype) if k in bias_sums else None for k in ("b1", "b2", "b3"))
         dx, dnw = _rms_norm_bwd_impl(dn.view(s.shape), ds, s, norm_w, rstd, offset, need[2])
         dx = dx.view(s.shape)
         return dx, dx, dnw if need[2] else None, None, None, dw1, db1, dw2, db2, dw3, db3, None
