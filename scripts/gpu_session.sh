@@ -391,6 +391,13 @@ case $phase in
     timeout 90 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
       --variants lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
       --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -3 ;;
+  c5)     # recompute_mlp's backward over chunks of rows: its GPU tests, the Mistral-shape peak, then the 2-layer Mistral
+          # step against stock compile in one run (the setting applies to the lit-liger variant only)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_recompute_mlp.py 2>&1 | tail -2
+    timeout 90 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 liger recompute 2>&1 | grep -v Warn | tail -20
+    timeout 400 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants compile,lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
+      --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
