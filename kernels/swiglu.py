@@ -594,7 +594,7 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
         rows = _launch.mlp_chunk_rows(n_rows)
         dw1 = dw2 = dw3 = None
         bias_sums = {}  # fp32 over the chunks
-        dn = torch.empty_like(n)  # (N, C)
+        dn = n  # (N, C): each chunk's d n is written over its rows of n, once their weight gradients are made
         for r0 in range(0, n_rows, rows):
             r1 = min(r0 + rows, n_rows)
             n_c, dy_c = n[r0:r1], dy2[r0:r1]
@@ -614,8 +614,8 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
                 if has and need[k]:  # (a, b hold d a, d b here)
                     part = src.sum(0, dtype=torch.float32)
                     bias_sums[key] = part if first else bias_sums[key].add_(part)
-            torch.mm(a, w1, out=dn[r0:r1]).addmm_(b, w2)  # (rows, C)
-            del a, b
+            torch.mm(a, w1, out=dn[r0:r1]).addmm_(b, w2)  # (rows, C), over n_c (read for the last time above)
+            del a, b, n_c
         del n
         db1, db2, db3 = (bias_sums[k].to(w3.dtype) if k in bias_sums else None for k in ("b1", "b2", "b3"))
         dx, dnw = _rms_norm_bwd_impl(dn.view(s.shape), ds, s, norm_w, rstd, offset, need[2])

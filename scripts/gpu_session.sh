@@ -398,6 +398,12 @@ case $phase in
     timeout 400 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
       --variants compile,lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
       --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -4 ;;
+  c6)     # recompute_mlp's d n written over the recomputed norm output (64 MiB less at its peak): GPU tests, then the
+          # 2-layer Mistral step against stock compile in one run
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_recompute_mlp.py 2>&1 | tail -2
+    timeout 400 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants compile,lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
+      --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
