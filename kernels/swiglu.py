@@ -565,7 +565,9 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
     """``s = x + residual``; ``y = F.linear(act(F.linear(n, w1, b1)) * F.linear(n, w2, b2), w3, b3)`` with
     ``n = rms_norm(s)`` (a LitGPT Block's fused residual, ``norm_2`` and GLU MLP), keeping only ``s`` and the
     norm's ``rstd`` for backward: not ``fc_1``/``fc_2``'s ``(N, I)`` outputs, which the backward recomputes (two
-    GEMMs) from the recomputed ``n``. Trainable weights; eager Triton path only."""
+    GEMMs) from the recomputed ``n``, chunk of rows by chunk (``_launch.mlp_chunk_rows``), so that the three
+    ``(rows, I)`` tensors its GLU backward reads at once exist for one chunk at a time. Trainable weights; eager
+    Triton path only."""
 
     @staticmethod
     def forward(ctx, x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation):
