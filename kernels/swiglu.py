@@ -28,6 +28,7 @@ import triton.language as tl
 from ._checks import as_rows, check_float, check_same_device, check_same_dtype, owns_storage
 from . import _launch
 from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
+from .rms_norm import _rms_norm_bwd_impl, _rms_norm_fwd_impl, _rms_norm_linear_impl, rms_norm_linear
 
 __all__ = ["swiglu", "geglu", "glu_linear", "glu_mlp", "glu_reference", "ACTIVATIONS"]
 
@@ -571,8 +572,6 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation):
-        from .rms_norm import _rms_norm_linear_impl
-
         s, rstd, a, b = _rms_norm_linear_impl(x, residual, norm_w, eps, offset, w1, b1, w2, b2)
         y = _glu_linear_impl(a, b, w3, b3, activation)  # a, b: freed on return
         ctx.save_for_backward(s, norm_w, rstd, w1, b1, w2, b2, w3)
@@ -581,8 +580,6 @@ class _NormMLPRecomputeFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, ds, dy):
-        from .rms_norm import _rms_norm_bwd_impl, _rms_norm_fwd_impl
-
         s, norm_w, rstd, w1, b1, w2, b2, w3 = ctx.saved_tensors
         eps, offset, activation, has_b3 = ctx.cfg
         need = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation
@@ -635,8 +632,6 @@ def rms_norm_glu_mlp(
     ``fc_1``/``fc_2`` outputs (two ``(N, I)`` tensors per layer) are recomputed in backward instead of kept
     (``LigerConfig.recompute_mlp``: two more GEMMs per layer). Eager Triton path; elsewhere (the reference path,
     ``torch.compile``) the same math with the outputs kept."""
-    from .rms_norm import rms_norm_linear
-
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     named = {"x": x, "residual": residual, "norm_weight": norm_weight, "w1": w1, "b1": b1, "w2": w2, "b2": b2,

@@ -92,6 +92,16 @@ def test_adapter_uses_it_only_under_compile(device):
 
     ref = stock_ce(stock(x), y)
     ref.backward()
+    import lit_liger.adapter as adapter
+
+    eager_calls = []
+    real = adapter.embedding
+    adapter.embedding = lambda *a: eager_calls.append(1) or real(*a)
+    try:
+        chunked_cross_entropy(ours(x), y)  # eager mode: nn.Embedding's own forward
+    finally:
+        adapter.embedding = real
+    assert not eager_calls
     bw_ops = []
     backend = _capturing_backend(bw_ops)
     torch._dynamo.reset()
