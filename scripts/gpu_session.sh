@@ -404,6 +404,21 @@ case $phase in
     timeout 400 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
       --variants compile,lit-liger --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
       --out "$OUT/step-mistral-2L-recompute" 2>&1 | tail -4 ;;
+  d1)     # tenth session, issue 15: recompute_mlp's Mistral numbers in a second call (variants in the reverse order of
+          # c6), after the GPU tests of the recompute, embedding and fused-loss changes
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_recompute_mlp.py tests/test_embedding.py \
+      tests/test_fused_linear_cross_entropy.py -k "gpu or recompute or embedding or kept_fp32 or scale" 2>&1 | tail -3
+    timeout 420 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants lit-liger,compile --liger_config '{"recompute_mlp": true}' --steps 20 --warmup 3 \
+      --out "$OUT/step-mistral-2L-recompute-d1" 2>&1 | tail -4 ;;
+  d2)     # what issue 15 had not re-measured after the ninth session's changes: gemma-2's 200-step loss curve, litgpt's
+          # LoRA recipe on a 2-layer gemma-2-2b (variable lengths), Gemma-3 at 2 layers against stock compile
+    timeout 170 python3 -m benchmarks convergence --model gemma-2-2b --sliding_window 128 --steps 200 \
+      --out "$OUT/conv-gemma2" 2>&1 | tail -4
+    timeout 170 python3 -m benchmarks recipe --models gemma-2-2b --n_layer 2 --micro_batches 4 --iters 100 \
+      --variants stock,liger --out "$OUT/recipe-gemma2-2L" 2>&1 | grep "lora B"
+    timeout 240 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 --variants compile,lit-liger \
+      --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L" 2>&1 | tail -4 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
