@@ -562,64 +562,130 @@ def glu_mlp(
     return _GLUMLPFn.apply(x, w1, b1, w2, b2, w3, b3, activation)
 
 
+def _norm_mlp_fwd_impl(
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, offset: float,
+    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+    w3: torch.Tensor, b3: torch.Tensor | None, activation: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(s, rstd, y)``: the residual sum, the norm's ``rstd`` and the MLP's output; ``fc_1``/``fc_2``'s outputs are
+    freed on return."""
+    s, rstd, a, b = _rms_norm_linear_impl(x, residual, norm_w, eps, offset, w1, b1, w2, b2)
+    y = _glu_linear_impl(a, b, w3, b3, activation)
+    return s, rstd, y
+
+
+def _norm_mlp_bwd_impl(
+    ds: torch.Tensor, dy: torch.Tensor, s: torch.Tensor, norm_w: torch.Tensor, rstd: torch.Tensor,
+    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, w3: torch.Tensor,
+    eps: float, offset: float, activation: str, has_b3: bool, needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    """``(dx, d norm_w, dw1, db1, dw2, db2, dw3, db3)``, each an empty tensor where not needed (``needs``: norm_w,
+    w1, b1, w2, b2, w3, b3). ``dx`` is also the residual's gradient. At least one row (``rms_norm_glu_mlp`` sends
+    empty inputs to the reference path)."""
+    need_nw, need_w1, need_b1, need_w2, need_b2, need_w3, need_b3 = needs
+    n = _rms_norm_fwd_impl(s, None, norm_w, eps, offset)[0].reshape(-1, s.shape[-1])  # (N, C), as the forward's
+    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
+    n_rows = n.shape[0]
+    # Chunks of rows (_launch.mlp_chunk_rows, glu_mlp's): each chunk's fc_1 / fc_2 outputs and d h, three
+    # (rows, I) tensors that the GLU backward reads at once, exist one chunk at a time. The weight gradients sum
+    # the chunks in the weights' dtype (the GEMM adds each chunk's product to the running sum in fp32 and rounds
+    # once per chunk, as gradient accumulation over micro-batches does in LitGPT's bf16-true training).
+    rows = _launch.mlp_chunk_rows(n_rows)
+    dw1 = dw2 = dw3 = None
+    bias_sums = {}  # fp32 over the chunks
+    dn = n  # (N, C): each chunk's d n is written over its rows of n, once their weight gradients are made
+    for r0 in range(0, n_rows, rows):
+        r1 = min(r0 + rows, n_rows)
+        n_c, dy_c = n[r0:r1], dy2[r0:r1]
+        a = torch.nn.functional.linear(n_c, w1, b1)  # (rows, I): recomputed, owned here
+        b = torch.nn.functional.linear(n_c, w2, b2)
+        dh = dy_c.mm(w3)  # (rows, I)
+        _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
+        first = r0 == 0
+        if need_w3:
+            dw3 = dy_c.t().mm(dh) if first else dw3.addmm_(dy_c.t(), dh)  # (C, I)
+        del dh
+        if need_w1:
+            dw1 = a.t().mm(n_c) if first else dw1.addmm_(a.t(), n_c)  # (I, C)
+        if need_w2:
+            dw2 = b.t().mm(n_c) if first else dw2.addmm_(b.t(), n_c)
+        for key, src, need in (("b3", dy_c, has_b3 and need_b3), ("b1", a, b1 is not None and need_b1),
+                               ("b2", b, b2 is not None and need_b2)):
+            if need:  # (a, b hold d a, d b here)
+                part = src.sum(0, dtype=torch.float32)
+                bias_sums[key] = part if first else bias_sums[key].add_(part)
+        torch.mm(a, w1, out=dn[r0:r1]).addmm_(b, w2)  # (rows, C), over n_c (read for the last time above)
+        del a, b, n_c
+    del n
+    db1, db2, db3 = (bias_sums[k].to(w3.dtype) if k in bias_sums else None for k in ("b1", "b2", "b3"))
+    dx, dnw = _rms_norm_bwd_impl(dn.view(s.shape), ds, s, norm_w, rstd, offset, need_nw)
+    # (a custom op's outputs may not alias each other: a new empty tensor for each gradient not made)
+    return dx.view(s.shape), dnw, *(g if g is not None else w3.new_empty(0) for g in (dw1, db1, dw2, db2, dw3, db3))
+
+
+# Under torch.compile: two opaque custom ops, so that the compiler keeps neither fc_1's nor fc_2's output either
+_norm_mlp_op = torch.library.custom_op("lit_liger::rms_norm_glu_mlp", _norm_mlp_fwd_impl, mutates_args=())
+_norm_mlp_bwd = torch.library.custom_op("lit_liger::rms_norm_glu_mlp_bwd", _norm_mlp_bwd_impl, mutates_args=())
+
+
+@_norm_mlp_op.register_fake
+def _(x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation):
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.new_empty(x.shape), x.new_empty(n_rows, dtype=torch.float32), x.new_empty((*x.shape[:-1], w3.shape[0]))
+
+
+@_norm_mlp_bwd.register_fake
+def _(ds, dy, s, norm_w, rstd, w1, b1, w2, b2, w3, eps, offset, activation, has_b3, needs):
+    need_nw, need_w1, need_b1, need_w2, need_b2, need_w3, need_b3 = needs
+
+    def grad(like, shape, need):
+        return like.new_empty(shape) if need else w3.new_empty(0)
+
+    return (s.new_empty(s.shape), grad(norm_w, norm_w.shape, need_nw), grad(w3, w1.shape, need_w1),
+            grad(w3, w1.shape[:1], b1 is not None and need_b1), grad(w3, w2.shape, need_w2),
+            grad(w3, w2.shape[:1], b2 is not None and need_b2), grad(w3, w3.shape, need_w3),
+            grad(w3, w3.shape[:1], has_b3 and need_b3))
+
+
+def _nm_setup_context(ctx, inputs, output):
+    x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation = inputs
+    s, rstd, _ = output
+    ctx.save_for_backward(s, norm_w, rstd, w1, b1, w2, b2, w3)  # not fc_1 / fc_2's outputs: recomputed
+    ctx.cfg = (eps, offset, activation, b3 is not None)
+
+
+def _nm_backward(ctx, ds, drstd, dy, bwd=_norm_mlp_bwd):
+    s, norm_w, rstd, w1, b1, w2, b2, w3 = ctx.saved_tensors
+    eps, offset, activation, has_b3 = ctx.cfg
+    need = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation
+    needs = [bool(need[i]) for i in (2, 5, 6, 7, 8, 9, 10)]
+    dx, *grads = bwd(ds, dy, s, norm_w, rstd, w1, b1, w2, b2, w3, eps, offset, activation, has_b3, needs)
+    dnw, dw1, db1, dw2, db2, dw3, db3 = (g if n else None for g, n in zip(grads, needs))
+    return dx, dx, dnw, None, None, dw1, db1, dw2, db2, dw3, db3, None
+
+
+_norm_mlp_op.register_autograd(_nm_backward, setup_context=_nm_setup_context)
+
+
 class _NormMLPRecomputeFn(torch.autograd.Function):
     """``s = x + residual``; ``y = F.linear(act(F.linear(n, w1, b1)) * F.linear(n, w2, b2), w3, b3)`` with
     ``n = rms_norm(s)`` (a LitGPT Block's fused residual, ``norm_2`` and GLU MLP), keeping only ``s`` and the
     norm's ``rstd`` for backward: not ``fc_1``/``fc_2``'s ``(N, I)`` outputs, which the backward recomputes (two
     GEMMs) from the recomputed ``n``, chunk of rows by chunk (``_launch.mlp_chunk_rows``), so that the three
-    ``(rows, I)`` tensors its GLU backward reads at once exist for one chunk at a time. Trainable weights; eager
-    Triton path only."""
+    ``(rows, I)`` tensors its GLU backward reads at once exist for one chunk at a time. Trainable weights. The
+    eager form of ``lit_liger::rms_norm_glu_mlp`` (the same implementations, without the dispatcher)."""
 
     @staticmethod
     def forward(ctx, x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation):
-        s, rstd, a, b = _rms_norm_linear_impl(x, residual, norm_w, eps, offset, w1, b1, w2, b2)
-        y = _glu_linear_impl(a, b, w3, b3, activation)  # a, b: freed on return
-        ctx.save_for_backward(s, norm_w, rstd, w1, b1, w2, b2, w3)
-        ctx.cfg = (eps, offset, activation, b3 is not None)
-        return s, y
+        out = _norm_mlp_fwd_impl(x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation)
+        _nm_setup_context(ctx, (x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation), out)
+        ctx.mark_non_differentiable(out[1])
+        return out
 
     @staticmethod
-    def backward(ctx, ds, dy):
-        s, norm_w, rstd, w1, b1, w2, b2, w3 = ctx.saved_tensors
-        eps, offset, activation, has_b3 = ctx.cfg
-        need = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w1, b1, w2, b2, w3, b3, activation
-        n = _rms_norm_fwd_impl(s, None, norm_w, eps, offset)[0].reshape(-1, s.shape[-1])  # (N, C), as the forward's
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C)
-        n_rows = n.shape[0]
-        # Chunks of rows (_launch.mlp_chunk_rows, glu_mlp's): each chunk's fc_1 / fc_2 outputs and d h, three
-        # (rows, I) tensors that the GLU backward reads at once, exist one chunk at a time. The weight gradients sum
-        # the chunks in the weights' dtype (the GEMM adds each chunk's product to the running sum in fp32 and rounds
-        # once per chunk, as gradient accumulation over micro-batches does in LitGPT's bf16-true training).
-        rows = _launch.mlp_chunk_rows(n_rows)
-        dw1 = dw2 = dw3 = None
-        bias_sums = {}  # fp32 over the chunks
-        dn = n  # (N, C): each chunk's d n is written over its rows of n, once their weight gradients are made
-        for r0 in range(0, n_rows, rows):
-            r1 = min(r0 + rows, n_rows)
-            n_c, dy_c = n[r0:r1], dy2[r0:r1]
-            a = torch.nn.functional.linear(n_c, w1, b1)  # (rows, I): recomputed, owned here
-            b = torch.nn.functional.linear(n_c, w2, b2)
-            dh = dy_c.mm(w3)  # (rows, I)
-            _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
-            first = r0 == 0
-            if need[9]:
-                dw3 = dy_c.t().mm(dh) if first else dw3.addmm_(dy_c.t(), dh)  # (C, I)
-            del dh
-            if need[5]:
-                dw1 = a.t().mm(n_c) if first else dw1.addmm_(a.t(), n_c)  # (I, C)
-            if need[7]:
-                dw2 = b.t().mm(n_c) if first else dw2.addmm_(b.t(), n_c)
-            for key, src, k, has in (("b3", dy_c, 10, has_b3), ("b1", a, 6, b1 is not None), ("b2", b, 8, b2 is not None)):
-                if has and need[k]:  # (a, b hold d a, d b here)
-                    part = src.sum(0, dtype=torch.float32)
-                    bias_sums[key] = part if first else bias_sums[key].add_(part)
-            torch.mm(a, w1, out=dn[r0:r1]).addmm_(b, w2)  # (rows, C), over n_c (read for the last time above)
-            del a, b, n_c
-        del n
-        db1, db2, db3 = (bias_sums[k].to(w3.dtype) if k in bias_sums else None for k in ("b1", "b2", "b3"))
-        dx, dnw = _rms_norm_bwd_impl(dn.view(s.shape), ds, s, norm_w, rstd, offset, need[2])
-        dx = dx.view(s.shape)
-        return dx, dx, dnw if need[2] else None, None, None, dw1, db1, dw2, db2, dw3, db3, None
+    def backward(ctx, ds, drstd, dy):
+        return _nm_backward(ctx, ds, drstd, dy, bwd=_norm_mlp_bwd_impl)
 
 
 def rms_norm_glu_mlp(
@@ -630,8 +696,9 @@ def rms_norm_glu_mlp(
     """``(s, F.linear(act(F.linear(n, w1, b1)) * F.linear(n, w2, b2), w3, b3))`` with ``s = x + residual`` and
     ``n = rms_norm(s, norm_weight, eps, offset)``: a LitGPT Block's residual add, ``norm_2`` and GLU MLP, whose
     ``fc_1``/``fc_2`` outputs (two ``(N, I)`` tensors per layer) are recomputed in backward instead of kept
-    (``LigerConfig.recompute_mlp``: two more GEMMs per layer). Eager Triton path; elsewhere (the reference path,
-    ``torch.compile``) the same math with the outputs kept."""
+    (``LigerConfig.recompute_mlp``: two more GEMMs per layer). On the Triton path, in eager mode and under
+    ``torch.compile`` (a custom op); on the reference path, or without autograd, the same math with the outputs
+    kept."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     named = {"x": x, "residual": residual, "norm_weight": norm_weight, "w1": w1, "b1": b1, "w2": w2, "b2": b2,
@@ -651,8 +718,10 @@ def rms_norm_glu_mlp(
         if t is not None and tuple(t.shape) != want:
             raise ValueError(f"rms_norm_glu_mlp: {name} has shape {tuple(t.shape)}, expected {want} for x of shape "
                              f"{tuple(x.shape)} and w1 of shape {tuple(w1.shape)}")
-    if not use_triton(x) or torch.compiler.is_compiling() or x.numel() == 0 or not torch.is_grad_enabled():
+    if not use_triton(x) or x.numel() == 0 or not torch.is_grad_enabled():
         s, (a, b) = rms_norm_linear(x, norm_weight, [(w1, b1), (w2, b2)], eps, offset, residual=residual)
         return s, glu_linear(a, b, w3, b3, activation)
-    return _NormMLPRecomputeFn.apply(x.contiguous(), residual.contiguous(), norm_weight, float(eps), float(offset),
-                                     w1, b1, w2, b2, w3, b3, activation)
+    fn = _norm_mlp_op if torch.compiler.is_compiling() else _NormMLPRecomputeFn.apply
+    s, _, y = fn(x.contiguous(), residual.contiguous(), norm_weight, float(eps), float(offset), w1, b1, w2, b2, w3,
+                 b3, activation)
+    return s, y

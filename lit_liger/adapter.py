@@ -464,11 +464,12 @@ class _BlockMixin:
         )
 
     def _liger_recompute_mlp_here(self, x: torch.Tensor) -> bool:
-        """``LigerConfig.recompute_mlp`` applies to this call (the fused norm_2 path already chosen): eager mode on
-        the Triton path, outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no autocast."""
+        """``LigerConfig.recompute_mlp`` applies to this call (the fused norm_2 path already chosen): the Triton
+        path (eager or compiled), outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no
+        autocast."""
         proj = self.mlp.proj
-        return (getattr(self, "_liger_recompute_mlp", False) and not torch.compiler.is_compiling()
-                and not _IN_CHECKPOINTED_BLOCK[0] and use_triton(x) and type(proj) is nn.Linear
+        return (getattr(self, "_liger_recompute_mlp", False) and not _IN_CHECKPOINTED_BLOCK[0]
+                and use_triton(x) and type(proj) is nn.Linear
                 and proj.weight.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
                 and _called_plainly(proj))
 
@@ -946,7 +947,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         if recomputed:
             what += f"; {' and '.join(recomputed)} outputs recomputed in backward"
         if cfg.recompute_mlp and "norm_2" in recomputed and type(m.mlp.proj) is nn.Linear:
-            what += "; fc_1 and fc_2 outputs recomputed in backward (eager mode; recompute_mlp)"
+            what += "; fc_1 and fc_2 outputs recomputed in backward (recompute_mlp)"
         report.add(path, m, what)
     # the fused loss
     if not cfg.fused_linear_cross_entropy:

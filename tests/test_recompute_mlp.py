@@ -105,9 +105,11 @@ def test_frozen_weights_and_bad_inputs(device):
         rms_norm_glu_mlp(x, res, nw, 1e-5, 0.0, w1, b1, w2, b2, w3, b3, activation="relu")
 
 
-def test_adapter_setting(device):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_adapter_setting(compiled, device):
     """``recompute_mlp=True``: the report says so, the Blocks run the function, and loss and gradients equal the
-    default configuration's."""
+    default configuration's; ``compiled``: both models under ``torch.compile(fullgraph=True)`` (``aot_eager`` on CPU),
+    where the recomputing model's graph holds the custom op once per Block and the default's none."""
     from litgpt import Config
     from litgpt.model import GPT
 
@@ -123,23 +125,93 @@ def test_adapter_setting(device):
     base = GPT(cfg).to(device)
     ours = GPT(cfg).to(device)
     ours.load_state_dict(base.state_dict())
-    apply_liger(base, LigerConfig(cuda_graphs=False))
-    report = apply_liger(ours, LigerConfig(recompute_mlp=True, cuda_graphs=False))
+    settings = dict(cuda_graphs=False, compile_min_tokens=0)  # (compile_min_tokens: lit-liger's ops at any size)
+    apply_liger(base, LigerConfig(**settings))
+    report = apply_liger(ours, LigerConfig(recompute_mlp=True, **settings))
     assert "recompute_mlp" in str(report)
-    calls = []
+    calls, graph_ops = [], {}
     real = adapter.rms_norm_glu_mlp
     adapter.rms_norm_glu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
+
+    def backend_for(name):
+        def backend(gm, example_inputs):
+            graph_ops[name] = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+            return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+        return backend
+
     try:
         x = torch.randint(0, 96, (2, 12), device=device)
         y = torch.randint(0, 96, (2, 12), device=device)
         losses = []
-        for m in (base, ours):
+        for name, m in (("base", base), ("ours", ours)):
+            if compiled:
+                torch._dynamo.reset()
+                m = torch.compile(m, fullgraph=True, backend=backend_for(name))
             loss = chunked_cross_entropy(m(x), y)
             loss.backward()
             losses.append(loss)
     finally:
         adapter.rms_norm_glu_mlp = real
-    assert len(calls) == 2  # one per Block, the recomputing model only
+    assert len(calls) == 2  # one per Block, the recomputing model only (traced once when compiled)
+    if compiled:
+        count = {name: sum("rms_norm_glu_mlp" in o for o in ops) for name, ops in graph_ops.items()}
+        assert count == {"base": 0, "ours": 2}, count
     assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=1e-6)
     for (n, p), q in zip(base.named_parameters(), ours.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), n
+
+
+@pytest.mark.parametrize("act,bias", [("silu", False), ("gelu_tanh", True)])
+def test_under_compile_matches_eager(act, bias, device):
+    """Under ``torch.compile(fullgraph=True)`` the function is the custom op ``lit_liger::rms_norm_glu_mlp``: the
+    same outputs and gradients as eager mode's autograd function, bit for bit (the same implementations), and the
+    traced graph calls the op (not the kept composition). ``aot_eager`` on CPU; inductor in the GPU test."""
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    ins = _inputs(device, torch.float32, bias)
+    leaves = [t for t in ins if t is not None]
+    ds, dy = torch.randn(2, 9, C, device=device), torch.randn(2, 9, C, device=device)
+
+    def f(*ins):
+        return rms_norm_glu_mlp(*ins[:3], 1e-5, 1.0, *ins[3:], activation=act)
+
+    s, y = f(*ins)
+    eager = torch.autograd.grad((s, y), leaves, (ds, dy))
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    s_c, y_c = torch.compile(f, fullgraph=True, backend=backend)(*ins)
+    assert any("rms_norm_glu_mlp" in o for o in ops), ops
+    assert not any("rms_norm_linear" in o or "glu_linear" in o for o in ops), ops
+    torch._dynamo.reset()
+    s_c, y_c = torch.compile(f, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")(*ins)
+    compiled = torch.autograd.grad((s_c, y_c), leaves, (ds, dy))
+    assert torch.equal(s, s_c) and torch.equal(y, y_c)
+    for g, c in zip(eager, compiled):
+        assert torch.equal(g, c)
+
+
+def test_opcheck(device):
+    """``torch.library.opcheck`` of the forward and backward ops: schemas and fake implementations (shapes, dtypes
+    and the empty gradients of what needs none), and the forward op's registered autograd."""
+    from lit_liger.kernels.swiglu import _norm_mlp_bwd, _norm_mlp_op
+
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("reference path (no Triton)")
+    x, res, nw, w1, b1, w2, b2, w3, b3 = _inputs(device, torch.float32, True)
+    args = (x, res, nw, 1e-5, 1.0, w1, b1, w2, b2, w3, b3, "gelu_tanh")
+    torch.library.opcheck(_norm_mlp_op, args, test_utils=("test_schema", "test_faketensor",
+                                                           "test_autograd_registration"))
+    s, rstd, _ = _norm_mlp_op(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
+    ds, dy = torch.randn_like(s), torch.randn_like(s)
+    for needs in ([True] * 7, [False, True, False, False, True, True, False]):
+        torch.library.opcheck(_norm_mlp_bwd, (ds, dy, s, nw.detach(), rstd, w1.detach(), b1.detach(), w2.detach(),
+                                              b2.detach(), w3.detach(), 1e-5, 1.0, "gelu_tanh", True, needs),
+                              test_utils=("test_schema", "test_faketensor"))
+    grads = _norm_mlp_bwd(ds, dy, s, nw, rstd, w1, b1, w2, b2, w3, 1e-5, 1.0, "gelu_tanh", True,
+                          [False, True, False, False, True, True, False])
+    assert [tuple(g.shape) for g in grads] == [tuple(s.shape), (0,), (I, C), (0,), (0,), (I,), (C, I), (0,)]
