@@ -419,6 +419,12 @@ case $phase in
       --variants stock,liger --out "$OUT/recipe-gemma2-2L" 2>&1 | grep "lora B"
     timeout 240 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 --variants compile,lit-liger \
       --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L" 2>&1 | tail -4 ;;
+  d3)     # recompute_mlp under torch.compile (custom op): its GPU tests (inductor), then the 2-layer Mistral step with
+          # recompute_mlp, lit-liger + compile and lit-liger, then stock compile, each variant in its own process
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/test_recompute_mlp.py 2>&1 | tail -3
+    timeout 480 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
+      --variants lit-liger+compile,lit-liger,compile --liger_config '{"recompute_mlp": true}' --isolate \
+      --variant_timeout 420 --steps 20 --warmup 3 --out "$OUT/step-mistral-2L-recompute-d3" 2>&1 | tail -5 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
