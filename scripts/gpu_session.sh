@@ -425,6 +425,10 @@ case $phase in
     timeout 480 python3 -m benchmarks step --models Mistral-7B-v0.1 --n_layer 2 --sliding_window_size 1024 \
       --variants lit-liger+compile,lit-liger,compile --liger_config '{"recompute_mlp": true}' --isolate \
       --variant_timeout 420 --steps 20 --warmup 3 --out "$OUT/step-mistral-2L-recompute-d3" 2>&1 | tail -5 ;;
+  d4)     # Gemma-3 at 2 layers (sliding window 512 < T 2048) after the ninth session's changes: eager, lit-liger and stock
+          # compile, each variant in its own process (d2's in-process run did not finish compile's warm-up in 240 s)
+    timeout 560 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 --variants eager,lit-liger,compile \
+      --isolate --variant_timeout 420 --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L-d4" 2>&1 | tail -5 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
