@@ -429,6 +429,11 @@ case $phase in
           # compile, each variant in its own process (d2's in-process run did not finish compile's warm-up in 240 s)
     timeout 560 python3 -m benchmarks step --models gemma-3-1b-it --n_layer 2 --variants eager,lit-liger,compile \
       --isolate --variant_timeout 420 --steps 20 --warmup 3 --out "$OUT/step-gemma3-2L-d4" 2>&1 | tail -5 ;;
+  d5)     # 2 GPUs (issue 15): Trainer + LigerCallback on gemma-2-2b (4 layers: softcap attention on lit-liger's Triton
+          # kernel, final softcap in the fused loss) under DeepSpeed ZeRO-3 and FSDP, each against stock, loss per step
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    timeout 500 python3 -m benchmarks strategies --model gemma-2-2b --strategies deepspeed3,fsdp --devices 2 --steps 20 \
+      --n_layer 4 --timeout 110 --out "$OUT/strategies-gemma2" 2>&1 | grep -v Warn | tail -8 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
