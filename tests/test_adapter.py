@@ -219,6 +219,15 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
         m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act, **kw: torch.nn.functional.linear(
             torch.nn.functional.silu(a) * b, w, bias))
         assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * cfg.intermediate_size * e
+    # recompute_mlp: the Block's residual add, norm_2 and MLP as one op that keeps neither fc_1's nor fc_2's output
+    apply_liger(ours, {**always, "recompute_mlp": True})
+    loss_r, grads_r, saved_r, ops_r = _compiled_saved_bytes(ours, x, y)
+    apply_liger(ours, always)
+    assert sum(o.startswith("lit_liger.rms_norm_glu_mlp.") for o in ops_r) == L, ops_r
+    assert saved - saved_r == L * 2 * N * cfg.intermediate_size * e
+    assert rel_err(loss_r, loss_c) <= 1e-6
+    for a, b in zip(grads_r, grads_c):
+        assert rel_err(a, b) <= 1e-5
     if not cfg.norm_qk:  # (with qk-norm the norms' backward keeps the q, k views of qkv anyway)
         with monkeypatch.context() as m:
             m.setattr(rope_mod, "own_buffer", lambda v: v)
