@@ -228,6 +228,26 @@ def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path,
     assert not torch.equal(sd0["lm_head.weight"], sd1["lm_head.weight"])
 
 
+@pytest.mark.slow
+def test_finetune_full_recompute_mlp_same_losses(assets, tmp_path, monkeypatch, capsys):
+    """``--liger.recompute_mlp true`` through litgpt's full fine-tuning script (every weight trains, so the Blocks'
+    MLPs recompute fc_1 / fc_2 in backward): the swap report says so, the Blocks call the recomputing function, and
+    the logged losses equal the default run's."""
+    import lit_liger.adapter as adapter
+
+    calls = []
+    real = adapter.rms_norm_glu_mlp
+    monkeypatch.setattr(adapter, "rms_norm_glu_mlp", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_full", tmp_path / "rec", "true"),
+                          "--liger.recompute_mlp", "true"])
+    assert "fc_1 and fc_2 outputs recomputed in backward (recompute_mlp)" in capsys.readouterr().out
+    assert calls, "the Blocks did not run rms_norm_glu_mlp"
+    calls.clear()
+    run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "plain", "true"))
+    assert "(recompute_mlp)" not in capsys.readouterr().out and not calls
+    assert_first_losses_match(losses(tmp_path / "rec"), losses(tmp_path / "plain"))
+
+
 def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, monkeypatch, capsys):
     """``--liger.activation_checkpointing true`` through litgpt's LoRA script (LoRA dropout on): the swap report
     says so, and every logged loss equals the run without it (the recompute restores the RNG state, so the
