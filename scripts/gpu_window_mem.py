@@ -11,7 +11,9 @@ layers takes ~260 s): its peak comes from ``benchmarks step`` (h100-2026-11-24g/
 
 Variants: ``eager`` (stock LitGPT, anchors this script to the benchmark's 8.90 GiB), ``liger`` (defaults),
 ``lean`` (flce_mode lean), ``ckpt`` (activation_checkpointing), ``ckpt-lean``, ``recompute`` (recompute_mlp),
-``recompute-lean``.
+``recompute-lean``; a ``-compile`` suffix runs the variant's model under ``torch.compile`` (``liger-compile``,
+``recompute-compile``: where compile on top adds to lit-liger's peak; inductor's generated code shows as
+``torchinductor`` frames).
 """
 import json
 import statistics
@@ -38,18 +40,21 @@ def run(v):
     config, _ = model_config("Mistral-7B-v0.1", tiny=False, seq_len=T, stock=False, n_layer=n_layer,
                              sliding_window_size=1024)
     model = build_model(config, seq_len=T, dtype=torch.bfloat16, seed=1234)
-    if v != "eager":
-        apply_liger(model, LigerConfig(flce_mode="lean" if v.endswith("lean") else "fast",
-                                       activation_checkpointing=v.startswith("ckpt"),
-                                       recompute_mlp=v.startswith("recompute")))
-    ce = stock_ce if v == "eager" else chunked_cross_entropy
+    compiled = v.endswith("-compile")
+    v_base = v.removesuffix("-compile")
+    if v_base != "eager":
+        apply_liger(model, LigerConfig(flce_mode="lean" if v_base.endswith("lean") else "fast",
+                                       activation_checkpointing=v_base.startswith("ckpt"),
+                                       recompute_mlp=v_base.startswith("recompute")))
+    ce = stock_ce if v_base == "eager" else chunked_cross_entropy
+    fwd = torch.compile(model) if compiled else model
     opt = _optimizer(model)
     x, y = make_batch(config, B, T, 1234)
     marks = {}
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = ce(model(x), y)
+        loss = ce(fwd(x), y)
         marks["fwd"] = torch.cuda.max_memory_allocated()
         loss.backward()
         opt.step()
@@ -80,7 +85,7 @@ def run(v):
     best, at_peak = live_at_peak(snap["device_traces"][0])
     res["trace_peak_over_start_MiB"] = round(best / MiB, 1)
     res["live_at_peak"] = group_at_peak(at_peak, ("lit_liger", "kernels/", "litgpt", "checkpoint", "optim",
-                                                  "gpu_window_mem"), depth=3, top=12)
+                                                  "torchinductor", "gpu_window_mem"), depth=3, top=12)
     return res
 
 
