@@ -438,6 +438,9 @@ case $phase in
           # eager's 0.742x in d3; defaults: 6.54 against 6.33 GiB): the same step eager and compiled, memory-history replay
     timeout 420 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 recompute recompute-compile liger \
       liger-compile 2>&1 | grep -v Warn | tail -48 ;;
+  d6b)    # d6 again with every group at the peak kept (d6 kept 12): recompute_mlp eager and compiled
+    timeout 300 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 recompute recompute-compile 2>&1 \
+      | grep -v Warn | tail -20 ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"

@@ -85,7 +85,7 @@ def run(v):
     best, at_peak = live_at_peak(snap["device_traces"][0])
     res["trace_peak_over_start_MiB"] = round(best / MiB, 1)
     res["live_at_peak"] = group_at_peak(at_peak, ("lit_liger", "kernels/", "litgpt", "checkpoint", "optim",
-                                                  "torchinductor", "gpu_window_mem"), depth=3, top=12)
+                                                  "torchinductor", "gpu_window_mem"), depth=3, top=60)
     return res
 
 
