@@ -441,6 +441,12 @@ case $phase in
   d6b)    # d6 again with every group at the peak kept (d6 kept 12): recompute_mlp eager and compiled
     timeout 300 python3 scripts/gpu_window_mem.py "$OUT/window_mem.jsonl" 2 recompute recompute-compile 2>&1 \
       | grep -v Warn | tail -20 ;;
+  d7)     # what recompute_mlp buys and costs beyond Mistral's shape: Llama-3.2-1B and gemma-2-2b (full depth), B4 T2048,
+          # lit-liger with the defaults, then with recompute_mlp
+    for cfg in '{}' '{"recompute_mlp": true}'; do
+      timeout 200 python3 -m benchmarks step --models Llama-3.2-1B,gemma-2-2b --variants lit-liger \
+        --liger_config "$cfg" --steps 20 --warmup 3 --out "$OUT/step-recompute-$([ "$cfg" = '{}' ] && echo off || echo on)" \
+        2>&1 | grep -E "^(Llama|gemma)" ; done ;;
 esac
 } 2>&1 | tee "$log"
 tar czf "$OUT/$phase.tgz" -C /tmp/res "$phase"
