@@ -446,9 +446,7 @@ def _rows(n_rows, vocab, element_size, device, chunk_size, need_dw, free_memory)
     default = _FAST_CHUNK_BYTES
     if device.type == "cuda" and need_dw:
         default = max(default, _FAST_MIN_ROWS * vocab * element_size)
-    budget = _capped_budget(default, chunk_size)
-    budget = _chunk_budget(device, budget) if free_memory else _chunk_budget(device, budget, False)
-    rows = budget // (vocab * element_size)
+    rows = _chunk_budget(device, _capped_budget(default, chunk_size), free_memory) // (vocab * element_size)
     return _balanced(n_rows, max(align, rows // align * align), align)
 
 

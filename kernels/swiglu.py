@@ -482,6 +482,18 @@ def _glu_mlp_reference(x, w1, b1, w2, b2, w3, b3, activation):
     return F.linear(glu_reference(F.linear(x, w1, b1), F.linear(x, w2, b2), activation), w3, b3)
 
 
+def _recomputed_glu_bwd(x_c, dy_c, w1, b1, w2, b2, w3, activation, write_h=False):
+    """One chunk of rows of a GLU MLP's backward, ``fc_1``/``fc_2``'s outputs recomputed from the chunk's MLP input
+    ``x_c``: returns ``(d a, d b, d h)``, each a new ``(rows, I)`` tensor, ``d a``/``d b`` written over the recomputed
+    ``a``/``b``; with ``write_h``, the GLU product ``act(a) * b`` over ``d h`` (what ``proj``'s weight gradient reads).
+    The input gradient is then ``d a @ w1 + d b @ w2``."""
+    a = torch.nn.functional.linear(x_c, w1, b1)  # (rows, I)
+    b = torch.nn.functional.linear(x_c, w2, b2)
+    dh = dy_c.mm(w3)  # (rows, I)
+    _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=write_h)
+    return a, b, dh
+
+
 class _GLUMLPFn(torch.autograd.Function):
     """``proj(act(fc_1(x)) * fc_2(x))`` for frozen weights, run over chunks of rows (``_launch.mlp_chunk_rows``).
 
@@ -517,15 +529,10 @@ class _GLUMLPFn(torch.autograd.Function):
         n = x2.shape[0]
         dx = torch.empty_like(x2)  # (N, C)
         rows = _launch.mlp_chunk_rows(n)
-        F = torch.nn.functional
         for r0 in range(0, n, rows):
-            xc, dxc = x2[r0:r0 + rows], dx[r0:r0 + rows]
-            a, b = F.linear(xc, w1, b1), F.linear(xc, w2, b2)  # recomputed (rows, I)
-            dg = dy2[r0:r0 + rows].mm(w3)  # (rows, I)
-            _glu_bwd_launch(dg, a, b, a, b, activation=ctx.activation, need_da=True, need_db=True)  # over a, b
+            a, b, dg = _recomputed_glu_bwd(x2[r0:r0 + rows], dy2[r0:r0 + rows], w1, b1, w2, b2, w3, ctx.activation)
             del dg
-            torch.mm(a, w1, out=dxc)
-            dxc.addmm_(b, w2)
+            torch.mm(a, w1, out=dx[r0:r0 + rows]).addmm_(b, w2)  # (rows, C)
             del a, b
         return dx.view(x.shape), None, None, None, None, None, None, None
 
@@ -598,10 +605,7 @@ def _norm_mlp_bwd_impl(
     for r0 in range(0, n_rows, rows):
         r1 = min(r0 + rows, n_rows)
         n_c, dy_c = n[r0:r1], dy2[r0:r1]
-        a = torch.nn.functional.linear(n_c, w1, b1)  # (rows, I): recomputed, owned here
-        b = torch.nn.functional.linear(n_c, w2, b2)
-        dh = dy_c.mm(w3)  # (rows, I)
-        _glu_bwd_launch(dh, a, b, a, b, activation, True, True, write_h=True)  # da over a, db over b, h over dh
+        a, b, dh = _recomputed_glu_bwd(n_c, dy_c, w1, b1, w2, b2, w3, activation, write_h=True)  # d a, d b, h
         first = r0 == 0
         if need_w3:
             dw3 = dy_c.t().mm(dh) if first else dw3.addmm_(dy_c.t(), dh)  # (C, I)
