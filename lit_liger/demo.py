@@ -511,18 +511,19 @@ def _table(s: dict[str, Any], on_gpu: bool) -> str:
 # Child process: `python -m lit_liger.demo STATS_JSON <lit-liger args...>`
 # ----------------------------------------------------------------------------------------------
 def _run_and_record(stats_path: str, argv: list[str]) -> None:
-    """Run ``lit-liger *argv`` in this process, then write its peak GPU memory and wall time.
+    """Run ``lit-liger *argv`` in this process (as ``python -m lit_liger *argv``), then write its peak GPU memory and
+    wall time.
 
     Two peaks: the whole run, and the training steps alone. The finetune and pretrain scripts start with a
     validation pass ("Verifying settings": real logits under ``no_grad``, the same with or without
     lit-liger); the peak counter is reset after each validation, so the second number is what the
     training steps needed.
     """
+    import runpy
+
     import litgpt.finetune.full
     import litgpt.finetune.lora
     import litgpt.pretrain
-
-    from .cli import main
 
     sys.argv = ["lit-liger", *argv]  # litgpt re-parses sys.argv when it saves hyperparameters
     cuda = torch.cuda.is_available()
@@ -547,7 +548,9 @@ def _run_and_record(stats_path: str, argv: list[str]) -> None:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     try:
-        main()
+        # the command's entry point, as a user runs it: the CLI imports this module (its `demo` subcommand), this
+        # module runs the CLI only as a program, so the import goes one way
+        runpy.run_module("lit_liger", run_name="__main__")
     finally:
         for m, v in zip(scripts, originals):
             m.validate = v
