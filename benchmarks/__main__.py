@@ -12,6 +12,8 @@
                  largest context at micro-batch 1, scaling efficiency [--devices 2,4,8] [--model M]
     all          kernels, step, finetune and convergence, into one folder   [--out DIR] [--quick] [--smoke] [--tiny]
     plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
+    chart        the README's LoRA-recipe chart (docs/recipe_lora.png) from the committed recipe results
+    diag         GPU diagnostics (attn-sweep, flex-sweep, op-host, gaps, window-mem, recipe-mem): diag NAME [args]
 
 The benchmarks take ``--out DIR``; ``lit-liger bench NAME -h`` lists all of its options. Results go to
 ``benchmarks/results/<device>-<date>/`` in a checkout, ``./lit-liger-bench-results/<device>-<date>/`` for an
@@ -77,6 +79,8 @@ _COMMANDS = {
     "strategies": ("strategies", "compare"),
     "scaling": ("scaling", "main"),
     "recipe": ("recipe", "main"),
+    "chart": ("chart", "main"),
+    "diag": ("diag", "main"),
 }
 
 

@@ -3,19 +3,17 @@ fused AdamW) for one model and variant, warmed up, then 2 steps under torch.prof
 Reports the GPU's idle time per step, the largest gaps (the kernel after each, the CPU op that launched it) and
 every host-synchronizing CUDA call with the op it ran under. Writes ``gaps.json`` and the Chrome trace.
 
-    python scripts/gpu_gaps.py OUT_DIR [--model gemma-2-2b] [--variant lit-liger+compile] [--B 4] [--T 2048]
+    python -m benchmarks diag gaps OUT_DIR [--model gemma-2-2b] [--variant lit-liger+compile] [--B 4] [--T 2048]
 """
 import argparse
 import json
-import sys
 from bisect import bisect_right
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the benchmarks package
-from benchmarks import step as S  # noqa: E402
+from .. import step as S
 
 SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
 

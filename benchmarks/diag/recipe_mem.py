@@ -1,6 +1,6 @@
 """Memory and time of one LoRA fine-tuning loop on Alpaca-shaped lengths, one variant per process.
 
-usage: python scripts/gpu_recipe_mem.py VARIANT B [ITERS] [OUT.json]
+usage: python -m benchmarks diag recipe-mem VARIANT B [ITERS] [OUT.json]
 
 Full-depth Llama-3.2-1B (random init), LoRA r=8 on query+value, dropout 0.05, bf16 weights, max_seq_length 512,
 AdamW every 16/B micro-batches; each micro-batch's length is its longest sample's, samples lognormal as in
@@ -24,11 +24,12 @@ v, B = sys.argv[1], int(sys.argv[2])
 iters = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 out = sys.argv[4] if len(sys.argv) > 4 else None
 
-from _diag_common import lora_llama_1b  # noqa: E402
 from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
 from lit_liger import graphs as G  # noqa: E402
+
+from ._common import lora_llama_1b  # noqa: E402
 
 G.WARMUP_IN_POOL = v in ("gpool", "gboth")
 G.RECAPTURE_ON_GROWTH = v in ("ggrow", "gboth")

@@ -1,6 +1,6 @@
 """Host cost per op: lit-liger's eager ops against the LitGPT / aten code they replace (issue 16).
 
-usage: python scripts/gpu_op_host.py [OUT.json]   (env: ITERS, REPS, DEVICE=cpu, PROFILE_ONLY, CASES=name,part)
+usage: python -m benchmarks diag op-host [OUT.json]   (env: ITERS, REPS, DEVICE=cpu, PROFILE_ONLY, CASES=name,part)
 
 At LitGPT's recipe sizes a training step is bound by the host: what matters per op is the time the Python
 thread needs to issue it (checks, allocations, autograd, Triton's launcher), not the GPU time. Each case runs

@@ -7,7 +7,7 @@ lit-liger's launch heuristics pick: kernels/_launch.flex_kernel_options), then a
 (``mode="max-autotune-no-cudagraphs"``) and times that; inductor prints the configs it tried to stderr
 ("AUTOTUNE flex_attention..."), which the run's log keeps. Writes ``flex_sweep.json``.
 
-    python scripts/flex_sweep.py --out DIR [--shapes gemma2,gemma3,mistral] [--no_autotune]
+    python -m benchmarks diag flex-sweep --out DIR [--shapes gemma2,gemma3,mistral] [--no_autotune]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from _diag_common import cuda_median_ms
+from ._common import cuda_median_ms
 from lit_liger import attention as A
 
 SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, window, scale)

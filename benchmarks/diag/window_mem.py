@@ -1,7 +1,7 @@
 """Where the peak of a sliding-window training step goes: Mistral-7B-v0.1's shape at reduced depth (issue 15's
 memory target, <= 0.75x stock torch.compile's peak).
 
-usage: python scripts/gpu_window_mem.py OUT.jsonl [N_LAYER] [VARIANT ...]
+usage: python -m benchmarks diag window-mem OUT.jsonl [N_LAYER] [VARIANT ...]
 
 The step is ``benchmarks step``'s (random init, bf16 weights, fused AdamW, B 4, T 2048, window 1024, grads set to
 None between steps). Per variant: the median step time of 10 steps, max_memory_allocated over them (the benchmark's
@@ -21,11 +21,10 @@ import sys
 
 import torch
 
-sys.path[:0] = ["scripts", "."]  # (run from the repo root)
-from _diag_common import group_at_peak, live_at_peak  # noqa: E402
+from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 
-from benchmarks.step import _optimizer, build_model, make_batch, model_config  # noqa: E402
-from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
+from ..step import _optimizer, build_model, make_batch, model_config
+from ._common import group_at_peak, live_at_peak
 
 out = sys.argv[1]
 n_layer = int(sys.argv[2]) if len(sys.argv) > 2 else 2

@@ -1,4 +1,4 @@
-"""Pieces shared by the device diagnostic scripts (run as ``python scripts/NAME.py``; this folder is on sys.path)."""
+"""Pieces shared by the device diagnostics (``python -m benchmarks diag NAME``)."""
 import statistics
 
 import torch

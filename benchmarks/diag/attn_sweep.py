@@ -10,7 +10,7 @@ For each shape: accuracy of both against an fp32 reference (forward and the thre
 * SDPA flash and cuDNN on the same shape without the softcap (what a fused kernel of the library reaches).
 Writes ``attn_sweep.json``.
 
-    python scripts/attn_sweep.py --out DIR [--shapes gemma2] [--quick]
+    python -m benchmarks diag attn-sweep --out DIR [--shapes gemma2] [--quick] [--round N]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _diag_common import cuda_median_ms
+from ._common import cuda_median_ms
 from lit_liger import attention as A
 from lit_liger.kernels import _launch as L
 from lit_liger.kernels import attention as K

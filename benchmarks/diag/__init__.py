@@ -1,0 +1,46 @@
+"""``python -m benchmarks diag NAME [args]``: GPU diagnostics a maintainer runs again (one question each, JSON out).
+
+Not benchmarks of record: each answers where time or memory goes, or which launch setting to pick, on the machine
+it runs on. ``diag`` alone lists them; ``diag NAME -h`` (where the diagnostic parses options) or its docstring says
+what it takes. Findings so far are in the result folders' NOTES.md (docs/performance.md cites them).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from .._common import PROG
+
+#: name -> (module in this package, what it answers)
+DIAGS = {
+    "attn-sweep": ("attn_sweep", "launch plans of lit-liger's Triton softcap attention vs FlexAttention, per shape "
+                                 "(sets kernels/_launch.py's attention_plan for a new GPU)"),
+    "flex-sweep": ("flex_sweep", "FlexAttention launch settings (warps, blocks) and inductor's autotune, per family "
+                                 "(kernels/_launch.py's flex_kernel_options)"),
+    "op-host": ("op_host", "host microseconds to issue each swapped op's fwd+bwd against the LitGPT code it replaces "
+                           "(FastKernel, Triton's launcher; DEVICE=cpu for a smoke run)"),
+    "gaps": ("gaps", "where a training step's GPU sits idle, and every host-synchronizing call (torch.profiler)"),
+    "window-mem": ("window_mem", "what is live at a sliding-window step's memory peak, per LigerConfig setting "
+                                 "(memory-history replay)"),
+    "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
+                                 "setting (lit_liger/graphs.py) or torch.compile"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, DIAGS))
+    rows = "\n".join(f"    {name.ljust(width)}  {what}" for name, (_, what) in DIAGS.items())
+    return f"usage: {PROG} diag NAME [args]\n\n{rows}\n"
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    name, rest = argv[0], argv[1:]
+    if name not in DIAGS:
+        raise SystemExit(f"unknown diagnostic {name!r}\n\n{usage()}")
+    # each diagnostic is a program reading sys.argv (as it was when it lived in scripts/): run it as __main__
+    sys.argv = [f"{PROG} diag {name}", *rest]
+    runpy.run_module(f"{__package__}.{DIAGS[name][0]}", run_name="__main__", alter_sys=False)
