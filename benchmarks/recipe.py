@@ -2,7 +2,7 @@
 
     python -m benchmarks recipe [--models Llama-3.2-1B,Qwen2.5-1.5B] [--methods lora] [--micro_batches 4,1]
                                 [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed]
-                                [--tied_head] [--out DIR] [--smoke]
+                                [--tied_head] [--quantize bnb.nf4-dq] [--out DIR] [--smoke]
 
 Each run is ``lit-liger finetune_<method> <checkpoint> --data JSON ...`` in a fresh process, on a random-init
 checkpoint with the model's real widths and vocabulary (built locally: a byte-level BPE trained on Python's
@@ -98,7 +98,7 @@ def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0, fix
 
 
 def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters: int, precision: str,
-             smoke: bool, variant: str) -> list[str]:
+             smoke: bool, variant: str, quantize: str | None = None) -> list[str]:
     global_batch = 16 if not smoke else mb
     steps = max(1, iters * mb // global_batch)
     return [f"finetune_{method}", str(ckpt), "--out_dir", str(run_dir), "--precision", precision, "--devices", "1",
@@ -108,7 +108,26 @@ def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters:
             "--train.max_steps", str(steps), "--train.epochs", "1000", "--train.lr_warmup_steps", str(min(10, steps // 2)),
             "--train.save_interval", str(10**9), "--eval.interval", str(10**9), "--eval.final_validation", "false",
             "--eval.max_iters", "2", "--eval.max_new_tokens", "8", "--logger_name", "csv", "--seed", "1337",
-            *VARIANTS[variant]]
+            *VARIANTS[variant], *(["--quantize", quantize] if quantize else [])]
+
+
+def flops_per_token(info: dict[str, Any], method: str) -> float:
+    """Model FLOPs per real token of a training iteration, attention left out: 6N for full fine-tuning (forward
+    2N, input and weight gradients 4N), 4N for a frozen base (LoRA, adapters, QLoRA: no weight-gradient GEMMs);
+    N = the matmul parameters (every Linear, the lm_head included; the embedding is a lookup)."""
+    n = info["n_params"] - info["padded_vocab_size"] * info["n_embd"]
+    return (6.0 if method in ("full", "pretrain") else 4.0) * n
+
+
+def add_mfu(row: dict[str, Any], info: dict[str, Any], nominal: float | None, measured: float | None) -> None:
+    """Model FLOP/s and MFU of a row: over real tokens, against the device's nominal dense bf16 peak and the
+    bf16 matmul rate measured in this run."""
+    tflops = row["tokens_per_s"] * flops_per_token(info, row["method"]) / 1e12
+    row["model_TFLOPs"] = tflops
+    if nominal:
+        row["mfu_nominal"] = tflops / nominal
+    if measured:
+        row["mfu_measured_peak"] = tflops / measured
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -131,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tied_head", action="store_true",
                    help="a checkpoint whose lm_head equals its embedding, as litgpt converts a Hugging Face model with "
                         "tied embeddings (Llama-3.2-1B/3B, Qwen2.5 up to 3B): lit-liger keeps one copy (tied_weights)")
+    p.add_argument("--quantize", default=None, help="QLoRA: litgpt's --quantize for every variant (e.g. bnb.nf4-dq; "
+                   "needs bitsandbytes, pip install 'lit-liger[qlora]')")
     p.add_argument("--smoke", action="store_true", help="tiny model, a few iterations (CPU: Triton interpreter)")
     opts = p.parse_args(argv)
     smoke = opts.smoke or not C.CUDA
@@ -142,7 +163,11 @@ def main(argv: list[str] | None = None) -> dict:
     warmup = 1 if smoke else min(opts.warmup, iters - 1)
     result: dict[str, Any] = {"environment": C.environment(), "argv": argv, "smoke": smoke, "rows": [],
                               "settings": {"iters": iters, "warmup": warmup, "precision": precision,
-                                           "lengths": opts.lengths, "tied_head": opts.tied_head}}
+                                           "lengths": opts.lengths, "tied_head": opts.tied_head,
+                                           "quantize": opts.quantize}}
+    nominal = C.nominal_bf16_TFLOPs(C.device_name()) if C.CUDA else None
+    measured = C.matmul_TFLOPs(8192, 8192, 8192) if C.CUDA else None  # the bf16 GEMM rate of this GPU, now
+    result["settings"].update(nominal_bf16_TFLOPs=nominal, measured_bf16_matmul_TFLOPs=measured)
     for model in [m for m in opts.models.split(",") if m]:
         from litgpt import Config
 
@@ -158,10 +183,11 @@ def main(argv: list[str] | None = None) -> dict:
             for mb in [int(b) for b in opts.micro_batches.split(",") if b]:
                 stock = None
                 for variant in [v for v in opts.variants.split(",") if v]:
-                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}-B{mb}-{variant}-{opts.lengths}"
-                    args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant)
-                    row: dict[str, Any] = {"model": model, "method": method, "B": mb, "variant": variant,
-                                           "command": "lit-liger " + " ".join(args)}
+                    q = f"-{opts.quantize}" if opts.quantize else ""
+                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}{q}-B{mb}-{variant}-{opts.lengths}"
+                    args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize)
+                    row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
+                                           "B": mb, "variant": variant, "command": "lit-liger " + " ".join(args)}
                     try:
                         res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant))
                         from lit_liger.demo import read_metrics
@@ -170,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                         row.update(res, status="ok", iter_ms_p50=statistics.median(times),
                                    iter_ms_p90=statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0],
                                    iter_ms_mean=statistics.fmean(times))
+                        add_mfu(row, info, nominal, measured)
                     except Exception as e:  # noqa: BLE001 - a failed run is a row, not the end of the benchmark
                         row.update(status=f"failed: {e}")
                     if variant.startswith("stock") and variant not in NOT_REFERENCE and row["status"] == "ok":
@@ -202,18 +229,19 @@ def loss_divergence(ref: list[float], losses: list[float], threshold: float = 0.
 def _line(r: dict) -> str:
     return (f"{r['model']} {r['method']} B{r['B']} {r['variant']}: {r['status']} "
             f"tok/s {C.fmt(r.get('tokens_per_s'))} ({C.fmt(r.get('x_stock_tok_s'))}x) p50 {C.fmt(r.get('iter_ms_p50'))} "
-            f"p90 {C.fmt(r.get('iter_ms_p90'))} ms, alloc {C.fmt(r.get('peak_memory_gb'))} GB, reserved "
+            f"p90 {C.fmt(r.get('iter_ms_p90'))} ms, MFU {C.fmt(r.get('mfu_nominal'))}, alloc {C.fmt(r.get('peak_memory_gb'))} GB, reserved "
             f"{C.fmt(r.get('peak_reserved_gb'))} GB")
 
 
-COLUMNS = ["model", "method", "B", "variant", "tok/s", "x stock", "iter ms mean", "p50", "p90", "peak alloc GB",
+COLUMNS = ["model", "method", "B", "variant", "tok/s", "x stock", "model TFLOP/s", "MFU (nominal)",
+           "MFU (measured peak)", "iter ms mean", "p50", "p90", "peak alloc GB",
            "peak reserved GB", "x stock reserved", "loss iter 1", "final loss", "status"]
 
 
 def render(result: dict, out_dir: Path) -> list[Path]:
     env, s = result["environment"], result["settings"]
     rows = [[r["model"], r["method"], r["B"], r["variant"], r.get("tokens_per_s"), r.get("x_stock_tok_s"),
-             r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
+             r.get("model_TFLOPs"), r.get("mfu_nominal"), r.get("mfu_measured_peak"), r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
              r.get("peak_reserved_gb"), r.get("x_stock_peak_reserved_gb"),
              (r.get("losses") or [None])[0], (r.get("losses") or [None])[-1], r["status"]] for r in result["rows"]]
     md = [f"# Recipe benchmark: {env['device']}, {env['date']}"
@@ -223,7 +251,10 @@ def render(result: dict, out_dir: Path) -> list[Path]:
           f"torch {env['torch']}, triton {env['triton']}, litgpt {env['litgpt']}, lit-liger {env['lit_liger']} "
           f"({env.get('lit_liger_commit')})" + (" — SMOKE RUN (not a measurement)" if result.get("smoke") else ""),
           "", f"{s['iters']} iterations per run, the first {s['warmup']} left out; {s['precision']}; data: "
-          + json.dumps(result.get("data")), "", C.markdown_table(COLUMNS, rows), "",
+          + json.dumps(result.get("data")), "",
+          "Model FLOP/s over real tokens (6N per token for full fine-tuning, 4N for a frozen base, N = matmul "
+          f"parameters, attention left out); MFU against the nominal dense bf16 peak ({C.fmt(s.get('nominal_bf16_TFLOPs'))} "
+          f"TFLOP/s) and the bf16 GEMM rate measured in this run ({C.fmt(s.get('measured_bf16_matmul_TFLOPs'))}).", "", C.markdown_table(COLUMNS, rows), "",
           f"Targets (issue 16, LoRA, Llama-3.2-1B): >= {TARGETS['tok_per_s']}x stock tokens/s at micro-batch 1 and 4, "
           f"<= {TARGETS['memory']}x stock memory.", "", "## Commands", "", "```",
           f"{C.PROG} recipe " + " ".join(result.get("argv") or []), *[r["command"] for r in result["rows"]], "```", ""]

@@ -47,6 +47,7 @@ from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
 from .lora import lora_linear, lora_parts
+from .quant import is_quantized
 from .loss import (
     GatheredHead,
     LigerLogits,
@@ -184,6 +185,16 @@ def _plain_linear(m: nn.Module) -> bool:
     return type(m) is nn.Linear and not hasattr(m.weight, "ds_id") and not _is_dtensor(m.weight)
 
 
+def _4bit_linear(m: nn.Module, x: torch.Tensor) -> bool:
+    """A bitsandbytes 4-bit Linear (QLoRA's frozen base) computing in ``x``'s dtype: the LoRA function dequantizes
+    its weight as the layer's own forward does (int8 layers multiply in int8: they keep their own forward)."""
+    w = getattr(m, "weight", None)
+    return (
+        isinstance(m, nn.Linear) and w is not None and getattr(w, "quant_state", None) is not None
+        and getattr(m, "compute_dtype", None) in (None, x.dtype) and not w.requires_grad
+    )
+
+
 def _is_dtensor(t: torch.Tensor) -> bool:
     """``isinstance(t, DTensor)`` without importing torch.distributed where it is not built (traceable
     by torch.compile, unlike walking the type's MRO)."""
@@ -217,9 +228,10 @@ class _LoRAMixin:
             not self.merged
             and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled(x.device.type)
-            and _plain_linear(self.linear)
+            and (_plain_linear(self.linear) or _4bit_linear(self.linear, x))
             and not hasattr(a, "ds_id") and not _is_dtensor(a)
-            and x.dtype == self.linear.weight.dtype == a.dtype == self.lora_B.dtype
+            and x.dtype == a.dtype == self.lora_B.dtype
+            and (x.dtype == self.linear.weight.dtype or is_quantized(self.linear.weight))
             and (isinstance(self.lora_dropout, nn.Dropout) or not isinstance(self.lora_dropout, nn.Module))
             and _called_plainly(self.linear)
         )

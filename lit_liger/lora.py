@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import dequantize, is_quantized
+
 __all__ = ["lora_linear", "lora_parts"]
 
 
@@ -54,7 +56,8 @@ class _LoRAFn(torch.autograd.Function):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
         xd2 = x2 if xd is None else xd.reshape(-1, C)
-        y = F.linear(x2, weight, bias)  # (N, out)
+        ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
+        y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
         h = xd2 @ lora_a.t()  # (N, n·r)
         row = 0
         for i, (lo, hi) in enumerate(parts):
@@ -89,7 +92,7 @@ class _LoRAFn(torch.autograd.Function):
                 row += hi - lo
         dx = dxd = da = dlb = dw = db = None
         if need_x:
-            dx = dy2 @ weight  # (N, C)
+            dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
         if need_xd and not ctx.same_input:
@@ -116,16 +119,19 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 xd: torch.Tensor | None = None) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
-    not ``x`` (dropout)."""
+    not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
+    for the forward's GEMM and again for the backward's, as bitsandbytes' own layer does."""
     n = len(parts)
     if n == 0 or lora_a.shape[0] % n:
         raise ValueError(f"lora_A has {lora_a.shape[0]} rows, not a multiple of its {n} LoRA parts")
     r = lora_a.shape[0] // n
     if lora_b.shape != (sum(hi - lo for lo, hi in parts), r):
         raise ValueError(f"lora_B has shape {tuple(lora_b.shape)}, expected ({sum(hi - lo for lo, hi in parts)}, {r})")
-    if x.shape[-1] != weight.shape[1] or lora_a.shape[1] != x.shape[-1]:
-        raise ValueError(f"x's last dimension {x.shape[-1]} must equal the layer's in_features {weight.shape[1]}")
-    dtypes = {x.dtype, weight.dtype, lora_a.dtype, lora_b.dtype} | ({xd.dtype} if xd is not None else set())
+    in_features = weight.quant_state.shape[1] if is_quantized(weight) else weight.shape[1]
+    if x.shape[-1] != in_features or lora_a.shape[1] != x.shape[-1]:
+        raise ValueError(f"x's last dimension {x.shape[-1]} must equal the layer's in_features {in_features}")
+    dtypes = {x.dtype, lora_a.dtype, lora_b.dtype} | ({xd.dtype} if xd is not None else set())
+    dtypes |= set() if is_quantized(weight) else {weight.dtype}
     if len(dtypes) != 1:
         raise TypeError(f"lit-liger LoRA: x, the weight and lora_A/lora_B must share one dtype, got {sorted(map(str, dtypes))}")
     return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r)

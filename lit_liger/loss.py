@@ -5,46 +5,46 @@ In training (grad enabled, no KV-cache ``input_pos``) a swapped ``GPT`` returns 
 the ``lm_head``. :func:`chunked_cross_entropy` (a drop-in for LitGPT's function of the same name)
 turns it into the loss with the fused linear cross-entropy kernel, so the N x V logits never exist.
 
-A ``LigerLogits`` is deliberately *not* a tensor: code that expected logits (``.softmax()``,
-``torch.cat``, arithmetic, LitGPT's own ``chunked_cross_entropy``) gets a clear ``TypeError``
-instead of a silently wrong number. The only tensor-like operation it allows is indexing the
-(B, T) dimensions with the vocabulary dimension left whole (``out[..., :-1, :]``, the shift every
-LitGPT training script does), which is applied to the hidden states.
+Code written for stock LitGPT keeps working on it unchanged: the loss patterns (LitGPT's own
+``chunked_cross_entropy``, ``F.cross_entropy`` on the reshaped/sliced/cast output) run the fused
+loss; anything that truly needs logits (a metric's ``argmax``, arithmetic) gets the real logits,
+computed once with one warning, and the same numbers as stock (see :class:`LigerLogits`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .quant import dequantize, is_quantized
 
 __all__ = ["GatheredHead", "LigerLogits", "chunked_cross_entropy", "lm_head_weight_bias"]
 
-_HELP = (
-    "In training, a model swapped by lit-liger returns a LigerLogits (deferred logits: final hidden "
-    "states + lm_head) instead of the (B, T, vocab) logits, so that the loss can run as a fused linear "
-    "cross-entropy. Compute the loss with `lit_liger.chunked_cross_entropy(output, targets)` (or "
-    "`output.loss(targets)`); call `output.materialize()` if you really need the logits; or turn the "
-    "fused loss off with `LigerConfig(fused_linear_cross_entropy=False)` / `--liger.fused_linear_cross_entropy false`."
-)
+
+def _linear_weight(linear: nn.Linear) -> torch.Tensor:
+    return dequantize(linear.weight) if is_quantized(linear.weight) else linear.weight
 
 
 def _unwrap_linear(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight, bias, per-output scale) of LitGPT's lm_head variants, or raise if not expressible."""
+    """(weight, bias, per-output scale) of LitGPT's lm_head variants, or raise if not expressible. A quantized
+    (bitsandbytes) head gives its dequantized weight."""
     if isinstance(lm_head, nn.Linear):
-        return lm_head.weight, lm_head.bias, None
+        return _linear_weight(lm_head), lm_head.bias, None
     inner = getattr(lm_head, "linear", None)
     if isinstance(inner, nn.Linear):
         if hasattr(lm_head, "lora_A") or hasattr(lm_head, "r"):
             if getattr(lm_head, "r", 0) and getattr(lm_head, "r", 0) > 0:
                 raise NotImplementedError("lm_head carries a LoRA update (lora_head=True)")
-            return inner.weight, inner.bias, None
+            return _linear_weight(inner), inner.bias, None
         if hasattr(lm_head, "adapter_scale") and hasattr(lm_head, "adapter_bias"):
             # AdapterV2Linear: scale * (x W^T + b + adapter_bias)
             bias = lm_head.adapter_bias if inner.bias is None else inner.bias + lm_head.adapter_bias
-            return inner.weight, bias, lm_head.adapter_scale
+            return _linear_weight(inner), bias, lm_head.adapter_scale
     raise NotImplementedError(f"lm_head of type {type(lm_head).__name__} is not a Linear layer lit-liger knows")
 
 
@@ -94,27 +94,104 @@ class GatheredHead:
 
 
 class LigerLogitsError(TypeError, AttributeError):
-    """Raised when a LigerLogits is used as if it were a logits tensor."""
+    """Raised for what a LigerLogits cannot answer (an attribute that torch.Tensor does not have either)."""
+
+
+_MATERIALIZE_WARNED = [False]
+
+
+def _warn_materialize(what: str) -> None:
+    """One warning per process: the first use of a training output that needs the real logits."""
+    if _MATERIALIZE_WARNED[0] or torch.compiler.is_compiling():
+        return
+    _MATERIALIZE_WARNED[0] = True
+    warnings.warn(
+        f"lit-liger: {what} on a swapped model's training output needs the real (..., vocab) logits, so lit-liger "
+        "computed them (once per output, the same numbers as stock LitGPT; the memory the fused loss saves is spent "
+        "on them). The loss itself needs no logits: `lit_liger.chunked_cross_entropy(output, targets)`, "
+        "`litgpt.utils.chunked_cross_entropy` and `F.cross_entropy(output.reshape(-1, vocab), targets.reshape(-1))` "
+        "run the fused linear cross-entropy. This warning is shown once.",
+        stacklevel=4,
+    )
+
+
+def _to_real(obj: Any) -> Any:
+    """``obj`` with every LigerLogits / pending loss in it (lists, tuples, dicts) replaced by its real tensor."""
+    if isinstance(obj, LigerLogits):
+        return obj.real()
+    if isinstance(obj, _PendingLoss):
+        return obj.resolve()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_real(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_real(v) for k, v in obj.items()}
+    return obj
+
+
+def _torch_function(func: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """``__torch_function__`` of LigerLogits and _PendingLoss: the loss patterns stay fused, the rest gets the
+    real tensors (and gives exactly what it gives on stock LitGPT's logits)."""
+    kwargs = kwargs or {}
+    first = args[0] if args else None
+    if func is F.cross_entropy:
+        return _cross_entropy(*args, **kwargs)
+    if isinstance(first, LigerLogits):
+        if func is torch.functional.split or func is torch.split:
+            return first.split(*args[1:], **kwargs)
+        if func is torch.reshape:
+            return first.reshape(*args[1:], **kwargs)
+        if func is torch.flatten:
+            return first.flatten(*args[1:], **kwargs)
+    if func is torch.cat and isinstance(first, (list, tuple)) and first:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+        if len(first) == 1 and isinstance(first[0], (LigerLogits, _PendingLoss)):
+            return first[0]  # litgpt's list path: torch.cat([one output], dim=1) is the output itself
+        if all(isinstance(p, _PendingLoss) for p in first):
+            whole = _PendingLoss.join(first, dim)
+            if whole is not None:
+                return whole
+    if any(isinstance(a, LigerLogits) for a in _flat(args, kwargs)):
+        _warn_materialize(f"torch.{getattr(func, '__name__', func)}")
+    return func(*_to_real(args), **_to_real(kwargs))
+
+
+def _flat(args: tuple, kwargs: dict) -> list:
+    out: list = []
+    for a in (*args, *kwargs.values()):
+        out.extend(a if isinstance(a, (list, tuple)) else (a,))
+    return out
 
 
 @dataclasses.dataclass(eq=False, repr=False)
 class LigerLogits:
     """Deferred logits: ``hidden`` ``(B, T, H)`` and the ``lm_head`` that would map it to ``(B, T, V)``.
 
+    It stands in for the logits tensor wherever LitGPT's logits were used:
+
+    * the loss patterns run the fused linear cross-entropy (the logits never exist):
+      ``lit_liger.chunked_cross_entropy``, ``litgpt.utils.chunked_cross_entropy`` (any ``chunk_size``), and
+      ``F.cross_entropy`` on the output reshaped/viewed/flattened to ``(N, V)``, sliced on its leading dims
+      (``out[..., :-1, :]``), cast (``.float()``), or split into row chunks whose per-token losses are
+      concatenated again;
+    * anything else (``argmax``/``softmax`` for a metric, arithmetic, ``torch.cat``...) computes the real
+      logits once per output (cached, one warning per process), applies what was done to the output so far,
+      and gives the same numbers as stock LitGPT, gradients included.
+
     A dataclass so that wrappers which walk a module's outputs for tensors find ``hidden``: FSDP1
     and FSDP2 register their root pre-backward hook on it (without one, FSDP1's backward fails its
     state check). Wrappers may also *cast* it: Fabric's ``bf16-true`` precision converts floating
-    outputs to float32 after the forward. ``dtype`` records the compute dtype, and the loss casts
-    ``hidden`` back to it (bf16 -> fp32 -> bf16 is exact, so the loss is unchanged).
+    outputs to float32 after the forward. ``compute_dtype`` records the dtype the model computed in, and
+    the loss casts ``hidden`` back to it (bf16 -> fp32 -> bf16 is exact, so the loss is unchanged); the
+    logits that the caller sees have ``hidden``'s dtype, as a cast of real logits would.
     """
 
     hidden: torch.Tensor
     lm_head: nn.Module
     softcap: float | None
     vocab_size: int
-    mode: str = "fast"  # fused linear cross-entropy operating point: "fast" or "lean"
+    flce_mode: str = "fast"  # fused linear cross-entropy operating point: "fast" or "lean"
     head: GatheredHead | None = None  # gathered in a sharded forward, else None
-    dtype: torch.dtype | None = None  # dtype the model computed hidden in (None: hidden's own)
+    compute_dtype: torch.dtype | None = None  # dtype the model computed hidden in (None: hidden's own)
     # Sequence bucketing (LigerConfig.seq_buckets): ``hidden`` is (B, T_bucket, H) and the logits that the
     # caller sees are rows [t0, t1) of its T dim; None: the whole of hidden (no padding).
     t0: int = 0
@@ -122,8 +199,15 @@ class LigerLogits:
     # Cap on the fused loss's logits chunk (LigerConfig.activation_checkpointing: the bytes of the Blocks' kept
     # inputs, so that the loss's buffer does not set the step's peak); None: the kernel's default.
     max_chunk_bytes: int | None = None
+    out_dtype: torch.dtype | None = None  # a cast asked for (``.float()``, ``.to(dtype)``); None: hidden's dtype
+    # Not init fields (wrappers that rebuild the dataclass keep them as they are): the output the model returned,
+    # which caches the real logits, and the view/cast ops applied since, replayed on them; for a part of
+    # ``split``, (the split output, index, number of parts).
+    root: LigerLogits | None = dataclasses.field(default=None, init=False)
+    ops: tuple = dataclasses.field(default=(), init=False)
+    part_of: tuple | None = dataclasses.field(default=None, init=False)
 
-    # --- the one tensor-like operation allowed: index the leading (B, T) dims --------------------------
+    # --- metadata (no logits needed) --------------------------------------------------------------------
     @property
     def shape(self) -> torch.Size:
         lead = tuple(self.hidden.shape[:-1])
@@ -131,37 +215,157 @@ class LigerLogits:
             lead = (*lead[:-1], self.t1 - self.t0)
         return torch.Size((*lead, self.vocab_size))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.out_dtype or self.hidden.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden.device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.hidden.requires_grad
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.hidden.is_cuda
+
+    @property
+    def ndim(self) -> int:
+        return self.hidden.dim()
+
     def dim(self) -> int:
         return self.hidden.dim()
 
-    def __getitem__(self, index: Any) -> LigerLogits:
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    # --- deferred views and casts -------------------------------------------------------------------------
+    def _derive(self, op: tuple, **changes: Any) -> LigerLogits:
+        out = dataclasses.replace(self, **changes)
+        out.root = self.root if self.root is not None else self
+        out.ops = (*self.ops, op)
+        return out
+
+    def __getitem__(self, index: Any) -> LigerLogits | torch.Tensor:
         idx = index if isinstance(index, tuple) else (index,)
         nd = self.hidden.dim()  # logits have the same number of dims as hidden
-        if sum(i is Ellipsis for i in idx) > 1:
-            raise IndexError("an index can only have a single ellipsis")
-        if Ellipsis in idx:
+        if sum(i is Ellipsis for i in idx) <= 1 and Ellipsis in idx:
             pos = idx.index(Ellipsis)
-            fill = nd - (len(idx) - 1)
-            idx = idx[:pos] + (slice(None),) * fill + idx[pos + 1 :]
-        if len(idx) != nd or not _is_full_slice(idx[-1]):
-            raise TypeError(
-                f"LigerLogits only supports indexing the leading dims with the vocabulary dim whole "
-                f"(e.g. out[..., :-1, :]); got {index!r}. " + _HELP
-            )
+            idx = idx[:pos] + (slice(None),) * (nd - (len(idx) - 1)) + idx[pos + 1 :]
+        elif Ellipsis not in idx and len(idx) < nd:
+            idx = idx + (slice(None),) * (nd - len(idx))  # out[:, :-1]: the dims not named are whole
+        if len(idx) != nd or not _is_full_slice(idx[-1]) or any(i is None or i is Ellipsis for i in idx):
+            _warn_materialize(f"indexing the vocabulary dimension ({index!r})")
+            return self.real()[index]
+        op = ("index", index)
         if self.t1 is None:
-            return dataclasses.replace(self, hidden=self.hidden[idx[:-1]])
+            return self._derive(op, hidden=self.hidden[idx[:-1]])  # (..., H)
         t_index = idx[-2]
         if all(_is_full_slice(i) for i in idx[:-2]) and isinstance(t_index, slice) and t_index.step in (None, 1):
             # a slice of the sequence (the training scripts' shift): move the window, keep the padded rows
             start, stop, _ = t_index.indices(self.t1 - self.t0)
-            return dataclasses.replace(self, t0=self.t0 + start, t1=self.t0 + max(start, stop))
-        return self.unpadded()[index]
+            return self._derive(op, t0=self.t0 + start, t1=self.t0 + max(start, stop))
+        return self._derive(op, hidden=self._unpadded_hidden()[idx[:-1]], t0=0, t1=None)
+
+    def reshape(self, *shape: Any) -> LigerLogits | torch.Tensor:
+        """A reshape that keeps the vocabulary dim last and whole (``(B, T, V) -> (B*T, V)``) stays deferred."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
+        if shape and all(isinstance(s, int) for s in shape) and shape[-1] == self.vocab_size:
+            try:
+                hidden = self._unpadded_hidden().reshape(*shape[:-1], self.hidden.shape[-1])  # (..., H)
+            except RuntimeError:
+                hidden = None  # the leading dims do not fit: stock's reshape raises its own error below
+            if hidden is not None:
+                return self._derive(("reshape", shape), hidden=hidden, t0=0, t1=None)
+        _warn_materialize(f"reshape{shape}")
+        return self.real().reshape(shape)
+
+    view = reshape  # (a deferred view has no memory layout to refuse)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> LigerLogits | torch.Tensor:
+        nd = self.hidden.dim()
+        s, e = start_dim % nd, end_dim % nd
+        if e >= nd - 1 or s > e:
+            _warn_materialize("flatten over the vocabulary dimension")
+            return self.real().flatten(start_dim, end_dim)
+        lead = list(self.shape)
+        return self.reshape(*lead[:s], -1, *lead[e + 1 :])
+
+    def contiguous(self, *args: Any, **kwargs: Any) -> LigerLogits:
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> LigerLogits | torch.Tensor:
+        """``.to(dtype)`` (and a no-op ``.to(device)``) stay deferred: the loss is computed in fp32 either way."""
+        dtype = kwargs.pop("dtype", None)
+        device = kwargs.pop("device", None)
+        for a in args:
+            if isinstance(a, torch.dtype):
+                dtype = a
+            elif isinstance(a, (str, torch.device)):
+                device = a
+            else:
+                dtype = device = object()  # .to(other_tensor) or anything else: the real path
+        if kwargs or (device is not None and torch.device(device) != self.hidden.device) or (
+            dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point)
+        ):
+            _warn_materialize(".to(...)")
+            return self.real().to(*args, **kwargs)
+        if dtype is None or dtype == self.dtype:
+            return self
+        return self._derive(("to", dtype), out_dtype=dtype)
+
+    def float(self) -> LigerLogits:
+        return self.to(torch.float32)
+
+    def double(self) -> LigerLogits:
+        return self.to(torch.float64)
+
+    def bfloat16(self) -> LigerLogits:
+        return self.to(torch.bfloat16)
+
+    def half(self) -> LigerLogits:
+        return self.to(torch.float16)
+
+    def type_as(self, other: torch.Tensor) -> LigerLogits | torch.Tensor:
+        return self.to(other.dtype) if other.device == self.device else self.to(other)
+
+    def split(self, split_size: int | list[int], dim: int = 0) -> tuple:
+        """Row chunks (a leading dim) stay deferred; their per-token losses join again in ``torch.cat``."""
+        nd = self.hidden.dim()
+        d = dim % nd
+        if d == nd - 1:
+            _warn_materialize("split over the vocabulary dimension")
+            return self.real().split(split_size, dim)
+        hidden = self._unpadded_hidden()
+        parts = hidden.split(split_size, d)
+        out = []
+        for i, h in enumerate(parts):
+            p = self._derive(("split", split_size, d, i), hidden=h, t0=0, t1=None)
+            p.part_of = (self, i, len(parts), d)
+            out.append(p)
+        return tuple(out)
+
+    def _unpadded_hidden(self) -> torch.Tensor:
+        return self.hidden if self.t1 is None else self.hidden[..., self.t0 : self.t1, :]
 
     def unpadded(self) -> LigerLogits:
         """The same logits without the bucket's padding rows (``hidden`` sliced to the window)."""
         if self.t1 is None:
             return self
-        return dataclasses.replace(self, hidden=self.hidden[..., self.t0 : self.t1, :], t0=0, t1=None)
+        out = dataclasses.replace(self, hidden=self._unpadded_hidden(), t0=0, t1=None)
+        out.root, out.ops, out.part_of = self.root, self.ops, self.part_of
+        return out
 
     # --- the loss ----------------------------------------------------------------------------------
     def loss(
@@ -172,6 +376,9 @@ class LigerLogits:
         num_valid_targets: torch.Tensor | int | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        """The fused linear cross-entropy of these logits (fp32), ``F.cross_entropy``'s semantics per row."""
+        if not isinstance(targets, torch.Tensor):
+            raise TypeError(f"targets must be a torch.Tensor of class indices, got {type(targets).__name__}")
         if tuple(targets.shape) != tuple(self.shape[:-1]):
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} does not match the model output's leading dims "
@@ -192,46 +399,204 @@ class LigerLogits:
         else:
             weight, bias = lm_head_weight_bias(self.lm_head)
         hidden = self.hidden
-        if self.dtype is not None and hidden.dtype != self.dtype:
-            hidden = hidden.to(self.dtype)  # undo a wrapper's output cast (see the class docstring)
+        if self.compute_dtype is not None and hidden.dtype != self.compute_dtype:
+            hidden = hidden.to(self.compute_dtype)  # undo a wrapper's output cast (see the class docstring)
+        if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+            weight = weight.to(hidden.dtype)  # a dequantized head (QLoRA) comes in its quantization's dtype
+            bias = bias.to(hidden.dtype) if bias is not None else None
         loss = fused_linear_cross_entropy(
             hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
             num_valid_targets=num_valid_targets,
-            **{"mode": self.mode, "max_chunk_bytes": self.max_chunk_bytes, **kwargs},
+            **{"mode": self.flce_mode, "max_chunk_bytes": self.max_chunk_bytes, **kwargs},
         )
         if window is not None and reduction == "none":
             loss = loss.view(targets.shape)[..., window[0] : window[1]]  # per-token losses of the window only
         return loss
 
+    # --- the real logits ---------------------------------------------------------------------------
     def materialize(self) -> torch.Tensor:
-        """The real ``(..., V)`` logits (allocates them: only for code that truly needs logits)."""
-        hidden = self.unpadded().hidden
-        hidden = hidden if self.dtype is None else hidden.to(self.dtype)
+        """The real ``(..., V)`` logits of this output (allocates them: only for code that truly needs logits).
+        Computed from ``hidden`` each call; :meth:`real` caches them on the model's output."""
+        hidden = self._unpadded_hidden()
+        hidden = hidden if self.compute_dtype is None else hidden.to(self.compute_dtype)
         logits = self.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return logits.to(self.dtype)
 
-    # --- everything else fails loudly ---------------------------------------------------------------
+    def real(self) -> torch.Tensor:
+        """The logits tensor that stock LitGPT would have given for this output: the model output's real logits,
+        computed once and cached (again if grad mode turned on since, so that they carry a graph), with this
+        object's views and casts applied."""
+        root = self.root if self.root is not None else self
+        cached = root.__dict__.get("_real")
+        needs_graph = torch.is_grad_enabled() and root.hidden.requires_grad
+        if cached is None or (needs_graph and cached.grad_fn is None):
+            cached = root.materialize()
+            root.__dict__["_real"] = cached
+        t = cached
+        for op in self.ops:
+            kind = op[0]
+            if kind == "index":
+                t = t[op[1]]
+            elif kind == "reshape":
+                t = t.reshape(op[1])
+            elif kind == "to":
+                t = t.to(op[1])
+            else:  # "split"
+                t = t.split(op[1], op[2])[op[3]]
+        return t
+
+    # --- everything else: the real logits ------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in ("root", "ops", "part_of", "_real"):
             raise AttributeError(name)
-        raise LigerLogitsError(f"LigerLogits has no tensor attribute/method {name!r}. " + _HELP)
+        if not hasattr(torch.Tensor, name):
+            raise LigerLogitsError(f"LigerLogits (deferred logits) has no attribute {name!r}, nor does a tensor")
+        _warn_materialize(f".{name}")
+        return getattr(self.real(), name)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        raise LigerLogitsError(f"torch function {getattr(func, '__name__', func)} got a LigerLogits. " + _HELP)
+        return _torch_function(func, args, kwargs)
 
-    def _fail(self, *args: Any, **kwargs: Any) -> Any:
-        raise LigerLogitsError("arithmetic/conversion on LigerLogits. " + _HELP)
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _fail
-    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __float__ = __int__ = __bool__ = __len__ = __iter__ = _fail
-    __array__ = _fail
+    def __iter__(self):
+        _warn_materialize("iterating")
+        return iter(self.real())
 
     def __repr__(self) -> str:
-        return f"LigerLogits(shape={tuple(self.shape)}, dtype={self.hidden.dtype}, device={self.hidden.device})"
+        return f"LigerLogits(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.hidden.device})"
+
+    __hash__ = object.__hash__
+
+
+class _PendingLoss:
+    """``F.cross_entropy(part, target, reduction="none")`` of a LigerLogits, not computed yet: ``torch.cat`` of
+    the per-token losses of all the parts of one ``split`` (litgpt's ``chunked_cross_entropy``) joins them into
+    one pending loss, and ``.sum()`` of it runs the fused loss with ``reduction="sum"`` (gradients in the forward,
+    no recompute); anything else computes the per-token losses (fused, ``reduction="none"``) and goes on with
+    that tensor."""
+
+    __slots__ = ("_cached", "ignore_index", "label_smoothing", "logits", "target")
+
+    def __init__(self, logits: LigerLogits, target: torch.Tensor, ignore_index: int, label_smoothing: float) -> None:
+        self.logits, self.target = logits, target
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self._cached: torch.Tensor | None = None
+
+    @staticmethod
+    def join(parts: list | tuple, dim: int) -> _PendingLoss | None:
+        first = parts[0]
+        whole = first.logits.part_of
+        if whole is None or dim % max(1, first.target.dim()) != whole[3] or len(parts) != whole[2]:
+            return None
+        for i, p in enumerate(parts):
+            if (p.logits.part_of is None or p.logits.part_of[0] is not whole[0] or p.logits.part_of[1] != i
+                    or (p.ignore_index, p.label_smoothing) != (first.ignore_index, first.label_smoothing)):
+                return None
+        target = torch.cat([p.target for p in parts], dim)
+        return _PendingLoss(whole[0], target, first.ignore_index, first.label_smoothing)
+
+    def _fused(self, reduction: str) -> torch.Tensor:
+        loss = self.logits.loss(
+            self.target, ignore_index=self.ignore_index, reduction=reduction, label_smoothing=self.label_smoothing
+        )
+        return loss.to(self.logits.dtype)  # stock's loss has the logits' dtype
+
+    def resolve(self) -> torch.Tensor:
+        if self._cached is None:
+            self._cached = self._fused("none")
+        return self._cached
+
+    def sum(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs or self._cached is not None:
+            return self.resolve().sum(*args, **kwargs)
+        return self._fused("sum")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.target.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logits.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return self.target.dim()
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _torch_function(func, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"_PendingLoss(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+def _delegate(cls: type, name: str, warn: bool) -> None:
+    def op(self: Any, *args: Any) -> Any:
+        if warn:
+            _warn_materialize(name)
+        real = self.real() if isinstance(self, LigerLogits) else self.resolve()
+        return getattr(real, name)(*_to_real(args))
+
+    op.__name__ = name
+    setattr(cls, name, op)
+
+
+# arithmetic, comparisons and conversions: on the real tensor, as on stock LitGPT's logits
+for _name in (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+    "__floordiv__", "__rfloordiv__", "__mod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
+    "__pos__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__", "__float__", "__int__", "__bool__",
+    "__array__", "__and__", "__or__", "__invert__",
+):
+    _delegate(LigerLogits, _name, warn=True)
+    _delegate(_PendingLoss, _name, warn=False)
+_delegate(_PendingLoss, "__iter__", warn=False)
+_delegate(_PendingLoss, "__getitem__", warn=False)
+
+
+def _cross_entropy(
+    input: Any, target: Any, weight: torch.Tensor | None = None, size_average: Any = None,
+    ignore_index: int = -100, reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0,
+) -> Any:
+    """``F.cross_entropy`` given a LigerLogits: the fused loss for class-index targets over ``(N, V)`` rows (the
+    loss has the logits' dtype, as stock's has); per-class weights, probability targets, the legacy
+    ``size_average``/``reduce`` or other layouts take the real logits."""
+    fused = (
+        isinstance(input, LigerLogits) and isinstance(target, torch.Tensor) and weight is None
+        and size_average is None and reduce is None and input.dim() == 2 and target.dim() == 1
+        and not target.is_floating_point() and not target.is_complex()
+    )
+    if not fused:
+        if isinstance(input, LigerLogits):
+            _warn_materialize("F.cross_entropy with per-class weights, probability targets or (N, V, ...) layout")
+        return F.cross_entropy(
+            _to_real(input), _to_real(target), weight, size_average, ignore_index, reduce, reduction, label_smoothing
+        )
+    if reduction == "none":
+        return _PendingLoss(input, target, ignore_index, label_smoothing)
+    loss = input.loss(target, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    if reduction == "mean":
+        # stock's mean over no valid target is 0/0 = nan (the kernel gives 0): keep stock's number
+        loss = torch.where((target != ignore_index).any(), loss, torch.full_like(loss, float("nan")))
+    return loss.to(input.dtype)
 
 
 def _is_full_slice(i: Any) -> bool:

@@ -40,13 +40,13 @@ def head_weight(gpt: nn.Module) -> nn.Parameter | None:
     one, merging it writes into the base weight in place). None for anything else (a LoRA update, an adapter's
     per-output scale, a quantized or other Linear subclass)."""
     head = gpt.lm_head
+    if type(getattr(head, "linear", head)) is not nn.Linear:
+        return None  # (checked first: a quantized head's weight would be dequantized to be read)
     try:
         weight, _, scale = _unwrap_linear(head)
     except NotImplementedError:
         return None
-    if scale is not None or type(getattr(head, "linear", head)) is not nn.Linear:
-        return None
-    return weight
+    return None if scale is not None else weight
 
 
 def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> str | None:

@@ -1,0 +1,173 @@
+"""QLoRA: lit-liger on a LitGPT LoRA model whose Linear layers are bitsandbytes-quantized (issue 34, part 2).
+
+Lightning's ``BitsandbytesPrecision`` (what ``litgpt finetune_lora --quantize bnb.*`` uses) quantizes only on a
+CUDA device, so on CPU the layers are quantized here with bitsandbytes' own CPU path (the same ``Linear4bit`` /
+``Params4bit`` classes, 4-bit storage and ``quant_state``). Stock LitGPT on the quantized model is the reference:
+loss and every LoRA gradient must be equal. The GPU test runs litgpt's real CLI path (Lightning's plugin).
+"""
+
+import copy
+
+import pytest
+import torch
+from helpers import rel_err
+from test_adapter import _randomize, tiny_config
+
+from lit_liger import apply_liger, chunked_cross_entropy
+from lit_liger.quant import dequantize, is_quantized
+
+bnb = pytest.importorskip("bitsandbytes", reason="QLoRA needs the optional extra: pip install 'lit-liger[qlora]'")
+
+
+def _quantize_linears(model: torch.nn.Module, quant_type: str, dtype: torch.dtype) -> int:
+    """Every ``nn.Linear`` of ``model`` (LoRA layers' base projections and the lm_head included, as litgpt does)
+    becomes a frozen bitsandbytes 4-bit layer holding the same weight, quantized on the CPU."""
+    n = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                  compute_dtype=dtype, quant_type=quant_type)
+            q.weight = bnb.nn.Params4bit(child.weight.data.clone(), requires_grad=False, quant_type=quant_type,
+                                         compress_statistics=quant_type.endswith("dq"))
+            if child.bias is not None:
+                q.bias = torch.nn.Parameter(child.bias.data.clone(), requires_grad=False)
+            setattr(module, child_name, q.to("cpu"))  # .to quantizes
+            n += 1
+    return n
+
+
+def _qlora_pair(name: str, quant_type: str, dtype=torch.float32, **lora):
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    cfg = tiny_config(name, LoRAConfig, lora_r=4, lora_alpha=8, **lora)
+    torch.manual_seed(0)
+    ref = LoRAGPT(cfg)
+    _randomize(ref)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)  # a trained update (LitGPT initializes B to zeros)
+    ref = ref.to(dtype)
+    mark_only_lora_as_trainable(ref)
+    n = _quantize_linears(ref, quant_type.split("-")[0], dtype)
+    assert n >= 5 * cfg.n_layer + 1
+    return cfg, ref, copy.deepcopy(ref)
+
+
+def _step(model, x, y, loss_fn):
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x)[..., :-1, :], y[..., 1:])
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+@pytest.mark.parametrize("name,lora", [
+    ("Llama-3.2-1B", dict(lora_query=True, lora_value=True)),  # litgpt's defaults: q and v
+    ("gemma-2-2b", dict(lora_query=True, lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True)),
+])
+def test_qlora_matches_stock(name, lora, quant, monkeypatch):
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+
+    from lit_liger import adapter
+
+    cfg, ref, ours = _qlora_pair(name, quant, **lora)
+    report = apply_liger(ours)
+    kinds = [k for _, _, k in report.swapped]
+    assert sum(k.startswith("fused linear cross-entropy") for k in kinds) == 1
+    n_lora = sum(k.startswith("LoRA r=") for k in kinds)
+    assert n_lora >= cfg.n_layer
+    calls = []
+    real = adapter.lora_linear
+    monkeypatch.setattr(adapter, "lora_linear", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    y = torch.randint(0, cfg.vocab_size, (2, 12))
+    y[0, :4] = -100
+    loss_ref, grads_ref = _step(ref, x, y, lambda o, t: litgpt_ce(o, t, chunk_size=0))
+    for fn in (chunked_cross_entropy, litgpt_ce):  # lit-liger's loss, and stock code's own
+        loss, grads = _step(ours, x, y, fn)
+        assert rel_err(loss, loss_ref) <= 1e-5
+        assert grads.keys() == grads_ref.keys() and grads
+        for n, g in grads.items():
+            assert rel_err(g, grads_ref[n]) <= 1e-4, (n, rel_err(g, grads_ref[n]))
+    # the LoRA function ran on every LoRA layer, with the quantized base weight itself
+    assert len(calls) == 2 * n_lora and all(is_quantized(w) for w in calls)
+    # the quantized weights stay quantized, frozen and untouched
+    for m in ours.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            assert is_quantized(m.weight) and m.weight.grad is None and m.weight.dtype == torch.uint8
+
+
+def test_lora_linear_quantized_base_equals_bnb_layer():
+    """The LoRA function's dequantized base GEMM against bitsandbytes' own layer: output and input gradient."""
+    from lit_liger.lora import lora_linear
+
+    torch.manual_seed(0)
+    C, out, r = 48, 80, 4
+    q = bnb.nn.Linear4bit(C, out, bias=True, compute_dtype=torch.float32, quant_type="nf4")
+    q.weight = bnb.nn.Params4bit(torch.randn(out, C), requires_grad=False, quant_type="nf4")
+    q.bias = torch.nn.Parameter(torch.randn(out), requires_grad=False)
+    q = q.to("cpu")
+    a = (torch.randn(r, C) * 0.1).requires_grad_()
+    b = (torch.randn(out, r) * 0.1).requires_grad_()
+    x = torch.randn(3, 5, C, requires_grad=True)
+    ref = q(x) + (x @ a.t() @ b.t()) * 2.0
+    ours = lora_linear(x, q.weight, q.bias, a, b, 2.0, ((0, out),))
+    assert rel_err(ours, ref) <= 1e-5
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (x, a, b), g)
+    grads = torch.autograd.grad(ours, (x, a, b), g)
+    for gr, go in zip(grads_ref, grads):
+        assert rel_err(go, gr) <= 1e-5
+    assert dequantize(q.weight).shape == (out, C)
+
+
+def test_quantized_lm_head_in_the_fused_loss():
+    """The fused loss reads a quantized head's dequantized matrix (the crash of issue 34 read its packed storage)."""
+    from lit_liger.loss import lm_head_weight_bias
+
+    cfg, ref, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
+    w, b = lm_head_weight_bias(ours.lm_head)
+    assert w.shape == (cfg.padded_vocab_size, cfg.n_embd) and b is None and not w.requires_grad
+    x = torch.randn(4, cfg.n_embd)
+    assert rel_err(torch.nn.functional.linear(x, w), ours.lm_head(x)) <= 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nf4", "nf4-dq", "fp4"])
+def test_gpu_qlora_with_lightnings_plugin(mode):
+    """What ``litgpt finetune_lora --quantize bnb.<mode>`` builds: Lightning's BitsandbytesPrecision quantizes every
+    Linear on the GPU (lm_head included); lit-liger's step equals stock's (bf16: loss and LoRA gradients)."""
+    import lightning as L
+    from lightning.fabric.plugins import BitsandbytesPrecision
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+
+    cfg = LoRAConfig.from_name("Llama-3.2-1B", n_layer=2, n_embd=256, n_head=4, n_query_groups=2,
+                               intermediate_size=704, head_size=64, lora_r=8, lora_alpha=16, lora_query=True,
+                               lora_value=True)
+    fabric = L.Fabric(devices=1, accelerator="cuda", plugins=BitsandbytesPrecision(mode, torch.bfloat16))
+    torch.manual_seed(0)
+    with fabric.init_module(empty_init=False):
+        ref = LoRAGPT(cfg)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    mark_only_lora_as_trainable(ref)
+    ours = copy.deepcopy(ref)
+    ref, ours = fabric.setup_module(ref), fabric.setup_module(ours)
+    assert isinstance(ours.lm_head.linear, bnb.nn.Linear4bit) and is_quantized(ours.lm_head.linear.weight)
+    apply_liger(ours.module)
+    x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+    loss_ref, grads_ref = _step(ref, x, x, litgpt_ce)
+    loss, grads = _step(ours, x, x, litgpt_ce)
+    assert rel_err(loss, loss_ref) <= 1e-2
+    for n, g in grads.items():
+        assert rel_err(g, grads_ref[n]) <= 3e-2, (n, rel_err(g, grads_ref[n]))
