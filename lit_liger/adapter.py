@@ -47,7 +47,7 @@ from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
 from .lora import lora_linear, lora_parts
-from .quant import is_quantized
+from .quant import is_quantized, linear_4bit
 from .loss import (
     GatheredHead,
     LigerLogits,
@@ -253,6 +253,19 @@ class _EmbeddingMixin:
         if torch.compiler.is_compiling() and torch.is_grad_enabled() and self.weight.requires_grad:
             return embedding(self.weight, idx)
         return super().forward(idx)
+
+
+class _Linear4bitMixin:
+    """A bitsandbytes 4-bit Linear (QLoRA's frozen projections without a LoRA update, the lm_head where the loss
+    needs logits): :func:`lit_liger.quant.linear_4bit`, the weight decoded straight into the compute dtype (one
+    kernel where bitsandbytes' forward decodes to float16 and casts); bitsandbytes' own forward where that does not
+    apply (a single row, autocast, a hook, a compute dtype other than the input's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _4bit_linear(self, x) and x.dim() >= 2 and not torch.is_autocast_enabled(x.device.type) \
+                and _called_plainly(self) and (self.bias is None or self.bias.dtype == x.dtype):
+            return linear_4bit(x, self.weight, self.bias)
+        return super().forward(x)
 
 
 class _SwiGLUMixin:
@@ -859,6 +872,15 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
             else:
                 _swap_class(m, _LayerNormMixin)
                 report.add(path, m, "layer_norm" + ("" if m.weight is not None else " (no affine)"))
+        elif isinstance(m, nn.Linear) and type(m) is not nn.Linear and is_quantized(m.weight):
+            if not cfg.quantized_linear:
+                report.skip(path, m, "quantized_linear switched off")
+            elif getattr(m.weight, "quant_state", None) is None:
+                report.skip(path, m, "int8 (bitsandbytes) multiplies in int8: its own forward")
+            else:
+                _swap_class(m, _Linear4bitMixin)
+                report.add(path, m, "4-bit (bitsandbytes) Linear: weight decoded straight into the compute dtype, "
+                                    "forward and backward GEMMs in one autograd function")
         elif isinstance(m, nn.Embedding) and name == "transformer.wte":
             if not cfg.embedding:
                 report.skip(path, m, "embedding switched off")

@@ -151,6 +151,8 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         patches["GPT"] = _liger_gpt_class(module.GPT, state)
         patches["chunked_cross_entropy"] = chunked_cross_entropy
     missing = [name for name in patches if name not in vars(module)]
+    if config.enabled and callable(vars(module).get("fit")):
+        patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"])
     if config.enabled and callable(vars(module).get("validate")):
         patches["validate"] = _validate_with_fused_loss(vars(module)["validate"])
     if missing:
@@ -166,6 +168,52 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:
+    """Freeze the parameters that require grad but belong to no param group of ``optimizer``; their names.
+
+    litgpt's QLoRA (``finetune_lora --quantize bnb.*``) swaps ``transformer.wte`` for bitsandbytes'
+    ``StableEmbedding`` *after* building the optimizer: its weight and LayerNorm require grad, so every step
+    computes and accumulates their gradients (a ``(V, C)`` tensor), but nothing ever applies them. Frozen, they
+    keep their values exactly as they did, no step computes their gradients, and the model counts as what it
+    is, a frozen base with LoRA (``cuda_graphs`` automatic captures it). One process only (a sharded
+    optimizer holds other objects than the module's parameters)."""
+    from ._dist import several_processes
+
+    groups = getattr(optimizer, "param_groups", None)
+    if several_processes() or not groups:
+        return []
+    held = {id(p) for g in groups for p in g["params"]}
+    if not held:
+        return []
+    frozen = []
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in held:
+            p.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
+def _fit_freezing_unoptimized(fit: Callable) -> Callable:
+    """litgpt's ``fit(fabric, model, optimizer, ...)``, after :func:`freeze_unoptimized` (said on rank 0)."""
+
+    @functools.wraps(fit)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = inspect.signature(fit).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return fit(*args, **kwargs)  # not the signature we know: litgpt's own call, unchanged
+        model, optimizer, fabric = bound.get("model"), bound.get("optimizer"), bound.get("fabric")
+        if isinstance(model, torch.nn.Module) and optimizer is not None:
+            frozen = freeze_unoptimized(model, optimizer)
+            if frozen and getattr(fabric, "global_rank", 0) == 0:
+                print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
+                      "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
+                      "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
+        return fit(*args, **kwargs)
+
+    return run
 
 
 def _validate_with_fused_loss(validate: Callable) -> Callable:

@@ -45,6 +45,10 @@ class LigerConfig:
             weight gradient from one op running ATen's CUDA kernel (``kernels/embedding.py``) where inductor would
             build a zero-filled fp32 ``(V, C)`` buffer, atomic adds and a cast (measured on an H100, gemma-2-2b's
             256k vocabulary: 1.96 ms per step against 0.68). Eager mode runs ``nn.Embedding`` as before.
+        quantized_linear: bitsandbytes 4-bit Linears (QLoRA, ``--quantize bnb.nf4|nf4-dq|fp4|fp4-dq``): forward
+            and backward as one autograd function whose frozen weight is decoded straight into the compute dtype
+            (``lit_liger.quant``), one kernel where bitsandbytes decodes to float16 and casts. The LoRA function
+            and the fused loss read quantized weights the same way whatever this says.
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
         compile_min_tokens: under ``torch.compile``, a micro-batch of fewer tokens (B x T) than this
             runs LitGPT's own norm, attention and MLP code, which inductor fuses and launches with
@@ -140,6 +144,7 @@ class LigerConfig:
     recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True
     embedding: bool = True
+    quantized_linear: bool = True
     flce_mode: Literal["fast", "lean"] = "fast"
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True

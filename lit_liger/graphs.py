@@ -41,6 +41,7 @@ from torch import nn
 from torch.nn.modules import module as _nn_module
 
 from ._dist import several_processes
+from .quant import is_4bit
 
 __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
 
@@ -282,7 +283,9 @@ class GraphRunner:
         self._params = list(gpt.parameters())
         self._buffers = list(gpt.buffers())
         self._flex = any(getattr(m, "_liger_attention_path", lambda: "")() == "flex" for m in modules)
-        self._sharded = any(hasattr(p, "ds_id") or type(p) not in (nn.Parameter, torch.Tensor) for p in self._params)
+        # (a frozen bitsandbytes 4-bit weight is a Parameter subclass whose packed storage stays put: capturable)
+        self._sharded = any(hasattr(p, "ds_id") or (type(p) not in (nn.Parameter, torch.Tensor)
+                                                    and not (is_4bit(p) and not p.requires_grad)) for p in self._params)
 
     def _tree_changed(self) -> bool:
         return self._tree is None or self._tree != _TREE_VERSION[0] or _TREE_VERSION[0] < 0

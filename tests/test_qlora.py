@@ -171,3 +171,102 @@ def test_gpu_qlora_with_lightnings_plugin(mode):
     assert rel_err(loss, loss_ref) <= 1e-2
     for n, g in grads.items():
         assert rel_err(g, grads_ref[n]) <= 3e-2, (n, rel_err(g, grads_ref[n]))
+    # captured: CUDA graphs apply to the quantized model, and replays give the uncaptured step's loss and gradients
+    import warnings
+
+    from lit_liger import LigerConfig
+
+    apply_liger(ours.module, LigerConfig(cuda_graphs=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):  # warm-up, capture, replays
+            loss_g, grads_g = _step(ours, x, x, litgpt_ce)
+    assert not [w for w in caught if "CUDA graphs off" in str(w.message)], [str(w.message) for w in caught]
+    assert rel_err(loss_g, loss) <= 1e-6
+    for n, g in grads_g.items():
+        assert rel_err(g, grads[n]) <= 1e-6, n
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+@pytest.mark.parametrize("nested", [False, True])
+def test_dequantize_straight_into_the_compute_dtype(quant, nested):
+    """Decoding into bf16 directly (one rounding) equals bitsandbytes' decode into the quantization's dtype
+    followed by a cast (two), within bf16's rounding; the quantization's own dtype is bitsandbytes' exactly."""
+    torch.manual_seed(0)
+    q = bnb.nn.Linear4bit(64, 96, bias=False, compute_dtype=torch.float16, quant_type=quant)
+    q.weight = bnb.nn.Params4bit(torch.randn(96, 64, dtype=torch.float16), requires_grad=False, quant_type=quant,
+                                 compress_statistics=nested)
+    q = q.to("cpu")
+    ref = bnb.functional.dequantize_4bit(q.weight.data, q.weight.quant_state)
+    assert ref.dtype == torch.float16 and torch.equal(dequantize(q.weight), ref)
+    direct = dequantize(q.weight, torch.bfloat16)
+    assert direct.dtype == torch.bfloat16 and direct.shape == (96, 64)
+    assert rel_err(direct, ref.to(torch.bfloat16)) <= 4e-3
+    assert rel_err(direct, ref.float()) <= rel_err(ref.to(torch.bfloat16), ref.float()) + 1e-6  # no worse
+
+
+def test_linear_4bit_swap_and_errors():
+    """Quantized Linears without LoRA run lit-liger's linear_4bit after apply_liger: output and input gradient equal
+    bitsandbytes' layer; bad inputs fail clearly."""
+    from lit_liger.quant import linear_4bit
+
+    cfg, ref, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
+    report = apply_liger(ours)
+    swapped = [p for p, _, k in report.swapped if k.startswith("4-bit")]
+    assert len(swapped) >= 4 * cfg.n_layer + 1  # attn.proj, fc_1, fc_2, mlp.proj per layer, the lm_head
+    m_ref, m = ref.transformer.h[0].mlp.fc_1.linear, ours.transformer.h[0].mlp.fc_1.linear
+    x = torch.randn(2, 5, cfg.n_embd, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y_ref, y = m_ref(x), m(x2)
+    assert rel_err(y, y_ref) <= 1e-6
+    g = torch.randn_like(y)
+    y_ref.backward(g)
+    y.backward(g)
+    assert rel_err(x2.grad, x.grad) <= 1e-6
+    with pytest.raises(ValueError, match="in_features"):
+        linear_4bit(torch.randn(3, cfg.n_embd + 1), m.weight)
+    with pytest.raises(TypeError, match="4-bit"):
+        linear_4bit(x, torch.randn(4, cfg.n_embd))
+
+
+def test_graph_runner_accepts_frozen_4bit_weights():
+    """CUDA graphs used to refuse a QLoRA model ("sharded or wrapped parameters"): a frozen 4-bit weight's packed
+    storage stays put, so it no longer counts as wrapped; a trainable parameter subclass still does."""
+    from lit_liger.graphs import runner_for
+
+    cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
+    apply_liger(ours)
+    runner = runner_for(ours)
+    runner._walk()
+    assert not runner._sharded
+
+    class Wrapped(torch.nn.Parameter):
+        pass
+
+    attn = ours.transformer.h[0].attn
+    attn.qkv.lora_A = Wrapped(attn.qkv.lora_A.detach().clone())  # a trainable parameter subclass
+    runner._walk()
+    assert runner._sharded
+
+
+def test_cli_freezes_parameters_no_optimizer_holds(capsys):
+    """litgpt's QLoRA swaps in bitsandbytes' StableEmbedding after building the optimizer: its parameters require
+    grad but never train. lit-liger's ``fit`` wrapper freezes exactly those (and says so); the optimizer's own
+    parameters and the already frozen ones are left as they are."""
+    from lit_liger.cli import _fit_freezing_unoptimized, freeze_unoptimized
+
+    cfg, _, model = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    old = model.transformer.wte
+    model.transformer.wte = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim)  # what litgpt does
+    trained_before = {n for n, p in model.named_parameters() if p.requires_grad}
+    seen = []
+
+    def fit(fabric, model, optimizer, scheduler=None):  # litgpt's fit, as far as its arguments go
+        seen.append({n for n, p in model.named_parameters() if p.requires_grad})
+
+    _fit_freezing_unoptimized(fit)(fabric=None, model=model, optimizer=optimizer)
+    stable = {"transformer.wte.weight", "transformer.wte.norm.weight", "transformer.wte.norm.bias"}
+    assert stable <= trained_before and seen == [trained_before - stable]
+    assert "transformer.wte.weight" in capsys.readouterr().out
+    assert freeze_unoptimized(model, optimizer) == []  # idempotent
