@@ -106,9 +106,18 @@ def _limits_from_props(props, is_hip: bool) -> DeviceLimits:
     )
 
 
-@functools.lru_cache(maxsize=None)
+#: device index -> its limits. A plain dict, not ``functools.lru_cache``: ``device_limits`` is also called while
+#: torch.compile traces a swapped model, and dynamo warns about every lru_cache-wrapped call it traces ("Dynamo
+#: detected a call to a `functools.lru_cache`-wrapped function ... This call originates from ...").
+_CUDA_LIMITS: dict[int, DeviceLimits] = {}
+
+
 def _cuda_limits(index: int) -> DeviceLimits:
-    return _limits_from_props(torch.cuda.get_device_properties(index), torch.version.hip is not None)
+    lim = _CUDA_LIMITS.get(index)
+    if lim is None:
+        lim = _CUDA_LIMITS[index] = _limits_from_props(torch.cuda.get_device_properties(index),
+                                                       torch.version.hip is not None)
+    return lim
 
 
 def device_limits(device: torch.device | str | None = None) -> DeviceLimits:
