@@ -47,7 +47,7 @@ MAX_FUSED_BYTES = 65536
 
 # Host-side integer helpers. ``triton.cdiv`` / ``triton.next_power_of_2`` are ``@triton.jit`` functions in recent
 # Triton releases: called from Python each goes through ``JITFunction.__call__`` (~5 us of host time on an H100
-# machine's CPU, measured by scripts/gpu_op_host.py), several per kernel launch. These are plain Python.
+# machine's CPU, measured by `python -m benchmarks diag op-host`), several per kernel launch. These are plain Python.
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
     return -(-a // b)
@@ -286,7 +286,7 @@ class AttentionPlan:
 
 #: the interpreter (CI): small blocks, so a test's short sequences still cross several blocks and the padding
 _ATTN_CPU = AttentionPlan(16, 16, 4, 1, 16, 16, 4, 1, 16, 16, 4, 1, 16)
-#: a plan set by ``scripts/attn_sweep.py`` while it measures candidates (None: the table below)
+#: a plan set by ``python -m benchmarks diag attn-sweep`` while it measures candidates (None: the table below)
 ATTENTION_PLAN_OVERRIDE: list[AttentionPlan | None] = [None]
 
 

@@ -55,7 +55,7 @@ class LigerConfig:
             less host work than lit-liger's kernels cost as opaque custom ops; the fused loss stays, and
             so do the softcap / sliding-window layers' RoPE + FlexAttention (LitGPT's math there
             builds (T, T) scores and, for a window, a mask row by row).
-            Such small steps are bound by the host, not the GPU (README, "Small micro-batches").
+            Such small steps are bound by the host, not the GPU (docs/performance.md, "Small micro-batches").
             ``None`` (default): ``2**34 // n_embd**2`` tokens (4096 at n_embd 2048, 1024 at 4096);
             ``0``: lit-liger's kernels at every size. Eager mode is not affected.
         seq_buckets: in training (fused loss on, eager mode), pad each micro-batch's sequence length up to
@@ -71,7 +71,7 @@ class LigerConfig:
             1/8 of the parameters are trained (LoRA, adapters), off for full fine-tuning and pretraining,
             where the graphs' own memory pool and gradient buffers cost more than they save (measured on an
             H100, Llama-3.2-1B, litgpt's recipes: LoRA 5.5-7.7x stock tokens/s at 0.72x its reserved memory
-            over 200 steps (0.66x with the current pool settings in scripts/gpu_recipe_mem.py);
+            over 200 steps (0.66x with the current pool settings in `python -m benchmarks diag recipe-mem`);
             full fine-tuning 4.3x at 1.07x, against 2.2x at 0.65x uncaptured). ``True``: on whenever it
             can apply; ``False``: off. Falls back to uncaptured steps (with one warning) where capture
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
@@ -110,7 +110,7 @@ class LigerConfig:
             already checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs capture such steps
             on torch >= 2.10 (which can rewind the CUDA generator inside a capture); on older torch they run
             uncaptured, with one warning. The fused loss's logits chunk is capped at the size of the Blocks' kept
-            inputs, so that it does not set the step's peak. Measured on an H100 in the README.
+            inputs, so that it does not set the step's peak. Measured on an H100 in docs/performance.md.
         recompute_mlp: in the Blocks of ``recompute_norm`` whose GLU MLP reads ``norm_2`` through plain Linears
             (``fc_1``, ``fc_2``, ``proj``; trainable or not), keep neither ``fc_1``'s nor ``fc_2``'s ``(B, T, I)``
             output for the backward: it recomputes them from the kept residual sum, over 4 chunks of rows (two more
@@ -119,7 +119,7 @@ class LigerConfig:
             eager mode and under ``torch.compile`` (an opaque custom op there, so the compiler keeps neither output
             either; micro-batches below ``compile_min_tokens`` run LitGPT's MLP there), outside
             ``activation_checkpointing``'s Blocks (which recompute everything). Off by default. Measured on an H100
-            (B4 T2048, README): 11-12% more step time for 21-25% less peak memory (Llama-3.2-1B, gemma-2-2b);
+            (B4 T2048, docs/performance.md): 11-12% more step time for 21-25% less peak memory (Llama-3.2-1B, gemma-2-2b);
             at Mistral-7B's shape with 2 layers, peak 0.742x stock torch.compile's at 1.037-1.039x its speed (two
             runs), against 0.84x and 1.19x with the default; under compile 0.759x.
         tied_weights: where the output head's weight and the token embedding are both frozen (LoRA, adapters) and

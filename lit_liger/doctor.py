@@ -114,6 +114,7 @@ OPTIONAL = (
     ("liger-kernel", "liger_kernel", "bench", "the liger-kernel peer in `lit-liger bench kernels|step`"),
     ("matplotlib", "matplotlib", "bench", "the PNG charts of `lit-liger bench`"),
     ("deepspeed", "deepspeed", "deepspeed", "DeepSpeed ZeRO-2/3 strategies (Trainer + LigerCallback)"),
+    ("bitsandbytes", "bitsandbytes", "qlora", "QLoRA: `lit-liger finetune_lora --quantize bnb.nf4|nf4-dq|fp4|fp4-dq`"),
 )
 
 

@@ -471,7 +471,7 @@ def test_gpu_graphs_memory_warmup_in_pool():
     """A shape's warm-up allocates from the graphs' pool (WARMUP_IN_POOL): after the longest shape is captured, a
     shorter shape's warm-up and capture fit in the pool's free blocks and barely move the reserved-memory peak
     (outside the pool the warm-up's activations come on top of it: by their sizes, about half the first capture's
-    growth at T 256 vs 512; the H100 runs of scripts/gpu_recipe_mem.py measured that effect on a whole model)."""
+    growth at T 256 vs 512; the H100 runs of `python -m benchmarks diag recipe-mem` measured that effect on a whole model)."""
     cfg, graphed, _ = _gpu_models(lora=True)
     runner = runner_for(graphed)
 
