@@ -572,7 +572,8 @@ class _GPTMixin:
         if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
-        if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self):
+        if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self) \
+                or _int8_head(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
         T = idx.size(1)
         if self.max_seq_length < T:
@@ -693,6 +694,13 @@ def _zero3_returns_logits(gpt: nn.Module) -> bool:
             stacklevel=3,
         )
     return True
+
+
+def _int8_head(gpt: nn.Module) -> bool:
+    """The lm_head is a bitsandbytes int8 layer (quantized after ``apply_liger`` ran): its own forward, real logits
+    (see ``lit_liger.loss._linear_weight``)."""
+    w = getattr(getattr(gpt.lm_head, "linear", gpt.lm_head), "weight", None)
+    return w is not None and w.dtype == torch.int8
 
 
 def _is_zero3(lm_head: nn.Module) -> bool:

@@ -21,12 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quant import dequantize, is_quantized
+from .quant import dequantize, is_4bit, is_quantized
 
 __all__ = ["GatheredHead", "LigerLogits", "chunked_cross_entropy", "lm_head_weight_bias"]
 
 
 def _linear_weight(linear: nn.Linear) -> torch.Tensor:
+    if is_quantized(linear.weight) and not is_4bit(linear.weight):
+        raise NotImplementedError(
+            "lm_head is a bitsandbytes int8 layer: its own forward multiplies in int8 (activations quantized too), "
+            "which a decoded weight would not reproduce; the model returns its logits for LitGPT's loss"
+        )
     return dequantize(linear.weight) if is_quantized(linear.weight) else linear.weight
 
 

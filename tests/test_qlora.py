@@ -270,3 +270,31 @@ def test_cli_freezes_parameters_no_optimizer_holds(capsys):
     assert stable <= trained_before and seen == [trained_before - stable]
     assert "transformer.wte.weight" in capsys.readouterr().out
     assert freeze_unoptimized(model, optimizer) == []  # idempotent
+
+
+def test_int8_head_keeps_its_own_forward():
+    """A bitsandbytes int8 lm_head multiplies in int8 (activations too): lit-liger does not decode it for the fused
+    loss. Quantized before apply_liger: the report says the fused loss is off; quantized after: the swapped model
+    takes LitGPT's path (real logits from the head's own forward). (bitsandbytes' CPU backend cannot run an int8
+    layer's training forward, so the loss itself is not compared here.)"""
+    from lit_liger.adapter import _int8_head
+    from lit_liger.loss import lm_head_weight_bias
+
+    def int8_head(model):
+        old = model.lm_head.linear
+        q = bnb.nn.Linear8bitLt(old.in_features, old.out_features, bias=False, has_fp16_weights=False)
+        q.weight = bnb.nn.Int8Params(old.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+        model.lm_head.linear = q.to("cpu")
+        assert model.lm_head.linear.weight.dtype == torch.int8
+
+    cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
+    late = copy.deepcopy(ours)
+    int8_head(ours)
+    report = apply_liger(ours)
+    assert any("int8" in why for _, _, why in report.skipped)
+    apply_liger(late)
+    assert not _int8_head(late)
+    int8_head(late)
+    assert _int8_head(late)  # its forward returns LitGPT's logits
+    with pytest.raises(NotImplementedError, match="int8"):
+        lm_head_weight_bias(late.lm_head)
