@@ -102,30 +102,30 @@ def _check_equal(loss, grads, loss_ref, grads_ref, tol=1e-5):
             assert rel_err(g, grads_ref[n]) <= 10 * tol, (n, rel_err(g, grads_ref[n]))
 
 
-@pytest.mark.parametrize("family", ["Llama-3.2-1B", "gemma-2-2b", "phi-2"])  # plain, final softcap, lm_head bias
-@pytest.mark.parametrize("pattern", list(FUSED))
-def test_loss_patterns_run_fused(pattern, family, monkeypatch):
+def _against_stock(family, fn, monkeypatch):
+    """``fn(output, targets)`` and its backward on stock LitGPT and on the swapped copy: loss and every gradient
+    equal; returns (the logits computations counter, lit-liger's warnings, the swapped model, x, y)."""
     cfg = tiny_config(family)
     ref, ours = _pair(cfg)
     apply_liger(ours)
     count = _Counter(monkeypatch)
     x, y = _data(cfg)
-    loss_ref, grads_ref, _ = _run(FUSED[pattern], ref, x, y)
-    loss, grads, msgs = _run(FUSED[pattern], ours, x, y)
+    loss_ref, grads_ref, _ = _run(fn, ref, x, y)
+    loss, grads, msgs = _run(fn, ours, x, y)
     _check_equal(loss, grads, loss_ref, grads_ref)
+    return count, msgs, ours, x, y
+
+
+@pytest.mark.parametrize("family", ["Llama-3.2-1B", "gemma-2-2b", "phi-2"])  # plain, final softcap, lm_head bias
+@pytest.mark.parametrize("pattern", list(FUSED))
+def test_loss_patterns_run_fused(pattern, family, monkeypatch):
+    count, msgs, _, _, _ = _against_stock(family, FUSED[pattern], monkeypatch)
     assert count.n == 0 and not msgs  # the logits never existed, nothing to warn about
 
 
 @pytest.mark.parametrize("pattern", list(REAL))
 def test_other_patterns_compute_the_logits_once(pattern, monkeypatch):
-    cfg = tiny_config("gemma-2-2b")
-    ref, ours = _pair(cfg)
-    apply_liger(ours)
-    count = _Counter(monkeypatch)
-    x, y = _data(cfg)
-    loss_ref, grads_ref, _ = _run(REAL[pattern], ref, x, y)
-    loss, grads, msgs = _run(REAL[pattern], ours, x, y)
-    _check_equal(loss, grads, loss_ref, grads_ref)
+    count, msgs, ours, x, y = _against_stock("gemma-2-2b", REAL[pattern], monkeypatch)
     assert count.n == 1  # once per output, however many ops used it
     assert len(msgs) == 1 and "lit_liger.chunked_cross_entropy" in msgs[0]  # names the faster call
     _, _, again = _run(REAL[pattern], ours, x, y)
