@@ -6,8 +6,11 @@ gathered inside the forward and its gradient goes back through the sharding stra
 import faulthandler
 import gc
 import os
+import signal
 import socket
 import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -15,6 +18,44 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = os.path.dirname(__file__)
+
+
+#: seconds a multi-process test may run before it fails naming the ranks still running and where they were
+SPAWN_TIMEOUT_S = float(os.environ.get("LIT_LIGER_TEST_SPAWN_TIMEOUT", "600"))
+
+
+def _traced(rank: int, fn, args: tuple, stack_dir: str) -> None:
+    """A rank's body: ``fn(rank, *args)``, with SIGUSR1 set to write every thread's Python stack to its file."""
+    stacks = open(os.path.join(stack_dir, f"rank{rank}.txt"), "w")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    fn(rank, *args)
+
+
+def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float | None = None) -> None:
+    """``mp.spawn(fn, args, nprocs)`` that cannot hang: past ``timeout`` seconds (``SPAWN_TIMEOUT_S``) each rank
+    still running dumps its Python stacks, is killed, and the test fails with which rank stalled where (a stale
+    DeepSpeed extension build lock once made ``join=True`` wait forever). A rank that raises fails the test
+    with its traceback, as ``mp.spawn`` does."""
+    timeout = SPAWN_TIMEOUT_S if timeout is None else timeout
+    stack_dir = tempfile.mkdtemp(prefix="lit-liger-ranks-")
+    context = mp.spawn(_traced, args=(fn, args, stack_dir), nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+        if time.monotonic() < deadline:
+            continue
+        stalled = [rank for rank, proc in enumerate(context.processes) if proc.is_alive()]
+        for rank in stalled:
+            os.kill(context.processes[rank].pid, signal.SIGUSR1)
+        time.sleep(2.0)  # time to write the stacks
+        where = []
+        for rank in stalled:
+            with open(os.path.join(stack_dir, f"rank{rank}.txt")) as f:
+                where.append(f"--- rank {rank}:\n{f.read().strip() or '(no stack written)'}")
+        for proc in context.processes:
+            if proc.is_alive():
+                proc.kill()
+        pytest.fail(f"rank(s) {stalled} of {nprocs} still running after {timeout:.0f} s; their Python stacks:\n"
+                    + "\n".join(where), pytrace=False)
 
 
 def _free_port() -> int:
@@ -146,7 +187,7 @@ def test_sharded_fused_loss_matches_single_process(mode, name):
         pytest.skip("needs torch.distributed with gloo")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.spawn(_worker, args=(2, mode, name, _free_port(), queue), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, mode, name, _free_port(), queue))
     loss, loss_ref, errs, loads, kernel_calls = queue.get(timeout=60)
     assert loads  # consolidated weights == the (untrained) single-process model's, key for key
     assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
@@ -279,7 +320,7 @@ def test_deepspeed_fused_loss_matches_stock(stage, name):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.spawn(_deepspeed_worker, args=(2, _free_port(), stage, name, queue), nprocs=2, join=True)
+    spawn_ranks(_deepspeed_worker, (2, _free_port(), stage, name, queue))
     r = queue.get(timeout=60)
     stock_losses = r["stock-around"][0]
     for variant in ("liger-around", "liger-top", "stock-top"):
@@ -294,3 +335,20 @@ def test_deepspeed_fused_loss_matches_stock(stage, name):
         assert r["liger-top"][2] == ["LigerLogits"] * 4 and not r["liger-top"][3]
     else:
         assert r["liger-top"][2] == ["Tensor"] * 4 and r["liger-top"][3]  # logits, and it said why
+
+
+def _stall(rank: int, stall_rank: int) -> None:
+    if rank == stall_rank:
+        time.sleep(60)  # a rank that never arrives (as one waiting on a lock would)
+
+
+def test_a_stalled_rank_fails_with_where_it_was():
+    """The multi-process tests cannot hang: a rank past the timeout fails the test, naming the rank and its stack."""
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as info:
+        spawn_ranks(_stall, (1,), timeout=3.0)
+    message = str(info.value)
+    assert "rank(s) [1] of 2 still running after 3 s" in message
+    assert "--- rank 1:" in message and "in _stall" in message  # faulthandler's frame line of the stalled call
+    assert "--- rank 0:" not in message  # the rank that finished is not blamed
+    assert time.monotonic() - t0 < 30
