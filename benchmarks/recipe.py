@@ -121,13 +121,33 @@ def flops_per_token(info: dict[str, Any], method: str) -> float:
 
 def add_mfu(row: dict[str, Any], info: dict[str, Any], nominal: float | None, measured: float | None) -> None:
     """Model FLOP/s and MFU of a row: over real tokens, against the device's nominal dense bf16 peak and the
-    bf16 matmul rate measured in this run."""
-    tflops = row["tokens_per_s"] * flops_per_token(info, row["method"]) / 1e12
+    bf16 matmul rate measured in this run; and, where the run's log gives the padding, over the token positions
+    the GPU processed (padding included)."""
+    tflops = row["tokens_per_s"] * flops_per_token(info, row["method"].split(" ")[0]) / 1e12
     row["model_TFLOPs"] = tflops
     if nominal:
         row["mfu_nominal"] = tflops / nominal
     if measured:
         row["mfu_measured_peak"] = tflops / measured
+    if row.get("padding_fraction") is not None and nominal:
+        row["mfu_nominal_processed"] = row["mfu_nominal"] / (1 - row["padding_fraction"])
+
+
+def padding_from_log(text: str) -> dict[str, Any]:
+    """Token counts of a run from its output: litgpt's report (real tokens with the prompt template, and as
+    collated, padding included) and, for lit-liger, the positions the GPU ran (its padding line)."""
+    import re
+
+    out: dict[str, Any] = {}
+    real = re.search(r"Tokens w/ Prompt\s*:\s*(\d+)", text)
+    collated = re.search(r"Total Tokens \(w/ Padding\)\s*:\s*(\d+)", text)
+    ran = re.search(r"lit-liger: the GPU ran ([\d,]+) token positions", text)
+    if real and collated:
+        out["tokens_real"], out["tokens_collated"] = int(real.group(1)), int(collated.group(1))
+        out["tokens_processed"] = int(ran.group(1).replace(",", "")) if ran else out["tokens_collated"]
+        if out["tokens_processed"]:
+            out["padding_fraction"] = 1 - out["tokens_real"] / out["tokens_processed"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -196,6 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
                         row.update(res, status="ok", iter_ms_p50=statistics.median(times),
                                    iter_ms_p90=statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0],
                                    iter_ms_mean=statistics.fmean(times))
+                        log = run_dir / "stdout.txt"
+                        if log.is_file():
+                            row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
                         add_mfu(row, info, nominal, measured)
                     except Exception as e:  # noqa: BLE001 - a failed run is a row, not the end of the benchmark
                         row.update(status=f"failed: {e}")
@@ -234,14 +257,15 @@ def _line(r: dict) -> str:
 
 
 COLUMNS = ["model", "method", "B", "variant", "tok/s", "x stock", "model TFLOP/s", "MFU (nominal)",
-           "MFU (measured peak)", "iter ms mean", "p50", "p90", "peak alloc GB",
+           "MFU (measured peak)", "padding", "MFU over processed", "iter ms mean", "p50", "p90", "peak alloc GB",
            "peak reserved GB", "x stock reserved", "loss iter 1", "final loss", "status"]
 
 
 def render(result: dict, out_dir: Path) -> list[Path]:
     env, s = result["environment"], result["settings"]
     rows = [[r["model"], r["method"], r["B"], r["variant"], r.get("tokens_per_s"), r.get("x_stock_tok_s"),
-             r.get("model_TFLOPs"), r.get("mfu_nominal"), r.get("mfu_measured_peak"), r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
+             r.get("model_TFLOPs"), r.get("mfu_nominal"), r.get("mfu_measured_peak"), r.get("padding_fraction"),
+             r.get("mfu_nominal_processed"), r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
              r.get("peak_reserved_gb"), r.get("x_stock_peak_reserved_gb"),
              (r.get("losses") or [None])[0], (r.get("losses") or [None])[-1], r["status"]] for r in result["rows"]]
     md = [f"# Recipe benchmark: {env['device']}, {env['date']}"

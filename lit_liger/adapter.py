@@ -544,6 +544,11 @@ def _buckets_here(idx: torch.Tensor) -> bool:
 
 _FUSED_LOSS_WITHOUT_GRAD = [False]
 
+#: token positions of the training forwards (grad enabled, eager) of swapped models in this process: as the caller
+#: collated them (``collated``: litgpt pads each micro-batch to its longest sample) and as the GPU ran them
+#: (``processed``: after ``seq_buckets``). The CLI reports them against litgpt's real-token count after a run.
+TRAINING_TOKENS = {"collated": 0, "processed": 0}
+
 
 @contextlib.contextmanager
 def fused_loss_without_grad() -> Iterator[None]:
@@ -578,10 +583,15 @@ class _GPTMixin:
         T = idx.size(1)
         if self.max_seq_length < T:
             raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
+        counted = grad and not torch.compiler.is_compiling()
+        if counted:
+            TRAINING_TOKENS["collated"] += idx.numel()
         if getattr(self, "_liger_seq_buckets", False) and _buckets_here(idx):
             T_pad = bucket_length(T, self.max_seq_length)
             if T_pad != T:
                 idx = F.pad(idx, (0, T_pad - T), value=0)  # (B, T_pad): causal attention, the pad comes last
+        if counted:
+            TRAINING_TOKENS["processed"] += idx.numel()
         # Taken first so that, in backward, its copy's gradient reaches the sharded parameter after
         # every other node of the model (autograd runs the most recently created ready node first):
         # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).

@@ -205,15 +205,44 @@ def _fit_freezing_unoptimized(fit: Callable) -> Callable:
         except TypeError:
             return fit(*args, **kwargs)  # not the signature we know: litgpt's own call, unchanged
         model, optimizer, fabric = bound.get("model"), bound.get("optimizer"), bound.get("fabric")
+        rank0 = getattr(fabric, "global_rank", 0) == 0
         if isinstance(model, torch.nn.Module) and optimizer is not None:
             frozen = freeze_unoptimized(model, optimizer)
-            if frozen and getattr(fabric, "global_rank", 0) == 0:
+            if frozen and rank0:
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
-        return fit(*args, **kwargs)
+        from .adapter import TRAINING_TOKENS
+
+        before = dict(TRAINING_TOKENS)
+        out = fit(*args, **kwargs)
+        from ._dist import several_processes
+
+        # (one process only: litgpt's counts are summed over the ranks, the model's are this rank's)
+        line = None if several_processes() else padding_report(out, {k: TRAINING_TOKENS[k] - before[k] for k in before})
+        if line and rank0:
+            print(line, flush=True)
+        return out
 
     return run
+
+
+def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
+    """One line on the padding of a run: litgpt's ``fit`` returns its token counts (``raw_tokens_plus_prompt_template``:
+    the real tokens; ``..._and_padding``: as collated), the swapped model counted what it collated and ran
+    (``TRAINING_TOKENS``, this process's share). None where either is missing."""
+    if not isinstance(token_counts, dict) or not tokens.get("processed"):
+        return None
+    real = token_counts.get("raw_tokens_plus_prompt_template")
+    if real is None:
+        return None
+    real = int(real.item() if hasattr(real, "item") else real)
+    collated, processed = tokens["collated"], tokens["processed"]
+    if processed <= 0 or real <= 0:
+        return None
+    return (f"lit-liger: the GPU ran {processed:,} token positions in training for {real:,} real tokens: "
+            f"{1 - real / processed:.1%} padding (litgpt's collate padded to {collated:,}, "
+            f"{1 - real / collated:.1%}; lit-liger's length buckets added {processed - collated:,})")
 
 
 def _validate_with_fused_loss(validate: Callable) -> Callable:

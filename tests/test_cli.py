@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -255,7 +256,9 @@ def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, mo
     common = ["--lora_dropout", "0.1"]
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "ckpt", "true"), *common,
                           "--liger.activation_checkpointing", "true"])
-    assert "recomputed in backward, only its input kept" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recomputed in backward, only its input kept" in out
+    assert re.search(r"lit-liger: the GPU ran [\d,]+ token positions in training for [\d,]+ real tokens: [\d.]+% padding", out)
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "plain", "true"), *common])
     on, off = losses(tmp_path / "ckpt"), losses(tmp_path / "plain")
     assert len(on) == len(off) == STEPS and on == off, (on, off)
@@ -812,3 +815,15 @@ def test_selfcheck_module_on_cpu():
     assert "triton (interpreter)" in proc.stdout and "all kernels match their references" in proc.stdout
     for op in ("rms_norm_linear", "rope_qkv", "fused_linear_cross_entropy"):
         assert op in proc.stdout
+
+
+def test_padding_report_counts():
+    """The run's padding line from litgpt's token counts and the swapped model's own: real 600 of 1,000 positions
+    run, 800 collated (litgpt's padding) plus 200 from lit-liger's buckets."""
+    from lit_liger.cli import padding_report
+
+    line = padding_report({"raw_tokens_plus_prompt_template": torch.tensor(600)}, {"collated": 800, "processed": 1000})
+    assert line == ("lit-liger: the GPU ran 1,000 token positions in training for 600 real tokens: 40.0% padding "
+                    "(litgpt's collate padded to 800, 25.0%; lit-liger's length buckets added 200)")
+    assert padding_report(None, {"collated": 8, "processed": 8}) is None  # pretrain's fit returns nothing
+    assert padding_report({"raw_tokens_plus_prompt_template": 5}, {"collated": 0, "processed": 0}) is None

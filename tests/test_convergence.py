@@ -252,3 +252,22 @@ def test_checkpointing_variants():
         assert VARIANTS[v][:2] == ["--liger.activation_checkpointing", "true"]
     assert VARIANTS["liger-ckpt-no-graphs"][2:] == ["--liger.cuda_graphs", "false"]
     assert VARIANTS["liger-ckpt-lean"][2:] == ["--liger.flce_mode", "lean"]
+
+
+def test_recipe_mfu_and_padding_from_the_run_log():
+    """MFU over real tokens (4N per token for a frozen base, 6N for full fine-tuning) and, from the log's token
+    counts (litgpt's report, lit-liger's padding line), the padding fraction and MFU over processed positions."""
+    from benchmarks.recipe import add_mfu, flops_per_token, padding_from_log
+
+    info = {"n_params": 1_000, "padded_vocab_size": 10, "n_embd": 10}  # 900 matmul parameters
+    assert flops_per_token(info, "lora") == 3600 and flops_per_token(info, "full") == 5400
+    log = ("| - Tokens w/ Prompt          :  600\n| - Total Tokens (w/ Padding) :    800\n"
+           "lit-liger: the GPU ran 1,000 token positions in training for 600 real tokens: 40.0% padding\n")
+    row = {"method": "lora (bnb.nf4-dq)", "tokens_per_s": 1e9, **padding_from_log(log)}
+    assert (row["tokens_real"], row["tokens_collated"], row["tokens_processed"]) == (600, 800, 1000)
+    add_mfu(row, info, nominal=10.0, measured=8.0)
+    assert abs(row["model_TFLOPs"] - 3.6) < 1e-12 and abs(row["mfu_nominal"] - 0.36) < 1e-12
+    assert abs(row["mfu_measured_peak"] - 0.45) < 1e-12 and abs(row["padding_fraction"] - 0.4) < 1e-12
+    assert abs(row["mfu_nominal_processed"] - 0.6) < 1e-12
+    stock = padding_from_log(log.splitlines(True)[0] + log.splitlines(True)[1])  # stock: no lit-liger line
+    assert stock["tokens_processed"] == 800 and abs(stock["padding_fraction"] - 0.25) < 1e-12
