@@ -5,6 +5,13 @@ fake (meta) implementation and registered autograd, the reference PyTorch math u
 the functional API below. Launch parameters come from ``_launch.py``.
 """
 
+if __name__ != "lit_liger.kernels":
+    # This folder is importable as a top-level ``kernels`` wherever the repository root is on ``sys.path`` (pytest's
+    # ``pythonpath``, ``python -m`` from a checkout). Imported under that name it would define every ``lit_liger::``
+    # op a second time, and other packages import ``kernels`` meaning Hugging Face's (bitsandbytes' CPU backend
+    # does, in a try/except): refuse, so that they fall back and lit-liger's ops exist once.
+    raise ImportError(f"lit-liger's kernels are the package `lit_liger.kernels`, not {__name__!r}")
+
 from ._launch import device_limits, use_triton
 from .layer_norm import layer_norm
 from .rms_norm import rms_norm, rms_norm_linear, rms_norm_residual

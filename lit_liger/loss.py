@@ -205,12 +205,15 @@ class LigerLogits:
     # inputs, so that the loss's buffer does not set the step's peak); None: the kernel's default.
     max_chunk_bytes: int | None = None
     out_dtype: torch.dtype | None = None  # a cast asked for (``.float()``, ``.to(dtype)``); None: hidden's dtype
-    # Not init fields (wrappers that rebuild the dataclass keep them as they are): the output the model returned,
-    # which caches the real logits, and the view/cast ops applied since, replayed on them; for a part of
-    # ``split``, (the split output, index, number of parts).
-    root: LigerLogits | None = dataclasses.field(default=None, init=False)
-    ops: tuple = dataclasses.field(default=(), init=False)
-    part_of: tuple | None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
+        # FSDP1's output walk among them; a rebuilt output is a new root): the output the model returned, which
+        # caches the real logits; the view/cast ops applied since, replayed on them; for a part of ``split``, (the
+        # split output, index, number of parts, dim).
+        self.root: LigerLogits | None = None
+        self.ops: tuple = ()
+        self.part_of: tuple | None = None
 
     # --- metadata (no logits needed) --------------------------------------------------------------------
     @property
