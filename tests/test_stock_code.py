@@ -345,3 +345,19 @@ def test_gpu_stock_loss_keeps_the_memory_benefit():
     logits_bytes = B * T * cfg.padded_vocab_size * 2  # one bf16 copy of the logits
     assert rel_err(loss, loss_ref) <= 1e-2
     assert extra_ref - extra >= logits_bytes, (extra_ref / 2**20, extra / 2**20, logits_bytes / 2**20)
+
+
+def test_litgpt_chunks_join_into_one_fused_sum(monkeypatch):
+    """litgpt's ``chunked_cross_entropy`` splits the rows into chunks, takes each chunk's per-token losses and sums
+    their concatenation: the chunks join again, and the sum runs as one fused loss with reduction "sum" (gradients
+    in the forward, no per-chunk GEMMs over the vocabulary)."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    calls = []
+    real = loss_mod._PendingLoss._fused
+    monkeypatch.setattr(loss_mod._PendingLoss, "_fused", lambda self, red: calls.append((red, self.target.numel()))
+                        or real(self, red))
+    x, y = _data(cfg)
+    litgpt_ce(ours(x)[..., :-1, :], y[..., 1:], chunk_size=5).backward()
+    assert calls == [("sum", 22)]  # one call over all 2 x 11 rows, not five of five rows
