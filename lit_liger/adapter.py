@@ -259,10 +259,11 @@ class _Linear4bitMixin:
     """A bitsandbytes 4-bit Linear (QLoRA's frozen projections without a LoRA update, the lm_head where the loss
     needs logits): :func:`lit_liger.quant.linear_4bit`, the weight decoded straight into the compute dtype (one
     kernel where bitsandbytes' forward decodes to float16 and casts); bitsandbytes' own forward where that does not
-    apply (a single row, autocast, a hook, a compute dtype other than the input's)."""
+    apply (a single row, which bitsandbytes multiplies without decoding; autocast; a hook; a compute dtype other
+    than the input's)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _4bit_linear(self, x) and x.dim() >= 2 and not torch.is_autocast_enabled(x.device.type) \
+        if _4bit_linear(self, x) and x.numel() > x.shape[-1] and not torch.is_autocast_enabled(x.device.type) \
                 and _called_plainly(self) and (self.bias is None or self.bias.dtype == x.dtype):
             return linear_4bit(x, self.weight, self.bias)
         return super().forward(x)

@@ -68,14 +68,14 @@ CAPTURE_DROPOUT = True
 
 #: run each shape's warm-up with its allocations in the graphs' memory pool: the capture that follows reuses the
 #: blocks the warm-up freed. Outside the pool, the warm-up's freed blocks stay cached for the side stream and the
-#: pool grows beside them: measured (H100, Llama-3.2-1B LoRA B4, `python -m benchmarks diag recipe-mem`) the run's peak reserved
-#: memory was set by such a warm-up, 2 GB above the steady state
+#: pool grows beside them: measured (H100, Llama-3.2-1B LoRA B4, `python -m benchmarks diag recipe-mem`) the run's
+#: peak reserved memory was set by such a warm-up, 2 GB above the steady state
 WARMUP_IN_POOL = True
 
 #: a shape longer than any captured so far drops the captured graphs (and their pool) and is captured first, so
 #: that the pool's blocks are sized for the longest shape. Off: measured (H100, Llama-3.2-1B LoRA B4, 64 steps,
-#: `python -m benchmarks diag recipe-mem`) it saves 0.34 GB of pool at the end but raises the run's peak reserved memory by
-#: 1.1 GB (8.00 vs 6.90 GB with WARMUP_IN_POOL): the training loop still holds the last step's outputs, and with
+#: `python -m benchmarks diag recipe-mem`) it saves 0.34 GB of pool at the end but raises the run's peak reserved
+#: memory by 1.1 GB (8.00 vs 6.90 GB with WARMUP_IN_POOL): the training loop still holds the last step's outputs, and with
 #: them the old graphs and their pool, while the new shape's warm-up and capture run
 RECAPTURE_ON_GROWTH = False
 
@@ -164,7 +164,8 @@ class _Graphs:
             # this output (and with it the captured autograd graph) was released right after its backward's
             # capture, the *next* shape's backward capture failed ("operation failed due to a previous error
             # during capture"), even with LitGPT's own ops, and left the CUDA generator unusable;
-            # torch.cuda.make_graphed_callables keeps its outputs alive too (a one-off diagnostic, in git history as scripts/gpu_graph_diag2.py).
+            # torch.cuda.make_graphed_callables keeps its outputs alive too (a one-off diagnostic, in git history
+            # as scripts/gpu_graph_diag2.py).
             # It is a view of one buffer that every shape's output shares (the final norm's own output is a
             # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
             self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx), out_buf)  # (B, T, C)
