@@ -47,7 +47,7 @@ from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
 from .lora import lora_linear, lora_parts
-from .quant import is_quantized, linear_4bit
+from .quant import is_4bit, is_quantized, linear_4bit
 from .loss import (
     GatheredHead,
     LigerLogits,
@@ -190,7 +190,7 @@ def _4bit_linear(m: nn.Module, x: torch.Tensor) -> bool:
     its weight as the layer's own forward does (int8 layers multiply in int8: they keep their own forward)."""
     w = getattr(m, "weight", None)
     return (
-        isinstance(m, nn.Linear) and w is not None and getattr(w, "quant_state", None) is not None
+        isinstance(m, nn.Linear) and w is not None and is_4bit(w)
         and getattr(m, "compute_dtype", None) in (None, x.dtype) and not w.requires_grad
     )
 
@@ -711,7 +711,7 @@ def _int8_head(gpt: nn.Module) -> bool:
     """The lm_head is a bitsandbytes int8 layer (quantized after ``apply_liger`` ran): its own forward, real logits
     (see ``lit_liger.loss._linear_weight``)."""
     w = getattr(getattr(gpt.lm_head, "linear", gpt.lm_head), "weight", None)
-    return w is not None and w.dtype == torch.int8
+    return w is not None and is_quantized(w) and not is_4bit(w)
 
 
 def _is_zero3(lm_head: nn.Module) -> bool:
@@ -894,7 +894,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
         elif isinstance(m, nn.Linear) and type(m) is not nn.Linear and is_quantized(m.weight):
             if not cfg.quantized_linear:
                 report.skip(path, m, "quantized_linear switched off")
-            elif getattr(m.weight, "quant_state", None) is None:
+            elif not is_4bit(m.weight):
                 report.skip(path, m, "int8 (bitsandbytes) multiplies in int8: its own forward")
             else:
                 _swap_class(m, _Linear4bitMixin)

@@ -123,6 +123,19 @@ def test_callback_warns_on_cpu_without_interpreter(tmp_path, monkeypatch):
         _trainer(tmp_path, LigerCallback(log_metrics=False), steps=1).fit(module, _data())
 
 
+def bf16_pair(cfg):
+    """A randomized stock LitGPT GPT in bf16 and a swapped copy of it."""
+    from lit_liger import apply_liger
+
+    torch.manual_seed(0)
+    stock = GPT(cfg)
+    _randomize(stock)
+    stock = stock.to(torch.bfloat16)
+    ours = copy.deepcopy(stock)
+    apply_liger(ours)
+    return stock, ours
+
+
 def test_fabric_bf16_true_output_cast_leaves_the_fused_loss_unchanged():
     """Fabric's ``bf16-true`` precision casts a module's floating outputs to float32 after forward
     (what every litgpt training script runs under). The deferred logits must survive it: same loss
@@ -132,12 +145,7 @@ def test_fabric_bf16_true_output_cast_leaves_the_fused_loss_unchanged():
     from lit_liger import apply_liger, chunked_cross_entropy
 
     cfg = tiny_config("Llama-3.2-1B")
-    torch.manual_seed(0)
-    stock = GPT(cfg)
-    _randomize(stock)
-    stock = stock.to(torch.bfloat16)
-    ours = copy.deepcopy(stock)
-    apply_liger(ours)
+    stock, ours = bf16_pair(cfg)
     direct = copy.deepcopy(ours)
     fabric = L.Fabric(accelerator="cpu", devices=1, precision="bf16-true")
     wrapped = fabric.setup_module(ours)
