@@ -17,6 +17,7 @@ two GEMMs: nothing to fuse), an lm_head with a LoRA update.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_early_stop
 
 from . import attention as _attention
+from . import packing as _packing
 from ._dist import several_processes
 from .buckets import bucket_length
 from .config import LigerConfig
@@ -120,11 +122,12 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
 _IN_CHECKPOINTED_BLOCK = [0]
 
 
-def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        pack: _packing.Pack | None = None) -> torch.Tensor:
     """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block."""
     _IN_CHECKPOINTED_BLOCK[0] += 1
     try:
-        return block(x, cos, sin, None, None, None)
+        return block(x, cos, sin, pack, None, None)
     finally:
         _IN_CHECKPOINTED_BLOCK[0] -= 1
 
@@ -361,6 +364,34 @@ class _AttentionMixin:
             and self._liger_attention_path() == "flex"
         )
 
+    def _liger_packable(self) -> str | None:
+        """Why this layer cannot attend inside packed samples (``LigerConfig.packing``), or None: no attention logit
+        softcapping (flash attention has none), LitGPT's own ``scaled_dot_product_attention`` (an adapter's prefix
+        attention has its own)."""
+        if self.config.attention_logit_softcapping is not None:
+            return "attention logit softcapping (no variable-length kernel with a softcap here)"
+        if type(self).scaled_dot_product_attention is not lm.CausalSelfAttention.scaled_dot_product_attention:
+            return f"{getattr(self, '_liger_orig_class', type(self)).__module__}'s own scaled_dot_product_attention"
+        return None
+
+    def _liger_attend_packed(self, q, k, v, pack: _packing.Pack, scale: float) -> torch.Tensor:
+        """Attention inside each sample of a packed sequence: q ``(1, nh, N, hs)``, k/v ``(1, ng, N, hs)`` ->
+        ``(1, N, nh, hs)``; a sliding window as LitGPT applies it."""
+        if (why := self._liger_packable()) is not None:  # (GPT.forward packs only models whose layers all can)
+            raise RuntimeError(f"lit-liger packing reached a layer that cannot attend packed samples: {why}")
+        window = self._liger_window()
+        n_head, n_groups = self.config.n_head, self.config.n_query_groups
+
+        def per_sample(qs, ks, vs, T):  # LitGPT's math on one sample (the reference path: CPU tensors)
+            w = _attention.effective_window(T, window)
+            mask = _attention.dense_mask(T, w, qs.device, qs.dtype) if w is not None else None
+            if n_groups != n_head:
+                ks = ks.repeat_interleave(n_head // n_groups, dim=1)
+                vs = vs.repeat_interleave(n_head // n_groups, dim=1)
+            return self.scaled_dot_product_attention(qs, ks, vs, mask)  # (1, T, nh, hs)
+
+        return _packing.attend(q, k, v, pack, scale, window, per_sample)
+
     def _liger_qk_norm(self) -> dict | None:
         """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head
         (swapped by lit-liger or not) with one eps and offset; else None (the modules run)."""
@@ -420,6 +451,9 @@ class _AttentionMixin:
             q, k = rope(q, k, cos, sin, interleave=cfg.rope_interleave, **(qk_norm or {}))  # (B, nh|ng, T, hs)
         window = self._liger_window()
         scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale  # LitGPT's
+        if isinstance(mask, _packing.Pack):  # LigerConfig.packing: B = 1, the samples end to end
+            y = self._liger_attend_packed(q, k, v, mask, scale)  # (1, N, nh, hs)
+            return self.proj(y.reshape(B, T, hs * n_head))
         if window is not None or cfg.attention_logit_softcapping is not None:
             if (window is not None or mask is None) and self._liger_softcap_kernel_here(q, T):
                 # causal + softcap in lit-liger's kernel; its output is a (B, nh, T, hs) view of (B, T, nh, hs)
@@ -548,7 +582,10 @@ _FUSED_LOSS_WITHOUT_GRAD = [False]
 #: token positions of the training forwards (grad enabled, eager) of swapped models in this process: as the caller
 #: collated them (``collated``: litgpt pads each micro-batch to its longest sample) and as the GPU ran them
 #: (``processed``: after ``seq_buckets``). The CLI reports them against litgpt's real-token count after a run.
-TRAINING_TOKENS = {"collated": 0, "processed": 0}
+TRAINING_TOKENS = {"collated": 0, "processed": 0, "packed": 0}
+
+#: tests set this to pack CPU batches too (reference attention per sample)
+_PACK_ON_CPU = False
 
 
 @contextlib.contextmanager
@@ -587,6 +624,41 @@ class _GPTMixin:
         counted = grad and not torch.compiler.is_compiling()
         if counted:
             TRAINING_TOKENS["collated"] += idx.numel()
+        plan = self._liger_plan(idx) if grad else None
+        if plan is None:
+            out = self._liger_output(idx, counted)
+        else:  # LigerConfig.packing: the samples end to end, no padding computed
+            TRAINING_TOKENS["processed"] += plan.idx.numel()
+            TRAINING_TOKENS["packed"] += idx.numel()
+            x = self._liger_body(plan.idx, None, plan)  # (1, N, C)
+            out = LigerLogits(
+                x[0], self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+                self._liger_flce_mode, None, x.dtype, 0, None, max_chunk_bytes=self._liger_chunk_cap(x),
+                rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False),
+            )
+        return [out] if lm_head_chunk_size > 0 else out
+
+    def _liger_plan(self, idx: torch.Tensor) -> _packing.Plan | None:
+        """The packed form of this training batch (``LigerConfig.packing``), or None: packing off or not applicable
+        here (see :func:`_packing_why`), or nothing to save (one row, no padding)."""
+        if not getattr(self, "_liger_packing", False) or idx.dim() != 2 or torch.compiler.is_compiling():
+            return None
+        if getattr(self, "_liger_pack_why", None) is not None or several_processes():
+            return None
+        if idx.is_cuda:
+            if not _packing.flash_varlen_ok(idx.device, self.transformer.wte.weight.dtype, self.config.head_size):
+                return None
+        elif not _PACK_ON_CPU:
+            return None
+        bucket = None
+        if getattr(self, "_liger_seq_buckets", False):
+            bucket = bucket_length
+        return _packing.plan(idx, bucket, self.cos.size(0))
+
+    def _liger_output(self, idx: torch.Tensor, counted: bool) -> LigerLogits:
+        """The training output of the batch ``idx`` as LitGPT computes it (padded rows; right-padded further to a
+        bucket with ``seq_buckets``)."""
+        T = idx.size(1)
         if getattr(self, "_liger_seq_buckets", False) and _buckets_here(idx):
             T_pad = bucket_length(T, self.max_seq_length)
             if T_pad != T:
@@ -597,32 +669,45 @@ class _GPTMixin:
         # every other node of the model (autograd runs the most recently created ready node first):
         # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
         head = _sharded_head_snapshot(self.lm_head)
+        x = self._liger_body(idx, head)  # (B, T_pad, C)
+        return LigerLogits(
+            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+            self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
+            max_chunk_bytes=self._liger_chunk_cap(x),
+        )
+
+    def _liger_body(self, idx: torch.Tensor, head: GatheredHead | None,
+                    plan: _packing.Plan | None = None) -> torch.Tensor:
+        """:meth:`_liger_hidden`, through the captured CUDA graphs where they apply (``cuda_graphs``)."""
         x = None
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
-        if graphs is not False and head is None and grad and not torch.compiler.is_compiling():
+        if graphs is not False and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
             # traced graph must not do)
-            x = runner_for(self).hidden(idx, auto=graphs is None)  # None where capture does not apply
+            x = runner_for(self).hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
         if x is None:
-            x = self._liger_hidden(idx)  # (B, T_pad, C)
+            x = self._liger_hidden(idx, plan)
+        return x
+
+    def _liger_chunk_cap(self, x: torch.Tensor) -> int | None:
         # With activation checkpointing the step keeps little beside the Blocks' inputs: the loss's logits chunk
         # is capped at their size, or its buffer (a (rows, V) chunk, 125 MiB at 512 rows of a 128k vocabulary)
         # would be the step's peak (measured, H100, Llama-3.2-1B LoRA at 1 x 512: 125 of the step's 163 MiB).
         # Not under torch.compile (the sizes may be symbolic there): the kernel's default chunk.
-        cap = None
         if _checkpoint_blocks_here(self) and not torch.compiler.is_compiling():
-            cap = self.config.n_layer * x.numel() * x.element_size()
-        out = LigerLogits(
-            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
-            self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None, max_chunk_bytes=cap,
-        )
-        return [out] if lm_head_chunk_size > 0 else out
+            return self.config.n_layer * x.numel() * x.element_size()
+        return None
 
-    def _liger_hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``)."""
+    def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``). ``plan``: ``idx``
+        is a packed sequence ``(1, N)`` (its positions and samples' boundaries)."""
         T = idx.size(1)
-        cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
-        sin = self.sin[:T].unsqueeze(0)
+        pack = None
+        if plan is not None:  # each token at its position inside its sample
+            cos, sin, pack = self.cos[plan.positions].unsqueeze(0), self.sin[plan.positions].unsqueeze(0), plan.pack
+        else:
+            cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+            sin = self.sin[:T].unsqueeze(0)
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
@@ -632,16 +717,29 @@ class _GPTMixin:
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
             if recompute:  # LigerConfig.activation_checkpointing: only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
-                    x = _checkpoint(block, x, c, s, None, None, None, use_reentrant=False, preserve_rng_state=True)
+                    x = _checkpoint(block, x, c, s, pack, None, None, use_reentrant=False, preserve_rng_state=True)
                 else:
                     # without early stop (which ends the recompute by raising from inside the last saving op, here
                     # glu_mlp's autograd Function: seen to turn into a SystemError under CUDA memory history); the
                     # recompute then also runs what follows that op in the Block, a residual add
                     with _checkpoint_early_stop(False):
-                        x = _checkpoint(_checkpointed_block, block, x, c, s, use_reentrant=False, preserve_rng_state=True)
+                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=False,
+                                        preserve_rng_state=True)
             else:
-                x = block(x, c, s, None, None, None)
+                x = block(x, c, s, pack, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
+
+
+def _packing_why(gpt: nn.Module) -> str | None:
+    """Why this GPT's training batches cannot be packed (``LigerConfig.packing``), or None: every layer's attention
+    must be lit-liger's and able to attend inside packed samples."""
+    for i, block in enumerate(gpt.transformer.h):
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, _AttentionMixin):
+            return f"transformer.h.{i}.attn is LitGPT's own attention (rope switched off, or latent attention)"
+        if (why := attn._liger_packable()) is not None:
+            return f"transformer.h.{i}.attn: {why}"
+    return None
 
 
 _CHECKPOINT_WARNED = False
@@ -1018,6 +1116,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     gpt._liger_flce_mode = cfg.flce_mode
     gpt._liger_seq_buckets = cfg.seq_buckets
     gpt._liger_cuda_graphs = cfg.cuda_graphs
+    gpt._liger_packing = cfg.packing
+    gpt._liger_pack_why = _packing_why(gpt)
     gpt._liger_activation_checkpointing = cfg.activation_checkpointing
     gpt._liger_tied_weights = cfg.tied_weights and _tied.head_weight(gpt) is not None
     if gpt._liger_tied_weights:
@@ -1031,9 +1131,15 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     if cfg.seq_buckets:
         report.add(prefix, gpt, "training lengths padded to buckets (64, 128, ... 512, then 8 per doubling; "
                                 "padded targets ignored; seq_buckets)")
+    if cfg.packing and gpt._liger_pack_why is None:
+        report.add(prefix, gpt, "training batches packed: samples end to end without their right padding, attention "
+                                "inside each sample, RoPE positions restarting (one process; CUDA: flash attention "
+                                "over cumulative lengths, 16-bit; packing)")
+    elif cfg.packing:
+        report.skip(prefix, gpt, f"packing off: {gpt._liger_pack_why}; batches run padded")
     if cfg.cuda_graphs is not False:
         when = "one CUDA device" + (", when at most 1/8 of the parameters are trained (automatic)"
-                                    if cfg.cuda_graphs is None else "")
+                                    if cfg.cuda_graphs is None and not _graphs.CAPTURE_FULL_TRAINING else "")
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
                                 f"{when} (cuda_graphs)")
     if cfg.activation_checkpointing:

@@ -240,9 +240,14 @@ def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
     collated, processed = tokens["collated"], tokens["processed"]
     if processed <= 0 or real <= 0:
         return None
+    packed = tokens.get("packed", 0)
+    how = f"lit-liger's length buckets added {processed - collated:,}"
+    if packed:  # (packed batches run fewer positions than collated; the rest, padded to buckets, more)
+        how = (f"lit-liger packed the batches of {packed:,} of those positions, leaving padding out: "
+               f"{processed - collated:+,} positions in all")
     return (f"lit-liger: the GPU ran {processed:,} token positions in training for {real:,} real tokens: "
             f"{1 - real / processed:.1%} padding (litgpt's collate padded to {collated:,}, "
-            f"{1 - real / collated:.1%}; lit-liger's length buckets added {processed - collated:,})")
+            f"{1 - real / collated:.1%}; {how})")
 
 
 def _validate_with_fused_loss(validate: Callable) -> Callable:

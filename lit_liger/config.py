@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp")
 
 
@@ -64,15 +64,24 @@ class LigerConfig:
             batch's (attention is causal, padding is on the right), and a run on variable-length data sees
             a handful of shapes instead of a new one per step (no per-length attention plan, CUDA graphs
             reusable). On GPU tensors in eager mode (not under ``torch.compile``; a CPU has nothing to gain).
+        packing: in training (fused loss on, eager mode, one process), run a micro-batch of several samples as one
+            sequence: each row without its right padding (its trailing token id 0, litgpt's collate pad), the rows
+            end to end, attention inside each sample, RoPE positions restarting at each; the packed length is
+            padded to a bucket with ``seq_buckets``. The same computation as the padded batch for every real
+            position, without the padding (a third of litgpt's LoRA recipe's positions on instruction data); the
+            loss reads each target at its packed row (a left-out position whose target is not ignored, a sample
+            that really ends in token 0: that loss comes from an unpadded forward, with a warning). On CUDA through
+            flash attention over cumulative lengths (16-bit, head size <= 256), captured by ``cuda_graphs`` per
+            packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
+            or adapter attention: they run padded (the report says why). Off by default: not yet measured on a GPU.
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
-            dropout is captured, a replay draws fresh masks). ``None`` (default, "auto"): on where at most
-            1/8 of the parameters are trained (LoRA, adapters), off for full fine-tuning and pretraining,
-            where the graphs' own memory pool and gradient buffers cost more than they save (measured on an
-            H100, Llama-3.2-1B, litgpt's recipes: LoRA 5.5-7.7x stock tokens/s at 0.72x its reserved memory
-            over 200 steps (0.66x with the current pool settings in `python -m benchmarks diag recipe-mem`);
-            full fine-tuning 4.3x at 1.07x, against 2.2x at 0.65x uncaptured). ``True``: on whenever it
+            dropout is captured, a replay draws fresh masks). The replayed backward adds the gradients straight
+            into the parameters' ``.grad`` (one copy of each, as uncaptured). ``None`` (default, "auto"): on
+            wherever it can apply, full fine-tuning and pretraining included (``graphs.CAPTURE_FULL_TRAINING``;
+            before the gradients went straight into ``.grad``, a second copy of them made full fine-tuning
+            cost 1.2x the uncaptured run's memory, so it was left uncaptured). ``True``: on whenever it
             can apply; ``False``: off. Falls back to uncaptured steps (with one warning) where capture
             cannot apply: several processes (FSDP/DeepSpeed/DDP), autocast (use a ``*-true`` precision),
             module hooks, ``torch.compile``, a capture error. FlexAttention layers (softcap / sliding window) are
@@ -148,6 +157,7 @@ class LigerConfig:
     flce_mode: Literal["fast", "lean"] = "fast"
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
+    packing: bool = False
     cuda_graphs: bool | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False

@@ -9,12 +9,12 @@ the swapped GPT's training body, token ids -> final hidden states (embedding, ev
 two graphs: the forward, and the backward from a gradient of the hidden states to the gradients of the
 trainable parameters. The fused loss (lm_head + cross-entropy: a few launches), the optimizer step and
 everything else the training loop does run as before. :class:`_Replay` joins them to autograd: its
-forward replays the forward graph; its backward replays the backward graph and hands autograd the
-parameters' gradients, which it accumulates into ``.grad`` as usual (gradient accumulation works).
+forward replays the forward graph; its backward replays the backward graph, which adds the parameters'
+gradients straight into their ``.grad`` tensors (gradient accumulation works; one copy of each gradient).
 
 Memory: every shape's graphs share one memory pool (one set of activations, the largest bucket's), one
-set of gradient buffers for the trainable parameters (a LoRA's are tiny; full fine-tuning pays one copy of
-the trainable parameters' size) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
+set of gradient buffers for the trainable parameters, which serve as their ``.grad`` (no second copy: full
+fine-tuning is captured at the uncaptured run's memory) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
 it (measured: they set the run's peak reserved memory before). Dropout (LoRA dropout) draws fresh random numbers on every replay
 (PyTorch's generator is graph-aware).
 
@@ -122,6 +122,21 @@ def checkpointed_capture_why() -> str | None:
     return None
 
 
+#: the replayed backward adds the trainable parameters' gradients straight into their ``.grad`` tensors (the graphs'
+#: gradient buffers become ``.grad``; see :class:`_Replay`). False: the backward writes them into the buffers and hands
+#: them to autograd, which copies each into a new ``.grad`` where there was none: a second copy of every trained
+#: parameter (nothing for LoRA, 2.5 GB for a 1B model's full fine-tuning). Off until measured on a GPU: this session
+#: had no GPU time (``tests/test_buckets.py::test_gpu_full_training_captured_grads_are_the_grad_tensors`` turns it on)
+DIRECT_GRADS = False
+
+#: ``cuda_graphs=None`` (automatic) captures full fine-tuning and pretraining too, not only runs that train at most 1/8
+#: of the parameters (LoRA, adapters). It used to leave them uncaptured: the replayed backward's gradient buffers sat
+#: beside autograd's ``.grad`` copies, a second copy of every trained parameter (measured on an H100, Llama-3.2-1B,
+#: litgpt's full recipe at micro-batch 4: 18.06 vs 15.09 GB). The buffers are now the ``.grad`` tensors themselves
+#: (see :class:`_Replay`, :data:`DIRECT_GRADS`). False: automatic mode captures only where few parameters train, as
+#: before. Off with :data:`DIRECT_GRADS` until measured on a GPU
+CAPTURE_FULL_TRAINING = False
+
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
@@ -129,9 +144,15 @@ MAX_GRAPHS = 48
 class _Graphs:
     """The forward and backward graphs of one input shape, with their static inputs and outputs."""
 
-    def __init__(self, runner: GraphRunner, idx: torch.Tensor, params: list[nn.Parameter]) -> None:
+    def __init__(self, runner: GraphRunner, idx: torch.Tensor, params: list[nn.Parameter], plan: Any = None) -> None:
         self.runner = runner
-        self.static_idx = idx.clone()  # (B, T)
+        self.static_idx = idx.clone()  # (B, T); packed: (1, N)
+        self.static_plan = None
+        if plan is not None:  # LigerConfig.packing: positions and boundaries are inputs too (copied in per replay)
+            from .packing import Pack, Plan
+
+            pack = Pack(plan.pack.cu_seqlens.clone(), plan.pack.max_len, None)
+            self.static_plan = Plan(self.static_idx, plan.positions.clone(), pack, None, 0)
         _clear_blas_workspaces()
         try:
             self._capture(params)
@@ -152,7 +173,7 @@ class _Graphs:
             # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
             # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
             # blocks are free to use
-            hidden = gpt._liger_hidden(self.static_idx)
+            hidden = gpt._liger_hidden(self.static_idx, self.static_plan)
             torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
             out_spec = hidden.shape, hidden.dtype, hidden.device
             del hidden
@@ -168,14 +189,19 @@ class _Graphs:
             # as scripts/gpu_graph_diag2.py).
             # It is a view of one buffer that every shape's output shares (the final norm's own output is a
             # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
-            self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx), out_buf)  # (B, T, C)
+            self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx, self.static_plan), out_buf)
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
             self.used = [g is not None for g in grads]
             pairs = [(b, g) for b, g in zip(bufs, grads) if g is not None]
-            if pairs:
+            self.direct = DIRECT_GRADS
+            if pairs and self.direct:
+                # the buffers are the parameters' ``.grad`` (see _Replay.backward): the replay adds this micro-batch's
+                # gradients to what they hold, as autograd's own accumulation would
+                torch._foreach_add_([b for b, _ in pairs], [g for _, g in pairs])
+            elif pairs:
                 torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
             del grads, pairs
         self.static_hidden = self.static_out.detach()
@@ -198,13 +224,22 @@ class _IntoBuffer(torch.autograd.Function):
 
 
 class _Replay(torch.autograd.Function):
-    """Forward: replay the forward graph on ``idx``. Backward: replay the backward graph; the trainable
-    parameters' gradients come out of the shared buffers (autograd copies them into ``.grad``, as it does
-    for any gradient that is still referenced elsewhere, or adds them to it)."""
+    """Forward: replay the forward graph on ``idx`` (and a packed batch's ``plan``). Backward: replay the backward
+    graph. With :data:`DIRECT_GRADS` it adds the trainable parameters' gradients into the shared buffers, which *are*
+    the parameters' ``.grad`` tensors, so a gradient exists once: before the replay each used parameter's ``.grad``
+    becomes its buffer, zeroed where ``.grad`` was None (``zero_grad()``'s default), holding the current ``.grad``
+    where it was another tensor, kept where it is the buffer already (gradient accumulation). Where a parameter has a
+    tensor hook (``register_hook``, ``register_post_accumulate_grad_hook``: only autograd's accumulation runs them),
+    or without :data:`DIRECT_GRADS`, the gradients go to autograd, which copies them into ``.grad`` or adds them to
+    it. (Autograd only accumulates a gradient it is handed: a ``torch.autograd.grad`` call for these parameters gets
+    none in direct mode, and fails as for an unused input.)"""
 
     @staticmethod
-    def forward(ctx: Any, graphs: _Graphs, idx: torch.Tensor, *params: nn.Parameter) -> torch.Tensor:
+    def forward(ctx: Any, graphs: _Graphs, idx: torch.Tensor, plan: Any, *params: nn.Parameter) -> torch.Tensor:
         graphs.static_idx.copy_(idx)
+        if plan is not None:
+            graphs.static_plan.positions.copy_(plan.positions)
+            graphs.static_plan.pack.cu_seqlens.copy_(plan.pack.cu_seqlens)
         graphs.fwd.replay()
         runner = graphs.runner
         runner.generation += 1
@@ -224,10 +259,37 @@ class _Replay(torch.autograd.Function):
                 "--liger.cuda_graphs false)."
             )
         graphs.static_grad.copy_(grad_hidden)
+        direct = graphs.direct and not any(_tensor_hooked(p) for p in graphs.params)
+        if direct:
+            zero, copy = [], []
+            for p, buf in zip(graphs.params, graphs.grads):
+                if buf is None:
+                    continue
+                g = p.grad
+                if g is None:
+                    zero.append(buf)
+                    p.grad = buf
+                elif g is not buf:
+                    copy.append((buf, g))
+                    p.grad = buf
+            if zero:
+                torch._foreach_zero_(zero)
+            if copy:
+                torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
+        elif graphs.direct:  # (the graph adds into the buffers)
+            torch._foreach_zero_([b for b in graphs.grads if b is not None])
         graphs.bwd.replay()
         runner.generation += 1
         runner.pending = None
-        return (None, None, *graphs.grads)
+        if direct:
+            return (None, None, None, *([None] * len(graphs.params)))
+        # autograd copies them into a new ``.grad`` (they are referenced here too) or adds them to the one there
+        return (None, None, None, *graphs.grads)
+
+
+def _tensor_hooked(p: torch.Tensor) -> bool:
+    """``p`` has a tensor hook that only autograd's own gradient accumulation would run."""
+    return bool(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None))
 
 
 _ACCUMULATE_GRAD_STREAM = r"The AccumulateGrad node's stream does not match the stream of the node that produced"
@@ -352,9 +414,10 @@ class GraphRunner:
                 tuple(p.requires_grad for p in self._params), tuple((m.p, m.training) for m in self._dropouts))
 
     # -- the one entry point ----------------------------------------------------------------------------
-    def hidden(self, idx: torch.Tensor, auto: bool = False) -> torch.Tensor | None:
+    def hidden(self, idx: torch.Tensor, auto: bool = False, plan: Any = None) -> torch.Tensor | None:
         """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly).
-        ``auto``: only where at most 1/8 of the parameters are trained (see ``LigerConfig.cuda_graphs``)."""
+        ``auto``: ``LigerConfig.cuda_graphs=None`` (see :data:`CAPTURE_FULL_TRAINING`)."""
+        auto = auto and not CAPTURE_FULL_TRAINING
         why = self.why_not(idx)
         if why is not None:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
@@ -373,7 +436,8 @@ class GraphRunner:
             # capturing now would overwrite its activations in the shared pool, so this one runs uncaptured
             self.uncaptured += 1
             return None
-        key = (tuple(idx.shape), idx.dtype, gpt.training)
+        # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length)
+        key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel())
         graphs = self.graphs.get(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
@@ -394,7 +458,7 @@ class GraphRunner:
                 torch.cuda.empty_cache()
             try:
                 with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
-                    graphs = _Graphs(self, idx, params)
+                    graphs = _Graphs(self, idx, params, plan)
             except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
                 import traceback
 
@@ -414,7 +478,7 @@ class GraphRunner:
             self.graphs[key] = graphs
             self.captures += 1
         self.replays += 1
-        return _Replay.apply(graphs, idx, *graphs.params)
+        return _Replay.apply(graphs, idx, plan, *graphs.params)
 
     def grad_buffers(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """One gradient buffer per trainable parameter, shared by every shape's backward graph."""

@@ -105,6 +105,23 @@ class LigerLogitsError(TypeError, AttributeError):
 _MATERIALIZE_WARNED = [False]
 
 
+_UNPACKED_WARNED = [False]
+
+
+def _warn_unpacked() -> None:
+    """One warning per process: a packed output whose left-out positions have targets."""
+    if _UNPACKED_WARNED[0] or torch.compiler.is_compiling():
+        return
+    _UNPACKED_WARNED[0] = True
+    warnings.warn(
+        "lit-liger packing: a sample's trailing token id 0 (the collate's padding id) has a target, so the packed "
+        "forward, which leaves trailing zeros out, cannot give this loss; lit-liger computed it from a forward of "
+        "the padded batch instead (the same numbers as stock LitGPT, a second forward's time). "
+        "Turn packing off (LigerConfig(packing=False), --liger.packing false) for such data. Shown once.",
+        stacklevel=4,
+    )
+
+
 def _warn_materialize(what: str) -> None:
     """One warning per process: the first use of a training output that needs the real logits."""
     if _MATERIALIZE_WARNED[0] or torch.compiler.is_compiling():
@@ -205,6 +222,12 @@ class LigerLogits:
     # inputs, so that the loss's buffer does not set the step's peak); None: the kernel's default.
     max_chunk_bytes: int | None = None
     out_dtype: torch.dtype | None = None  # a cast asked for (``.float()``, ``.to(dtype)``); None: hidden's dtype
+    # Packing (LigerConfig.packing): ``hidden`` is (N, H), the batch's rows laid end to end, and ``rows`` has the
+    # logits' leading dims, each entry the row of ``hidden`` that position's logits come from, or -1 for a right
+    # padding position the packed forward left out. ``unpacked``: makes the output's unpacked twin (a forward of
+    # the padded batch, LitGPT's computation) for what needs logits at those positions. None: not packed.
+    rows: torch.Tensor | None = None
+    unpacked: Any = None
 
     def __post_init__(self) -> None:
         # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
@@ -218,6 +241,8 @@ class LigerLogits:
     # --- metadata (no logits needed) --------------------------------------------------------------------
     @property
     def shape(self) -> torch.Size:
+        if self.rows is not None:
+            return torch.Size((*self.rows.shape, self.vocab_size))
         lead = tuple(self.hidden.shape[:-1])
         if self.t1 is not None:
             lead = (*lead[:-1], self.t1 - self.t0)
@@ -241,10 +266,10 @@ class LigerLogits:
 
     @property
     def ndim(self) -> int:
-        return self.hidden.dim()
+        return len(self.shape)
 
     def dim(self) -> int:
-        return self.hidden.dim()
+        return len(self.shape)
 
     def size(self, dim: int | None = None) -> torch.Size | int:
         return self.shape if dim is None else self.shape[dim]
@@ -267,7 +292,7 @@ class LigerLogits:
 
     def __getitem__(self, index: Any) -> LigerLogits | torch.Tensor:
         idx = index if isinstance(index, tuple) else (index,)
-        nd = self.hidden.dim()  # logits have the same number of dims as hidden
+        nd = self.ndim
         if sum(i is Ellipsis for i in idx) <= 1 and Ellipsis in idx:
             pos = idx.index(Ellipsis)
             idx = idx[:pos] + (slice(None),) * (nd - (len(idx) - 1)) + idx[pos + 1 :]
@@ -277,6 +302,11 @@ class LigerLogits:
             _warn_materialize(f"indexing the vocabulary dimension ({index!r})")
             return self.real()[index]
         op = ("index", index)
+        if self.rows is not None:
+            if all(isinstance(i, (int, slice)) for i in idx[:-1]):  # basic indexing: each row stays at most once
+                return self._derive(op, rows=self.rows[idx[:-1]])
+            _warn_materialize(f"indexing with tensors ({index!r})")
+            return self.real()[index]
         if self.t1 is None:
             return self._derive(op, hidden=self.hidden[idx[:-1]])  # (..., H)
         t_index = idx[-2]
@@ -289,7 +319,12 @@ class LigerLogits:
     def reshape(self, *shape: Any) -> LigerLogits | torch.Tensor:
         """A reshape that keeps the vocabulary dim last and whole (``(B, T, V) -> (B*T, V)``) stays deferred."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
-        if shape and all(isinstance(s, int) for s in shape) and shape[-1] == self.vocab_size:
+        if shape and all(isinstance(s, int) for s in shape) and shape[-1] == self.vocab_size and self.rows is not None:
+            try:
+                return self._derive(("reshape", shape), rows=self.rows.reshape(shape[:-1]))
+            except RuntimeError:
+                pass  # the leading dims do not fit: stock's reshape raises its own error below
+        elif shape and all(isinstance(s, int) for s in shape) and shape[-1] == self.vocab_size:
             try:
                 hidden = self._unpadded_hidden().reshape(*shape[:-1], self.hidden.shape[-1])  # (..., H)
             except RuntimeError:
@@ -302,7 +337,7 @@ class LigerLogits:
     view = reshape  # (a deferred view has no memory layout to refuse)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> LigerLogits | torch.Tensor:
-        nd = self.hidden.dim()
+        nd = self.ndim
         s, e = start_dim % nd, end_dim % nd
         if e >= nd - 1 or s > e:
             _warn_materialize("flatten over the vocabulary dimension")
@@ -350,16 +385,17 @@ class LigerLogits:
 
     def split(self, split_size: int | list[int], dim: int = 0) -> tuple:
         """Row chunks (a leading dim) stay deferred; their per-token losses join again in ``torch.cat``."""
-        nd = self.hidden.dim()
+        nd = self.ndim
         d = dim % nd
         if d == nd - 1:
             _warn_materialize("split over the vocabulary dimension")
             return self.real().split(split_size, dim)
-        hidden = self._unpadded_hidden()
-        parts = hidden.split(split_size, d)
+        packed = self.rows is not None
+        parts = (self.rows if packed else self._unpadded_hidden()).split(split_size, d)
         out = []
         for i, h in enumerate(parts):
-            p = self._derive(("split", split_size, d, i), hidden=h, t0=0, t1=None)
+            change = {"rows": h} if packed else {"hidden": h, "t0": 0, "t1": None}
+            p = self._derive(("split", split_size, d, i), **change)
             p.part_of = (self, i, len(parts), d)
             out.append(p)
         return tuple(out)
@@ -369,7 +405,7 @@ class LigerLogits:
 
     def unpadded(self) -> LigerLogits:
         """The same logits without the bucket's padding rows (``hidden`` sliced to the window)."""
-        if self.t1 is None:
+        if self.t1 is None or self.rows is not None:
             return self
         out = dataclasses.replace(self, hidden=self._unpadded_hidden(), t0=0, t1=None)
         out.root, out.ops, out.part_of = self.root, self.ops, self.part_of
@@ -392,6 +428,12 @@ class LigerLogits:
                 f"targets shape {tuple(targets.shape)} does not match the model output's leading dims "
                 f"{tuple(self.shape[:-1])} (did you shift one and not the other?)"
             )
+        if self.rows is not None:
+            return self._packed_loss(targets, ignore_index, reduction, num_valid_targets, **kwargs)
+        return self._fused_loss(targets, ignore_index, reduction, num_valid_targets, **kwargs)
+
+    def _fused_loss(self, targets: torch.Tensor, ignore_index: int, reduction: str,
+                    num_valid_targets: torch.Tensor | int | None, **kwargs: Any) -> torch.Tensor:
         window = None
         if self.t1 is not None and (self.t0, self.t1) != (0, self.hidden.shape[-2]):
             # padded rows (the bucket's tail, the shifted-out first/last rows) get ignore_index: the mean is
@@ -422,10 +464,50 @@ class LigerLogits:
             loss = loss.view(targets.shape)[..., window[0] : window[1]]  # per-token losses of the window only
         return loss
 
+    def _packed_loss(self, targets: torch.Tensor, ignore_index: int, reduction: str,
+                     num_valid_targets: torch.Tensor | int | None, **kwargs: Any) -> torch.Tensor:
+        """The loss over the packed rows: each position's target goes to its row of ``hidden`` (positions the packed
+        forward left out must have ``ignore_index``: checked, else the unpacked twin computes the loss), so the mean
+        is over the same valid targets and no logits are computed for padding."""
+        rows, flat = self.rows.reshape(-1), targets.reshape(-1)
+        left_out = rows < 0
+        if bool((left_out & (flat != ignore_index)).any()):  # (one host sync)
+            _warn_unpacked()
+            return self._on_unpacked().loss(targets, ignore_index, reduction, num_valid_targets, **kwargs)
+        n = self.hidden.shape[0]
+        dest = torch.where(left_out, n, rows)  # the left-out positions write to a spare slot
+        packed = flat.new_full((n + 1,), ignore_index).scatter_(0, dest, flat)[:n]  # (N,)
+        loss = self._fused_loss(packed, ignore_index, reduction, num_valid_targets, **kwargs)
+        if reduction == "none":  # back to the positions: a left-out one's target is ignored, its loss 0
+            loss = torch.cat([loss.view(-1), loss.new_zeros(1)])[dest].view(targets.shape)
+        return loss
+
+    def _on_unpacked(self) -> LigerLogits:
+        """This output computed without packing: the root's unpacked twin (made once), with this object's views and
+        casts applied."""
+        root = self.root if self.root is not None else self
+        twin = root.__dict__.get("_twin")
+        if twin is None:
+            twin = root.__dict__["_twin"] = root.unpacked()
+        out: Any = twin
+        for op in self.ops:
+            kind = op[0]
+            if kind == "index":
+                out = out[op[1]]
+            elif kind == "reshape":
+                out = out.reshape(op[1])
+            elif kind == "to":
+                out = out.to(op[1])
+            else:  # "split"
+                out = out.split(op[1], op[2])[op[3]]
+        return out
+
     # --- the real logits ---------------------------------------------------------------------------
     def materialize(self) -> torch.Tensor:
         """The real ``(..., V)`` logits of this output (allocates them: only for code that truly needs logits).
         Computed from ``hidden`` each call; :meth:`real` caches them on the model's output."""
+        if self.rows is not None:  # packed: LitGPT's logits exist at the padding positions too
+            return self._on_unpacked().materialize()
         hidden = self._unpadded_hidden()
         hidden = hidden if self.compute_dtype is None else hidden.to(self.compute_dtype)
         logits = self.lm_head(hidden)

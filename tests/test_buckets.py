@@ -161,11 +161,15 @@ def test_graph_runner_reasons(monkeypatch):
         runner.warn_once("a reason")  # once
 
 
+@pytest.mark.parametrize("full", [True, False])
 @pytest.mark.parametrize("lora", [True, False])
-def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora):
-    """cuda_graphs=None captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full
-    fine-tuning uncaptured, without a warning; cuda_graphs=True captures both."""
+def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, full):
+    """cuda_graphs=None captures full fine-tuning too (graphs.CAPTURE_FULL_TRAINING, the default); with that off it
+    captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured,
+    without a warning; cuda_graphs=True captures both."""
     from lit_liger import graphs as graphs_mod
+
+    monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", full)
 
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
@@ -185,10 +189,11 @@ def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     runner = runner_for(ours)
     fake_cuda = torch.empty(1, 4, dtype=torch.long, device="meta")
-    if lora:
+    if lora or full:
         with pytest.warns(UserWarning, match="capture failed"):
             assert runner.hidden(fake_cuda, auto=True) is None
-        assert attempts == [1] and runner.few_trained  # the proj weight (no bias in Llama)
+        assert len(attempts) == 1 and runner.few_trained is lora
+        assert attempts == [1] or not lora  # the proj weight (no bias in Llama)
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -265,10 +270,11 @@ def test_graph_runner_does_not_keep_the_model_alive(monkeypatch, lora):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert runner.hidden(fake_cuda, auto=True) is None  # walked the model; LoRA: the capture failed
-        assert runner._tree is not None and runner.few_trained is lora and bool(runner.disabled) is lora
+        assert runner._tree is not None and runner.few_trained is lora
+        assert bool(runner.disabled) is (lora or graphs_mod.CAPTURE_FULL_TRAINING)  # (automatic mode captures both)
         # a hook that holds the model (a cycle the garbage collector frees, unless something outside holds it)
         ours.transformer.h[1].register_forward_hook(functools.partial(lambda model, *a: None, ours))
-        assert "has hooks" in runner.why_not(fake_cuda) or lora
+        assert "has hooks" in runner.why_not(fake_cuda) or runner.disabled
         return weakref.ref(ours), weakref.ref(ours.lm_head.weight)
 
     model, weight = make()
@@ -379,6 +385,51 @@ def _accumulate(cfg, graphed, plain, lengths):
             (loss / len(lengths)).backward()
             losses.append(loss.detach().float())
         assert rel_err(losses[0], losses[1]) <= 1e-3, (T, losses)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hooked", [False, True])
+def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked):
+    """Full fine-tuning captured by the automatic default: several optimizer steps (AdamW, two micro-batches of
+    different buckets each, gradient clipping, ``zero_grad()`` to None) give the uncaptured model's parameters and
+    optimizer state; each ``.grad`` is the replay's own buffer (no second copy), so the captured model holds no more
+    memory than the uncaptured one beyond the graphs' activations. With a tensor hook on a parameter the gradients
+    go through autograd's accumulation instead (the hook runs on every backward)."""
+    from lit_liger import graphs as graphs_mod
+
+    monkeypatch.setattr(graphs_mod, "DIRECT_GRADS", True)
+    monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", True)
+    cfg, graphed, plain = _gpu_models(False)
+    apply_liger(graphed, LigerConfig(cuda_graphs=None))  # automatic: full training captured
+    calls = []
+    if hooked:
+        for m in (graphed, plain):
+            m.transformer.h[0].attn.qkv.weight.register_post_accumulate_grad_hook(
+                lambda p, m=m: calls.append(m is graphed))
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (graphed, plain)]
+    torch.manual_seed(4)
+    for _ in range(3):
+        _accumulate(cfg, graphed, plain, [100, 300])
+        for m, opt in zip((graphed, plain), opts):
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    runner = runner_for(graphed)
+    assert runner.captures == 2 and runner.replays == 6 and not runner.disabled
+    for (n, a), b in zip(graphed.named_parameters(), plain.parameters()):
+        assert rel_err(a, b) <= 2e-2, n
+        sa, sb = opts[0].state[a], opts[1].state[b]
+        assert rel_err(sa["exp_avg"], sb["exp_avg"]) <= 5e-2, n
+        assert rel_err(sa["exp_avg_sq"], sb["exp_avg_sq"]) <= 5e-2, n
+    if hooked:
+        assert calls.count(True) == calls.count(False) == 6
+    _accumulate(cfg, graphed, plain, [300])
+    bufs = {id(b) for b in runner.buffers.values()}
+    grads = [p.grad for p in graphed.parameters() if p.grad is not None and p is not graphed.lm_head.weight]
+    assert grads and all((id(g) in bufs) is not hooked for g in grads)
+    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+    held = sum(b.numel() * b.element_size() for b in runner.buffers.values())
+    assert held <= grad_bytes * 1.01 or hooked  # the buffers are the grads, not beside them
 
 
 @pytest.mark.gpu
@@ -552,7 +603,10 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
             chunked_cross_entropy(model(x), x).backward()
             opt.step()
             opt.zero_grad()
-        assert runner_for(model).captures == (1 if lora else 0) * 2  # buckets 128 and 256: uncaptured in full
+        from lit_liger.graphs import CAPTURE_FULL_TRAINING
+
+        # buckets 128 and 256; full training uncaptured by default unless CAPTURE_FULL_TRAINING
+        assert runner_for(model).captures == (2 if lora or graphs or CAPTURE_FULL_TRAINING else 0)
         return torch.cuda.memory_allocated() - base
 
     used = train()

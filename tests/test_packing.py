@@ -1,0 +1,248 @@
+"""Packed micro-batches (LigerConfig.packing) against stock LitGPT on the padded batch, on CPU: the swapped model
+runs the samples end to end (LitGPT's attention per sample), and the loss, the per-token losses, the logits and
+every gradient equal stock's on litgpt's padded batch."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import rel_err
+from litgpt import GPT
+from litgpt.utils import chunked_cross_entropy as litgpt_ce
+from test_adapter import FAMILIES, _pair, tiny_config
+
+from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+from lit_liger import adapter as adapter_mod
+from lit_liger import loss as loss_mod
+from lit_liger import packing
+
+LENGTHS = (21, 9, 14)  # the longest sets the collated length, as litgpt's collate pads
+
+
+@pytest.fixture
+def pack_on_cpu(monkeypatch):
+    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)
+
+
+def _batch(cfg, lengths=LENGTHS, seed=3):
+    """litgpt's SFT collate: token ids right-padded with 0, targets with -100; real ids are never 0 here."""
+    torch.manual_seed(seed)
+    T = max(lengths)
+    x = torch.zeros(len(lengths), T, dtype=torch.long)
+    y = torch.full((len(lengths), T), -100, dtype=torch.long)
+    for b, L in enumerate(lengths):
+        x[b, :L] = torch.randint(1, cfg.vocab_size, (L,))
+        y[b, :L] = torch.randint(0, cfg.vocab_size, (L,))
+        y[b, : L // 3] = -100  # the prompt is not trained on
+    return x, y
+
+
+def _lora_step_loss(model, x, y):
+    """litgpt/finetune/lora.py's loss: lm_head chunks, the last one shifted, litgpt's chunked_cross_entropy."""
+    out = model(x, lm_head_chunk_size=128)
+    out[-1] = out[-1][..., :-1, :]
+    return litgpt_ce(out, y[..., 1:])
+
+
+def _full_step_loss(model, x, y):
+    """litgpt/finetune/full.py's loss."""
+    return litgpt_ce(model(x)[..., :-1, :], y[..., 1:])
+
+
+def _compare(ref, ours, loss_fn, x, y, tol=1e-4):
+    loss_ref = loss_fn(ref, x, y)
+    loss_ref.backward()
+    loss = loss_fn(ours, x, y)
+    loss.backward()
+    assert rel_err(loss, loss_ref) <= 1e-5, (loss.item(), loss_ref.item())
+    grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    ours_grads = {n: p.grad for n, p in ours.named_parameters() if p.grad is not None}
+    assert grads.keys() == ours_grads.keys() and grads
+    for n in grads:
+        assert rel_err(ours_grads[n], grads[n]) <= tol, (n, rel_err(ours_grads[n], grads[n]))
+
+
+def test_plan_lays_samples_end_to_end():
+    x = torch.tensor([[5, 6, 7, 0, 0], [8, 0, 9, 0, 0], [1, 2, 3, 4, 5]])
+    assert packing.row_lengths(x) == [3, 3, 5]  # trailing zeros only; a zero inside a sample stays
+    plan = packing.plan(x, lambda n: 16, max_position=32)
+    assert plan.real == 11 and plan.idx.shape == (1, 16)
+    assert plan.idx[0, :11].tolist() == [5, 6, 7, 8, 0, 9, 1, 2, 3, 4, 5] and plan.idx[0, 11:].eq(0).all()
+    assert plan.positions.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    assert plan.pack.bounds == (0, 3, 6, 11, 16) and plan.pack.cu_seqlens.tolist() == [0, 3, 6, 11, 16]
+    assert plan.pack.cu_seqlens.dtype == torch.int32 and plan.pack.max_len == 16
+    assert plan.rows.tolist() == [[0, 1, 2, -1, -1], [3, 4, 5, -1, -1], [6, 7, 8, 9, 10]]
+    assert packing.plan(x[:1], None, 32) is None  # one row: nothing to gain
+    assert packing.plan(torch.ones(2, 4, dtype=torch.long), None, 32) is None  # no padding
+    assert packing.row_lengths(torch.zeros(2, 3, dtype=torch.long)) == [1, 1]  # an empty row keeps one position
+    assert packing.plan(x, lambda n: 40, max_position=5).positions.max() == 4  # the pad's positions stay in range
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("call", ["finetune_lora", "finetune_full"])
+def test_packed_batch_equals_stock_padded_batch(name, call, pack_on_cpu):
+    """Every family: the packed step's loss and every gradient equal stock LitGPT's on the padded batch; families
+    whose attention cannot be packed (logit softcapping) run padded, and the report says so."""
+    cfg = tiny_config(name, block_size=64)
+    ref, ours = _pair(cfg)
+    report = apply_liger(ours, LigerConfig(packing=True))
+    packable = cfg.attention_logit_softcapping is None
+    assert ("training batches packed" in str(report)) is packable
+    assert ("packing off: transformer.h.0.attn: attention logit softcapping" in str(report)) is not packable
+    x, y = _batch(cfg)
+    before = dict(adapter_mod.TRAINING_TOKENS)
+    out = ours(x)
+    assert (out.rows is not None) is packable
+    if packable:  # the samples' 44 tokens, padded to the 64 bucket, instead of 3 x 21 -> 3 x 64
+        assert out.hidden.shape[0] == 64 and out.shape == (3, 21, cfg.padded_vocab_size)
+        assert adapter_mod.TRAINING_TOKENS["packed"] - before["packed"] == 63
+    del out
+    _compare(ref, ours, _lora_step_loss if call == "finetune_lora" else _full_step_loss, x, y)
+
+
+@pytest.mark.parametrize("window", [3, 7])
+def test_packed_sliding_window_layers(window, pack_on_cpu):
+    """Sliding-window layers (Gemma-3's pattern: local and global) attend inside each sample with LitGPT's window."""
+    cfg = tiny_config("gemma-3-1b-it", block_size=64, sliding_window_size=window)
+    cfg.sliding_window_indices = [1, 0]
+    ref, ours = _pair(cfg)
+    assert ref.transformer.h[0].attn.apply_sliding_window_attention
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg)
+    assert ours(x).rows is not None
+    _compare(ref, ours, _full_step_loss, x, y)
+
+
+def test_packed_lora_model_with_checkpointing(pack_on_cpu):
+    """A LoRA model (litgpt.lora.GPT), with activation checkpointing: the recomputed Blocks see the packing too."""
+    from litgpt.lora import GPT as LoRAGPT
+    from litgpt.lora import Config as LoRAConfig
+    from litgpt.lora import mark_only_lora_as_trainable
+
+    cfg = tiny_config("Llama-3.2-1B", config_cls=LoRAConfig, block_size=64, lora_r=4, lora_alpha=8,
+                      lora_query=True, lora_value=True, lora_mlp=True)
+    ref, ours = _pair(cfg, LoRAGPT)
+    for n, p in ref.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)  # (LoRA's B starts at zero)
+    ours.load_state_dict(ref.state_dict())
+    for m in (ref, ours):
+        mark_only_lora_as_trainable(m)
+    apply_liger(ours, LigerConfig(packing=True, activation_checkpointing=True))
+    x, y = _batch(cfg, lengths=(30, 4, 17, 11))
+    _compare(ref, ours, _lora_step_loss, x, y)
+
+
+def test_packed_output_per_token_losses_and_logits(pack_on_cpu, monkeypatch):
+    """What else stock code does with the output: per-token losses (F.cross_entropy, reduction="none") equal stock's,
+    padding positions included (0); the real logits, padding positions included, are stock's (an unpacked forward
+    computes them, with the materializing warning); a metric's argmax too."""
+    cfg = tiny_config("Qwen2.5-0.5B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg)
+    V = cfg.padded_vocab_size
+    per_token_ref = F.cross_entropy(ref(x)[:, :-1].reshape(-1, V), y[:, 1:].reshape(-1), reduction="none")
+    per_token = F.cross_entropy(ours(x)[:, :-1].reshape(-1, V), y[:, 1:].reshape(-1), reduction="none")
+    assert per_token.shape == per_token_ref.shape
+    assert rel_err(per_token, per_token_ref) <= 1e-5
+    assert (per_token[y[:, 1:].reshape(-1) == -100] == 0).all()
+    with torch.no_grad():
+        logits_ref = ref(x)
+    out = ours(x)
+    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])
+    with pytest.warns(UserWarning, match="needs the real"):
+        logits = out.softmax(-1)
+    assert rel_err(logits, logits_ref.softmax(-1)) <= 1e-5  # every position, the padding's too
+    assert torch.equal(out.argmax(-1), logits_ref.argmax(-1))
+    sliced = ours(x)[1:, 2:-1]  # basic indexing stays deferred and packed
+    assert sliced.rows is not None and sliced.shape == (2, 18, V)
+    assert rel_err(chunked_cross_entropy(sliced, y[1:, 3:]), litgpt_ce(ref(x)[1:, 2:-1], y[1:, 3:], chunk_size=0)) <= 1e-5
+
+
+def test_sample_ending_in_token_zero_falls_back_to_the_padded_batch(pack_on_cpu, monkeypatch):
+    """A real sample whose last tokens are id 0 (the collate's pad id) is shortened by packing; its trained
+    targets there are found at the loss, which then comes from the padded batch (a warning), equal to stock's."""
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg)
+    x[2, 12:14] = 0  # sample 2 (14 tokens) ends in two zeros, whose targets are trained
+    y[2, 11:14] = torch.tensor([3, 0, 0])
+    monkeypatch.setattr(loss_mod, "_UNPACKED_WARNED", [False])
+    with pytest.warns(UserWarning, match="lit-liger packing: a sample's trailing token id 0"):
+        _compare(ref, ours, _full_step_loss, x, y)
+    x2, y2 = _batch(cfg, seed=5)  # and the next, ordinary batch packs again, silently
+    ref.zero_grad()
+    ours.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compare(ref, ours, _lora_step_loss, x2, y2)
+
+
+def test_packing_off_by_default_and_where_it_cannot_apply(pack_on_cpu, monkeypatch):
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    x, y = _batch(cfg)
+    assert ours(x).rows is None  # default: off
+    apply_liger(ours, LigerConfig(packing=True))
+    assert ours(x).rows is not None
+    assert ours(x[:1]).rows is None  # one sample: nothing to pack
+    with torch.no_grad():
+        assert isinstance(ours(x), torch.Tensor)  # no grad: LitGPT's logits
+    monkeypatch.setattr(adapter_mod, "several_processes", lambda: True)
+    assert ours(x).rows is None  # a multi-process strategy: padded
+    monkeypatch.setattr(adapter_mod, "several_processes", lambda: False)
+    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", False)
+    assert ours(x).rows is None  # CPU tensors outside the tests: padded
+
+
+def test_flash_varlen_only_where_it_runs():
+    assert not packing.flash_varlen_ok(torch.device("cpu"), torch.bfloat16, 64)
+    cuda = torch.device("cuda", 0)
+    assert not packing.flash_varlen_ok(cuda, torch.float32, 64)
+    assert not packing.flash_varlen_ok(cuda, torch.bfloat16, 512)
+
+
+def test_padding_report_with_packing():
+    from lit_liger.cli import padding_report
+
+    line = padding_report({"raw_tokens_plus_prompt_template": 600}, {"collated": 1000, "processed": 700, "packed": 800})
+    assert line == ("lit-liger: the GPU ran 700 token positions in training for 600 real tokens: 14.3% padding "
+                    "(litgpt's collate padded to 1,000, 40.0%; lit-liger packed the batches of 800 of those positions, "
+                    "leaving padding out: -300 positions in all)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_gpu_packed_steps_equal_padded_steps(name, graphs):
+    """On the GPU (flash attention over cumulative lengths; captured per packed length with graphs): several
+    micro-batches of different lengths, accumulated, give the padded lit-liger model's loss and gradients."""
+    cfg = tiny_config(name).__class__.from_name(name, n_layer=2, block_size=512)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        a = GPT(cfg).to(torch.bfloat16)
+    a.apply(a._init_weights)
+    b = copy.deepcopy(a)
+    apply_liger(a, LigerConfig(packing=True, cuda_graphs=graphs))
+    apply_liger(b, LigerConfig(packing=False, cuda_graphs=False))
+    for lengths in [(100, 300, 90, 310), (50, 120), (100, 300, 90, 310)]:
+        x, y = _batch(cfg, lengths)
+        x, y = x.cuda(), y.cuda()
+        losses = []
+        for m in (a, b):
+            loss = _lora_step_loss(m, x, y)
+            loss.backward()
+            losses.append(loss.detach().float())
+        assert rel_err(losses[0], losses[1]) <= 5e-3, (lengths, losses)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert rel_err(p.grad, q.grad) <= 3e-2, n
+    if graphs:
+        from lit_liger.graphs import runner_for
+
+        assert runner_for(a).captures == 2 and runner_for(a).replays == 3
