@@ -35,7 +35,7 @@ from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_earl
 
 from . import attention as _attention
 from . import packing as _packing
-from ._dist import several_processes
+from ._dist import sharded_processes
 from .buckets import bucket_length
 from .config import LigerConfig
 from . import graphs as _graphs
@@ -643,7 +643,7 @@ class _GPTMixin:
         here (see :func:`_packing_why`), or nothing to save (one row, no padding)."""
         if not getattr(self, "_liger_packing", False) or idx.dim() != 2 or torch.compiler.is_compiling():
             return None
-        if getattr(self, "_liger_pack_why", None) is not None or several_processes():
+        if getattr(self, "_liger_pack_why", None) is not None or sharded_processes():
             return None
         if idx.is_cuda:
             if not _packing.flash_varlen_ok(idx.device, self.transformer.wte.weight.dtype, self.config.head_size):
@@ -746,19 +746,19 @@ _CHECKPOINT_WARNED = False
 
 
 def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
-    """``LigerConfig.activation_checkpointing`` applies to this forward: on, grad enabled, one process (a
-    multi-process strategy checkpoints its own wrapped Blocks: warned once)."""
+    """``LigerConfig.activation_checkpointing`` applies to this forward: on, grad enabled, one process or a replica
+    of DDP (a sharding strategy checkpoints its own wrapped Blocks: warned once)."""
     global _CHECKPOINT_WARNED
     if not (getattr(gpt, "_liger_activation_checkpointing", False) and torch.is_grad_enabled()):
         return False
-    if several_processes():
+    if sharded_processes():
         if not _CHECKPOINT_WARNED and not torch.compiler.is_compiling():  # (no Python side effects in a trace)
             _CHECKPOINT_WARNED = True
             import warnings
 
             warnings.warn(
-                "lit-liger: activation_checkpointing applies to single-process runs; in this multi-process run it "
-                "is off (use the strategy's own: litgpt's FSDP recipes checkpoint each Block through "
+                "lit-liger: activation_checkpointing applies to single-process and DDP runs; under this sharding "
+                "strategy it is off (use the strategy's own: litgpt's FSDP recipes checkpoint each Block through "
                 "activation_checkpointing_policy).", stacklevel=3)
         return False
     return True
@@ -823,7 +823,7 @@ def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
     gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
     as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
-    if not several_processes() or _is_zero3(lm_head):
+    if not sharded_processes() or _is_zero3(lm_head):  # (one process, or a DDP replica: the parameter is whole)
         return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
     return GatheredHead(weight.clone(), bias.clone() if bias is not None else None)

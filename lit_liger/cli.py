@@ -70,12 +70,15 @@ LIGER_HELP = (
     + ", ".join(LigerConfig.switches())
     + "; flce_mode (fast|lean); compile_min_tokens (under torch.compile, smaller micro-batches run "
     "LitGPT's code for norms/attention/MLP; default automatic, 0 = never); seq_buckets (true: pad training "
-    "lengths to a few buckets, on by default); cuda_graphs (capture each bucket's forward+backward as CUDA "
+    "lengths to a few buckets, on by default); packing (true: a micro-batch's samples end to end without their "
+    "padding, attention inside each; off by default); cuda_graphs (capture each bucket's forward+backward as CUDA "
     "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false); sdpa_backend (auto|flash|"
     "cudnn|efficient|math|torch: the causal layers' SDPA kernel; auto = flash on NVIDIA sm80+ for uncaptured steps (no per-shape plans), PyTorch's choice for CUDA-graph captured ones); "
     "caller_thread_backward (true: autograd's backward runs on the training thread; off by default); "
     "activation_checkpointing (true: each Block's forward recomputed in backward, less memory; off by default); "
-    "recompute_mlp (true: each Block's fc_1/fc_2 outputs recomputed in backward, less memory; off by default). "
+    "recompute_mlp (true: each Block's fc_1/fc_2 outputs recomputed in backward, less memory; off by default); "
+    "replicate_frozen_base (true: LoRA/adapter recipes on several devices run DDP, the frozen base replicated, "
+    "instead of litgpt's FSDP; off by default). "
     "See ``lit_liger.LigerConfig``."
 )
 
@@ -151,6 +154,13 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         patches["GPT"] = _liger_gpt_class(module.GPT, state)
         patches["chunked_cross_entropy"] = chunked_cross_entropy
     missing = [name for name in patches if name not in vars(module)]
+    if config.enabled and config.replicate_frozen_base:
+        name = _REPLICABLE.get(module.__name__)
+        if name is None:
+            _print_rank_zero(f"lit-liger: replicate_frozen_base applies to the LoRA and adapter recipes; "
+                             f"{module.__name__.rsplit('.', 1)[-1]} trains the whole model: its strategy stays litgpt's.")
+        else:
+            patches[name] = _replicating_strategy(module.__name__, name)
     if config.enabled and callable(vars(module).get("fit")):
         patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"])
     if config.enabled and callable(vars(module).get("validate")):
@@ -168,6 +178,36 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+#: litgpt's recipes that train a few parameters on a frozen base, and the strategy class they build for several devices
+_REPLICABLE = {
+    "litgpt.finetune.lora": "ModelParallelStrategy",  # FSDP2, activation checkpointing of every Block
+    "litgpt.finetune.adapter": "FSDPStrategy",
+    "litgpt.finetune.adapter_v2": "FSDPStrategy",
+}
+
+
+def _replicating_strategy(module_name: str, class_name: str) -> Callable:
+    """What the recipe's strategy class name points to under ``LigerConfig.replicate_frozen_base``: whatever arguments
+    litgpt passes, a DDP strategy (said in the log). Its model is built with real initialization: litgpt asks for
+    ``empty_init`` on several devices, which leaves uninitialized memory where FSDP materializes meta tensors with
+    ``reset_parameters()``; the LoRA / adapter weights that the checkpoint does not hold must get their init."""
+    from lightning.fabric.strategies import DDPStrategy
+
+    class ReplicatedDDPStrategy(DDPStrategy):
+        def module_init_context(self, empty_init: bool | None = None) -> Any:
+            return super().module_init_context(empty_init=False)
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        _print_rank_zero(
+            f"lit-liger: replicate_frozen_base: {module_name.rsplit('.', 1)[-1]} runs data parallel with DDP instead of "
+            f"litgpt's {class_name} (which shards the frozen base and recomputes each Block in backward): the whole "
+            "model on every device, only the trainable parameters' gradients all-reduced, lit-liger's graphs and "
+            "packing on each device. The model must fit one device (--liger.replicate_frozen_base false: litgpt's).")
+        return ReplicatedDDPStrategy()
+
+    return make
 
 
 def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:

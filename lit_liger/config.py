@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp")
 
 
@@ -74,6 +74,14 @@ class LigerConfig:
             flash attention over cumulative lengths (16-bit, head size <= 256), captured by ``cuda_graphs`` per
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
             or adapter attention: they run padded (the report says why). Off by default: not yet measured on a GPU.
+        replicate_frozen_base: the ``lit-liger`` command line with ``--devices`` > 1, LoRA and adapter recipes
+            (``finetune_lora``, ``finetune_adapter``, ``finetune_adapter_v2``): run data parallel with DDP, the
+            whole model on every device, instead of litgpt's FSDP, which shards the frozen base (all-gathering it
+            in every forward and backward) and recomputes every Block in backward. Only the trainable parameters'
+            gradients are all-reduced; lit-liger's single-process machinery applies on each device (CUDA graphs
+            replayed, DDP reducing their gradients; packing; ``activation_checkpointing`` if memory needs it). The
+            model must fit one device. Said in the run's log; off by default (the user's strategy is litgpt's):
+            not yet measured on GPUs. Trainer users pick their own strategy (``strategy="ddp"``).
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
@@ -158,6 +166,7 @@ class LigerConfig:
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
     packing: bool = False
+    replicate_frozen_base: bool = False
     cuda_graphs: bool | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from ._dist import several_processes
+from ._dist import several_processes, sharded_processes
 from .quant import is_4bit
 
 __all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
@@ -259,7 +259,8 @@ class _Replay(torch.autograd.Function):
                 "--liger.cuda_graphs false)."
             )
         graphs.static_grad.copy_(grad_hidden)
-        direct = graphs.direct and not any(_tensor_hooked(p) for p in graphs.params)
+        # (DDP's hooks sit on the gradient accumulators, out of sight: several processes hand the gradients to them)
+        direct = graphs.direct and not several_processes() and not any(_tensor_hooked(p) for p in graphs.params)
         if direct:
             zero, copy = [], []
             for p, buf in zip(graphs.params, graphs.grads):
@@ -373,8 +374,9 @@ class GraphRunner:
             return ""  # torch.compile has its own CUDA graphs (mode="reduce-overhead")
         if torch.cuda.is_current_stream_capturing():
             return ""  # inside someone else's capture: stay part of it
-        if several_processes():
-            return "several processes (FSDP/DeepSpeed/DDP): their communication hooks are not captured"
+        if sharded_processes():
+            # (inside a DDP forward the graphs replay and DDP's hooks reduce the gradients autograd accumulates)
+            return "several processes (FSDP/DeepSpeed): their communication hooks are not captured"
         if torch.is_autocast_enabled("cuda"):
             return "autocast is on (mixed precision): use a *-true precision to capture"
         if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks or \

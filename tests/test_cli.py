@@ -804,6 +804,66 @@ def test_finetune_two_gpus(assets, tmp_path, command):
     assert_first_losses_match(outs["true"], outs["false"])
 
 
+def test_replicate_frozen_base_two_processes(assets, tmp_path):
+    """``--liger.replicate_frozen_base true`` on 2 CPU processes (gloo): litgpt's LoRA recipe runs under DDP instead of
+    its FSDP2 (said once in the log). Against the same DDP run with every kernel switched off (LitGPT's own code on a
+    replicated model): the same loss at every iteration and the same LoRA weights saved after the optimizer steps.
+    Against stock litgpt's FSDP2 run: the same losses until the first step moves the LoRA weights (FSDP2 initializes
+    the LoRA A matrices on meta-device materialization, in another random order; the gradients' reduction under DDP
+    is checked against one process in tests/test_distributed.py)."""
+    from lit_liger import LigerConfig
+
+    off = [a for s in LigerConfig.switches() if s != "embedding" for a in (f"--liger.{s}", "false")]
+    runs = {}
+    for name, liger in (("stock", ["--liger", "false"]),
+                        ("stock-ddp", [*off, "--liger.replicate_frozen_base", "true"]),
+                        ("replicated", ["--liger.replicate_frozen_base", "true"])):
+        args = finetune_args(assets, "finetune_lora", tmp_path / name, None)
+        args[args.index("--devices") + 1] = 2
+        args[args.index("--train.max_steps") + 1] = 3
+        gbs = args.index("--train.global_batch_size") + 1
+        args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step
+        # (steps that move the LoRA weights visibly; no dropout: litgpt's FSDP2 recomputes each Block without
+        # restoring the random state, so its masks differ from any other run's)
+        args += ["--optimizer", json.dumps({"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.02}}),
+                 "--lora_dropout", "0", *liger]
+        proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], capture_output=True, text=True,
+                              timeout=600, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs[name] = (losses(tmp_path / name), proc.stdout)
+    said = "lit-liger: replicate_frozen_base: lora runs data parallel with DDP instead of litgpt's ModelParallelStrategy"
+    assert runs["replicated"][1].count(said) == runs["stock-ddp"][1].count(said) == 1
+    assert "lit-liger: replicate_frozen_base" not in runs["stock"][1]
+    (stock, _), (plain, _), (ours, _) = runs["stock"], runs["stock-ddp"], runs["replicated"]
+    assert len(ours) == len(plain) == len(stock) == 3 and ours[-1] != ours[0]  # (the first step warms up at lr 0)
+    assert all(abs(a - b) / abs(b) < LOSS_TOL for a, b in zip(ours, plain)), (ours, plain)
+    assert all(abs(a - b) / abs(b) < LOSS_TOL for a, b in zip(ours[:2], stock[:2])), (ours, stock)
+    saved = {n: torch.load(tmp_path / n / "final" / "lit_model.pth.lora", weights_only=True)["model"] for n in runs}
+    assert saved["stock-ddp"].keys() == saved["replicated"].keys() == saved["stock"].keys() and saved["stock"]
+    for k, v in saved["stock-ddp"].items():
+        assert torch.allclose(saved["replicated"][k], v, rtol=1e-4, atol=1e-6), k
+
+
+def test_replicate_frozen_base_leaves_other_recipes_alone(capsys):
+    """Only the recipes on a frozen base get DDP; the strategy classes it replaces exist in this litgpt."""
+    import importlib
+
+    from lit_liger import LigerConfig
+
+    for module_name, class_name in cli._REPLICABLE.items():
+        module = importlib.import_module(module_name)
+        original = getattr(module, class_name)
+        with cli._patched(module, LigerConfig(replicate_frozen_base=True)):
+            strategy = getattr(module, class_name)(auto_wrap_policy=None)
+            assert type(strategy).__name__ == "ReplicatedDDPStrategy"
+        assert getattr(module, class_name) is original
+    import litgpt.finetune.full as full
+
+    with cli._patched(full, LigerConfig(replicate_frozen_base=True)):
+        assert full.FSDPStrategy.__name__ == "FSDPStrategy"
+    assert "full trains the whole model: its strategy stays litgpt's" in capsys.readouterr().out
+
+
 def test_selfcheck_module_on_cpu():
     # what the README tells a newcomer to run: `python -m lit_liger.selfcheck`, with TRITON_INTERPRET
     # unset (the package is imported before the self-check can switch the interpreter on)

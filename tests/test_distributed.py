@@ -352,3 +352,68 @@ def test_a_stalled_rank_fails_with_where_it_was():
     assert "--- rank 1:" in message and "in _stall" in message  # faulthandler's frame line of the stalled call
     assert "--- rank 0:" not in message  # the rank that finished is not blamed
     assert time.monotonic() - t0 < 30
+
+
+def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
+    faulthandler.enable()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _finish(_ddp_run(rank), queue)
+
+
+def _ddp_run(rank: int):
+    """A swapped model replicated by DDP, packing and activation checkpointing on (what ``replicate_frozen_base``
+    gives each device): inside DDP's forward the batch is packed and the Blocks recomputed, as in one process; the
+    loss and the all-reduced gradients equal stock LitGPT's single-process ones (same batch on both ranks)."""
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+    from test_adapter import _pair
+    from test_packing import _batch
+
+    import lit_liger.adapter as adapter
+    from lit_liger import LigerConfig, apply_liger
+    from lit_liger._dist import replicated, sharded_processes
+
+    adapter._PACK_ON_CPU = True
+    adapter._BUCKETS_ON_CPU = True
+    cfg = _sharded_config("Llama-3.2-1B")
+    cfg.block_size = 64
+    ref, ours = _pair(cfg)
+    x, y = _batch(cfg, lengths=(21, 9, 14))
+    loss_ref = litgpt_ce(ref(x)[..., :-1, :], y[..., 1:], chunk_size=0)
+    loss_ref.backward()
+    apply_liger(ours, LigerConfig(packing=True, activation_checkpointing=True))
+    model = torch.nn.parallel.DistributedDataParallel(ours)
+    seen = []
+    real_plan = type(ours)._liger_plan
+
+    def plan(self, idx):
+        seen.append((replicated(), sharded_processes(), adapter._checkpoint_blocks_here(self)))
+        return real_plan(self, idx)
+
+    type(ours)._liger_plan = plan
+    try:
+        out = model(x)
+    finally:
+        type(ours)._liger_plan = real_plan
+    packed = out.rows is not None
+    loss = litgpt_ce(out[..., :-1, :], y[..., 1:], chunk_size=0)
+    loss.backward()
+    errs = {n: ((p.grad - q.grad).norm() / q.grad.norm()).item()
+            for (n, p), q in zip(ours.named_parameters(), ref.parameters())}
+    outside = (replicated(), sharded_processes())
+    return (float(loss), float(loss_ref), errs, seen, packed, outside) if rank == 0 else None
+
+
+def test_ddp_replica_packs_and_matches_single_process():
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    spawn_ranks(_ddp_worker, (2, _free_port(), queue))
+    loss, loss_ref, errs, seen, packed, outside = queue.get(timeout=60)
+    assert seen == [(True, False, True)] and packed  # inside DDP's forward: a replica, checkpointed and packed
+    assert outside == (False, True)  # outside it, the same process counts as a multi-process (sharded) run
+    assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-4, (worst, errs[worst])

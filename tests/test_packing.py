@@ -194,9 +194,9 @@ def test_packing_off_by_default_and_where_it_cannot_apply(pack_on_cpu, monkeypat
     assert ours(x[:1]).rows is None  # one sample: nothing to pack
     with torch.no_grad():
         assert isinstance(ours(x), torch.Tensor)  # no grad: LitGPT's logits
-    monkeypatch.setattr(adapter_mod, "several_processes", lambda: True)
+    monkeypatch.setattr(adapter_mod, "sharded_processes", lambda: True)
     assert ours(x).rows is None  # a multi-process strategy: padded
-    monkeypatch.setattr(adapter_mod, "several_processes", lambda: False)
+    monkeypatch.setattr(adapter_mod, "sharded_processes", lambda: False)
     monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", False)
     assert ours(x).rows is None  # CPU tensors outside the tests: padded
 
