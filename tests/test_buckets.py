@@ -153,6 +153,9 @@ def test_graph_runner_reasons(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
     assert "several processes" in runner.why_not(fake_cuda)
+    with monkeypatch.context() as m:  # inside a DDP forward: a replica, captured (DDP's hooks reduce the gradients)
+        m.setattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", object(), raising=False)
+        assert runner.why_not(fake_cuda) is None
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1)
     with pytest.warns(UserWarning, match="CUDA graphs off for this step"):
         runner.warn_once("a reason")
