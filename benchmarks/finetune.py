@@ -193,6 +193,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         import torch
 
         torch.backends.cuda.enable_cudnn_sdp(False)
+    if os.environ.get("LIT_LIGER_BENCH_DIRECT_GRADS") == "1":  # the recipe's *-direct variants (issue 32)
+        from lit_liger import graphs
+
+        graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = True
     _run_and_record(stats_path, argv)
 
 

@@ -60,9 +60,15 @@ VARIANTS = {
     "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # captured (torch >= 2.10)
     "liger-ckpt-no-graphs": ["--liger.activation_checkpointing", "true", "--liger.cuda_graphs", "false"],
     "liger-ckpt-lean": ["--liger.activation_checkpointing", "true", "--liger.flce_mode", "lean"],
+    # issue 32: packing; the captured backward's gradients straight into .grad (full fine-tuning captured by default)
+    "liger-packed": ["--liger.packing", "true"],
+    "liger-direct": ["--liger", "true"],
+    "liger-packed-direct": ["--liger.packing", "true"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
-VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}}
+_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
+               "liger-packed-direct": _DIRECT}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

@@ -489,18 +489,21 @@ class LigerLogits:
         twin = root.__dict__.get("_twin")
         if twin is None:
             twin = root.__dict__["_twin"] = root.unpacked()
-        out: Any = twin
+        return self._replay_ops(twin)
+
+    def _replay_ops(self, t: Any) -> Any:
+        """``t`` (the root's real logits, or its unpacked twin) with this object's views and casts applied."""
         for op in self.ops:
             kind = op[0]
             if kind == "index":
-                out = out[op[1]]
+                t = t[op[1]]
             elif kind == "reshape":
-                out = out.reshape(op[1])
+                t = t.reshape(op[1])
             elif kind == "to":
-                out = out.to(op[1])
+                t = t.to(op[1])
             else:  # "split"
-                out = out.split(op[1], op[2])[op[3]]
-        return out
+                t = t.split(op[1], op[2])[op[3]]
+        return t
 
     # --- the real logits ---------------------------------------------------------------------------
     def materialize(self) -> torch.Tensor:
@@ -525,22 +528,11 @@ class LigerLogits:
         if cached is None or (needs_graph and cached.grad_fn is None):
             cached = root.materialize()
             root.__dict__["_real"] = cached
-        t = cached
-        for op in self.ops:
-            kind = op[0]
-            if kind == "index":
-                t = t[op[1]]
-            elif kind == "reshape":
-                t = t.reshape(op[1])
-            elif kind == "to":
-                t = t.to(op[1])
-            else:  # "split"
-                t = t.split(op[1], op[2])[op[3]]
-        return t
+        return self._replay_ops(cached)
 
     # --- everything else: the real logits ------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("root", "ops", "part_of", "_real"):
+        if name.startswith("__") or name in ("root", "ops", "part_of", "_real", "_twin"):
             raise AttributeError(name)
         if not hasattr(torch.Tensor, name):
             raise LigerLogitsError(f"LigerLogits (deferred logits) has no attribute {name!r}, nor does a tensor")

@@ -417,3 +417,60 @@ def test_ddp_replica_packs_and_matches_single_process():
     assert abs(loss - loss_ref) / abs(loss_ref) <= 1e-5
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 1e-4, (worst, errs[worst])
+
+
+def _ddp_gpu_worker(rank: int, world: int, port: int, queue) -> None:
+    faulthandler.enable()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    _finish(_ddp_gpu_run(rank), queue)
+
+
+def _ddp_gpu_run(rank: int):
+    """Each rank: a bf16 LoRA model replicated by DDP with CUDA graphs and packing, three accumulated micro-batches
+    of different lengths (rank-dependent data); rank 0 also runs the same model in one process on both ranks' data
+    (uncaptured, unpacked): the DDP run's all-reduced gradients equal the mean of the two."""
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+    from test_buckets import _gpu_models
+    from test_packing import _batch
+
+    from lit_liger import LigerConfig, apply_liger
+    from lit_liger.graphs import runner_for
+
+    cfg, graphed, plain = _gpu_models(lora=True)
+    apply_liger(graphed, LigerConfig(cuda_graphs=True, packing=True))
+    model = torch.nn.parallel.DistributedDataParallel(graphed, device_ids=[rank])
+    batches = {r: [_batch(cfg, lengths, seed=10 * r + i) for i, lengths in enumerate([(100, 300, 90), (50, 120),
+                                                                                       (100, 300, 90)])]
+               for r in range(2)}
+    for x, y in batches[rank]:  # (each backward all-reduces: the accumulated gradient is the mean over the ranks)
+        loss = litgpt_ce(model(x.cuda())[..., :-1, :], y.cuda()[..., 1:], chunk_size=0)
+        (loss / 3).backward()
+    runner = runner_for(graphed)
+    result = None
+    if rank == 0:
+        for r in range(2):
+            for x, y in batches[r]:
+                loss = litgpt_ce(plain(x.cuda())[..., :-1, :], y.cuda()[..., 1:], chunk_size=0)
+                (loss / 6).backward()
+        errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
+                for (n, p), q in zip(graphed.named_parameters(), plain.parameters()) if p.grad is not None}
+        result = (errs, runner.captures, runner.replays, runner.disabled)
+    return result
+
+
+@pytest.mark.gpu
+def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
+    """Two GPUs (NCCL): CUDA graphs replay inside DDP's forward and DDP all-reduces the gradients the replayed
+    backward hands to autograd; with packing on, the gradients are one process's over both ranks' batches."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    spawn_ranks(_ddp_gpu_worker, (2, _free_port(), queue))
+    errs, captures, replays, disabled = queue.get(timeout=60)
+    assert not disabled and captures == 2 and replays == 3, (captures, replays, disabled)
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 3e-2, (worst, errs[worst])
