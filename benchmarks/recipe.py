@@ -2,7 +2,7 @@
 
     python -m benchmarks recipe [--models Llama-3.2-1B,Qwen2.5-1.5B] [--methods lora] [--micro_batches 4,1]
                                 [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed]
-                                [--tied_head] [--quantize bnb.nf4-dq] [--out DIR] [--smoke]
+                                [--tied_head] [--quantize bnb.nf4-dq] [--devices 1,2] [--out DIR] [--smoke]
 
 Each run is ``lit-liger finetune_<method> <checkpoint> --data JSON ...`` in a fresh process, on a random-init
 checkpoint with the model's real widths and vocabulary (built locally: a byte-level BPE trained on Python's
@@ -64,6 +64,8 @@ VARIANTS = {
     "liger-packed": ["--liger.packing", "true"],
     "liger-direct": ["--liger", "true"],
     "liger-packed-direct": ["--liger.packing", "true"],
+    # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
+    "liger-replicated": ["--liger.replicate_frozen_base", "true"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
@@ -104,10 +106,13 @@ def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0, fix
 
 
 def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters: int, precision: str,
-             smoke: bool, variant: str, quantize: str | None = None) -> list[str]:
-    global_batch = 16 if not smoke else mb
-    steps = max(1, iters * mb // global_batch)
-    return [f"finetune_{method}", str(ckpt), "--out_dir", str(run_dir), "--precision", precision, "--devices", "1",
+             smoke: bool, variant: str, quantize: str | None = None, devices: int = 1) -> list[str]:
+    """The run's command line: ``iters`` iterations (micro-batches) per device, global batch 16 (in a smoke run one
+    micro-batch per device)."""
+    global_batch = 16 if not smoke else mb * devices
+    steps = max(1, iters * mb * devices // global_batch)
+    return [f"finetune_{method}", str(ckpt), "--out_dir", str(run_dir), "--precision", precision,
+            "--devices", str(devices),
             "--data", "JSON", "--data.json_path", str(data), "--data.val_split_fraction", "0.02",
             "--data.num_workers", "0" if smoke else "2", "--train.micro_batch_size", str(mb),
             "--train.global_batch_size", str(global_batch), "--train.max_seq_length", "64" if smoke else "512",
@@ -125,11 +130,12 @@ def flops_per_token(info: dict[str, Any], method: str) -> float:
     return (6.0 if method in ("full", "pretrain") else 4.0) * n
 
 
-def add_mfu(row: dict[str, Any], info: dict[str, Any], nominal: float | None, measured: float | None) -> None:
+def add_mfu(row: dict[str, Any], info: dict[str, Any], nominal: float | None, measured: float | None,
+            devices: int = 1) -> None:
     """Model FLOP/s and MFU of a row: over real tokens, against the device's nominal dense bf16 peak and the
-    bf16 matmul rate measured in this run; and, where the run's log gives the padding, over the token positions
-    the GPU processed (padding included)."""
-    tflops = row["tokens_per_s"] * flops_per_token(info, row["method"].split(" ")[0]) / 1e12
+    bf16 matmul rate measured in this run (per device, for ``devices`` of them); and, where the run's log gives the
+    padding, over the token positions the GPU processed (padding included)."""
+    tflops = row["tokens_per_s"] * flops_per_token(info, row["method"].split(" ")[0]) / 1e12 / devices
     row["model_TFLOPs"] = tflops
     if nominal:
         row["mfu_nominal"] = tflops / nominal
@@ -164,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--models", default="Llama-3.2-1B")
     p.add_argument("--methods", default="lora", help="comma-separated: lora, full, adapter")
     p.add_argument("--micro_batches", default="4,1")
+    p.add_argument("--devices", default="1", help="comma-separated device counts (e.g. 1,2: scaling efficiency "
+                   "against the 1-device row of the same variant; tokens/s over all devices)")
     p.add_argument("--iters", type=int, default=200, help="training iterations (micro-batches) per run")
     p.add_argument("--warmup", type=int, default=20, help="first iterations left out of tokens/s and times")
     p.add_argument("--variants", default="stock,liger")
@@ -194,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     nominal = C.nominal_bf16_TFLOPs(C.device_name()) if C.CUDA else None
     measured = C.matmul_TFLOPs(8192, 8192, 8192) if C.CUDA else None  # the bf16 GEMM rate of this GPU, now
     result["settings"].update(nominal_bf16_TFLOPs=nominal, measured_bf16_matmul_TFLOPs=measured)
+    single: dict[tuple, float] = {}  # the 1-device rows' tokens/s (scaling efficiency)
     for model in [m for m in opts.models.split(",") if m]:
         from litgpt import Config
 
@@ -206,16 +215,22 @@ def main(argv: list[str] | None = None) -> dict:
                                                                 fixed=fixed)
         result.setdefault("inputs", {})[model] = info
         for method in [m for m in opts.methods.split(",") if m]:
-            for mb in [int(b) for b in opts.micro_batches.split(",") if b]:
+            for mb, n_dev in [(int(b), int(d)) for b in opts.micro_batches.split(",") if b
+                              for d in opts.devices.split(",") if d]:
                 stock = None
                 for variant in [v for v in opts.variants.split(",") if v]:
                     q = f"-{opts.quantize}" if opts.quantize else ""
-                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}{q}-B{mb}-{variant}-{opts.lengths}"
-                    args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize)
+                    g = f"-{n_dev}dev" if n_dev > 1 else ""
+                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}{q}-B{mb}{g}-{variant}-{opts.lengths}"
+                    args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize,
+                                    n_dev)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
-                                           "B": mb, "variant": variant, "command": "lit-liger " + " ".join(args)}
+                                           "B": mb, "devices": n_dev, "variant": variant,
+                                           "command": "lit-liger " + " ".join(args)}
                     try:
                         res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant))
+                        # litgpt logs rank 0's tokens; its own "total_tokens" is that times the world size
+                        res["tokens_per_s"] *= n_dev
                         from lit_liger.demo import read_metrics
 
                         times = [r["iter_time"] * 1e3 for r in read_metrics(run_dir)][warmup:]
@@ -225,7 +240,13 @@ def main(argv: list[str] | None = None) -> dict:
                         log = run_dir / "stdout.txt"
                         if log.is_file():
                             row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
-                        add_mfu(row, info, nominal, measured)
+                        add_mfu(row, info, nominal, measured, n_dev)
+                        one = single.get((model, row["method"], mb, variant))
+                        if n_dev == 1:
+                            single[(model, row["method"], mb, variant)] = row["tokens_per_s"]
+                        elif one:
+                            row["x_one_device"] = row["tokens_per_s"] / one
+                            row["scaling_efficiency"] = row["x_one_device"] / n_dev
                     except Exception as e:  # noqa: BLE001 - a failed run is a row, not the end of the benchmark
                         row.update(status=f"failed: {e}")
                     if variant.startswith("stock") and variant not in NOT_REFERENCE and row["status"] == "ok":
@@ -256,23 +277,24 @@ def loss_divergence(ref: list[float], losses: list[float], threshold: float = 0.
 
 
 def _line(r: dict) -> str:
-    return (f"{r['model']} {r['method']} B{r['B']} {r['variant']}: {r['status']} "
+    return (f"{r['model']} {r['method']} B{r['B']} x{r.get('devices', 1)} {r['variant']}: {r['status']} "
             f"tok/s {C.fmt(r.get('tokens_per_s'))} ({C.fmt(r.get('x_stock_tok_s'))}x) p50 {C.fmt(r.get('iter_ms_p50'))} "
             f"p90 {C.fmt(r.get('iter_ms_p90'))} ms, MFU {C.fmt(r.get('mfu_nominal'))}, alloc {C.fmt(r.get('peak_memory_gb'))} GB, reserved "
             f"{C.fmt(r.get('peak_reserved_gb'))} GB")
 
 
-COLUMNS = ["model", "method", "B", "variant", "tok/s", "x stock", "model TFLOP/s", "MFU (nominal)",
+COLUMNS = ["model", "method", "B", "GPUs", "variant", "tok/s", "x stock", "scaling", "model TFLOP/s per GPU",
+           "MFU (nominal)",
            "MFU (measured peak)", "padding", "MFU over processed", "iter ms mean", "p50", "p90", "peak alloc GB",
-           "peak reserved GB", "x stock reserved", "loss iter 1", "final loss", "status"]
+           "peak reserved GB", "max rank alloc GB", "x stock reserved", "loss iter 1", "final loss", "status"]
 
 
 def render(result: dict, out_dir: Path) -> list[Path]:
     env, s = result["environment"], result["settings"]
-    rows = [[r["model"], r["method"], r["B"], r["variant"], r.get("tokens_per_s"), r.get("x_stock_tok_s"),
-             r.get("model_TFLOPs"), r.get("mfu_nominal"), r.get("mfu_measured_peak"), r.get("padding_fraction"),
+    rows = [[r["model"], r["method"], r["B"], r.get("devices", 1), r["variant"], r.get("tokens_per_s"),
+             r.get("x_stock_tok_s"), r.get("scaling_efficiency"), r.get("model_TFLOPs"), r.get("mfu_nominal"), r.get("mfu_measured_peak"), r.get("padding_fraction"),
              r.get("mfu_nominal_processed"), r.get("iter_ms_mean"), r.get("iter_ms_p50"), r.get("iter_ms_p90"), r.get("peak_memory_gb"),
-             r.get("peak_reserved_gb"), r.get("x_stock_peak_reserved_gb"),
+             r.get("peak_reserved_gb"), r.get("peak_memory_max_rank_gb"), r.get("x_stock_peak_reserved_gb"),
              (r.get("losses") or [None])[0], (r.get("losses") or [None])[-1], r["status"]] for r in result["rows"]]
     md = [f"# Recipe benchmark: {env['device']}, {env['date']}"
           + (" (fixed lengths: every sample truncated to max_seq_length)" if s.get("lengths") == "fixed" else "")
@@ -301,7 +323,8 @@ def render(result: dict, out_dir: Path) -> list[Path]:
     groups: dict[str, list[dict]] = {}
     for r in result["rows"]:
         if r["status"] == "ok":
-            groups.setdefault(f"{r['model']} {r['method']} B={r['B']}", []).append(r)
+            gpus = f" x{r.get('devices', 1)} GPUs" if r.get("devices", 1) > 1 else ""
+            groups.setdefault(f"{r['model']} {r['method']} B={r['B']}{gpus}", []).append(r)
     if groups:
         fig, axes = plt.subplots(2, len(groups), figsize=(5 * len(groups), 7), squeeze=False)
         for i, (title, rs) in enumerate(groups.items()):
