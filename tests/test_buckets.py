@@ -183,7 +183,7 @@ def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, ful
     attempts = []
 
     class Capture:
-        def __init__(self, runner, idx, params):
+        def __init__(self, runner, idx, params, plan=None):
             attempts.append(len(params))
             raise RuntimeError("no capture in this test")
 
@@ -254,7 +254,7 @@ def test_graph_runner_does_not_keep_the_model_alive(monkeypatch, lora):
     from lit_liger import graphs as graphs_mod
 
     class Capture:
-        def __init__(self, runner, idx, params):
+        def __init__(self, runner, idx, params, plan=None):
             raise RuntimeError("no capture in this test")
 
     monkeypatch.setattr(graphs_mod, "_Graphs", Capture)
