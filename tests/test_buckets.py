@@ -559,8 +559,8 @@ def test_gpu_failed_capture_falls_back_and_keeps_the_generator():
     cfg, graphed, plain = _gpu_models(lora=True, dropout=0.2)
     body = type(graphed)._liger_hidden
 
-    def syncing_body(idx):
-        out = body(graphed, idx)
+    def syncing_body(idx, plan=None):
+        out = body(graphed, idx, plan)
         if torch.cuda.is_current_stream_capturing():
             out.sum().item()  # not allowed while capturing: the capture fails
         return out
