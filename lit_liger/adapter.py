@@ -865,9 +865,80 @@ def is_swapped(module: nn.Module) -> bool:
     return getattr(module, "_liger_orig_class", None) is not None
 
 
-def remove_liger(model: nn.Module) -> int:
-    """Restore every swapped module's original class. Returns how many were restored."""
+#: the Block projections ``LigerConfig.fp8`` runs in float8 (their paths inside a Block)
+FP8_PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc_1", "mlp.fc_2", "mlp.proj")
+
+
+def fp8_why(recipe: str) -> str | None:
+    """Why float8 training cannot run here (torchao missing, a GPU without float8 tensor cores), or None."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return f"fp8={recipe!r} needs torchao: pip install 'lit-liger[fp8]'"
+    if torch.cuda.is_available():
+        if torch.version.hip is not None:
+            return "float8 training on AMD GPUs is not supported by lit-liger yet (not measured)"
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            return f"this GPU (sm_{major}{minor}) has no float8 tensor cores (sm_89 and newer: Ada, Hopper, Blackwell)"
+    return None
+
+
+def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport) -> None:
+    """``LigerConfig.fp8``: the Block projections (a LoRA layer's frozen base Linear) become torchao ``Float8Linear``
+    modules with the same Parameters; each keeps the Linear it replaced (outside the module tree) for
+    :func:`remove_liger`. Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay."""
+    why = fp8_why(recipe)
+    if why is not None:
+        report.skip(pre.rstrip("."), gpt, f"fp8 off: {why}; the model stays in 16 bits")
+        return
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    converted, odd, linear = [], [], None
+    for i, block in enumerate(gpt.transformer.h):
+        for path in FP8_PROJECTIONS:
+            parent_path, _, name = path.rpartition(".")
+            parent = getattr(block, parent_path, None)  # ("attn" / "mlp")
+            m = getattr(parent, name, None)
+            if isinstance(m, litgpt_lora.LoRALinear):  # (LoRAQKVLinear too) the frozen base; the adapters stay 16-bit
+                parent, name, m = m, "linear", m.linear
+            if type(m) is not nn.Linear:
+                continue  # already converted, quantized (bitsandbytes), or no such projection (MoE experts)
+            full = f"{pre}transformer.h.{i}.{path}" + (".linear" if name == "linear" else "")
+            if m.in_features % 16 or m.out_features % 16:
+                odd.append(full)
+                continue
+            new, linear = Float8Linear.from_float(m, config=config), m
+            object.__setattr__(new, "_liger_fp8_orig", m)  # (not a submodule: the state_dict keys stay)
+            setattr(parent, name, new)
+            converted.append(full)
+    if converted:
+        report.add(_abbrev(converted), linear, f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(converted)} "
+                                            "projections; the fused norm->Linear and GLU-product recompute step aside "
+                                            "for them")
+    if odd:
+        report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
+
+
+def _restore_fp8(model: nn.Module) -> int:
+    """Put back the Linears that :func:`_convert_fp8` replaced. Returns how many."""
     n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            orig = child.__dict__.get("_liger_fp8_orig")
+            if orig is not None:
+                orig.weight, orig.bias = child.weight, child.bias  # (the same Parameters, wherever they moved)
+                setattr(parent, name, orig)
+                n += 1
+    return n
+
+
+def remove_liger(model: nn.Module) -> int:
+    """Restore every swapped module's original class (and the Linears ``fp8`` replaced). Returns how many were
+    restored."""
+    n = _restore_fp8(model)
     for m in model.modules():
         orig = getattr(m, "_liger_orig_class", None)
         if orig is not None:
@@ -968,6 +1039,8 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
 def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) -> None:
     c = gpt.config
     pre = f"{prefix}." if prefix else ""
+    if cfg.fp8 != "off":
+        _convert_fp8(pre, gpt, cfg.fp8, report)
     blocks = []
     flex = False  # some layer attends through FlexAttention (the compile_min_tokens line says so)
     sdpa = False  # some layer attends through SDPA (the sdpa_backend line)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp")
 
 
@@ -82,6 +82,15 @@ class LigerConfig:
             replayed, DDP reducing their gradients; packing; ``activation_checkpointing`` if memory needs it). The
             model must fit one device. Said in the run's log; off by default (the user's strategy is litgpt's):
             not yet measured on GPUs. Trainer users pick their own strategy (``strategy="ddp"``).
+        fp8: float8 GEMMs for the Block projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``;
+            a LoRA layer's frozen base, its adapters staying in 16 bits) with torchao's float8 training recipe of
+            that name (``pip install 'lit-liger[fp8]'``); the embedding, norms, lm_head and fused loss stay as
+            they are. ``"off"`` (default). Where a GPU has no float8 tensor cores (below sm_89) or torchao is
+            missing, the report says why and the model stays in 16 bits. The converted projections are torchao's
+            ``Float8Linear`` modules: lit-liger's norm, RoPE, GLU and loss kernels run around them, its fused
+            norm->Linear and GLU-product recompute step aside for them (they read a plain Linear's weight), and
+            ``apply_liger(model, False)`` puts the original Linears back. Not yet measured on a GPU (no convergence
+            run either): CPU-tested only (torch's CPU ``_scaled_mm``).
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
@@ -167,6 +176,7 @@ class LigerConfig:
     seq_buckets: bool = True
     packing: bool = False
     replicate_frozen_base: bool = False
+    fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     cuda_graphs: bool | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False

@@ -115,6 +115,7 @@ OPTIONAL = (
     ("matplotlib", "matplotlib", "bench", "the PNG charts of `lit-liger bench`"),
     ("deepspeed", "deepspeed", "deepspeed", "DeepSpeed ZeRO-2/3 strategies (Trainer + LigerCallback)"),
     ("bitsandbytes", "bitsandbytes", "qlora", "QLoRA: `lit-liger finetune_lora --quantize bnb.nf4|nf4-dq|fp4|fp4-dq`"),
+    ("torchao", "torchao", "fp8", "float8 GEMMs of the Block projections: `--liger.fp8 tensorwise|rowwise|...`"),
 )
 
 
