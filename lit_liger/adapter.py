@@ -1206,8 +1206,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
                                 "padded targets ignored; seq_buckets)")
     if cfg.packing and gpt._liger_pack_why is None:
         report.add(prefix, gpt, "training batches packed: samples end to end without their right padding, attention "
-                                "inside each sample, RoPE positions restarting (one process; CUDA: flash attention "
-                                "over cumulative lengths, 16-bit; packing)")
+                                "inside each sample, RoPE positions restarting (one process or a DDP replica; CUDA: "
+                                "flash attention over cumulative lengths, 16-bit; packing)")
     elif cfg.packing:
         report.skip(prefix, gpt, f"packing off: {gpt._liger_pack_why}; batches run padded")
     if cfg.cuda_graphs is not False:

@@ -64,7 +64,7 @@ class LigerConfig:
             batch's (attention is causal, padding is on the right), and a run on variable-length data sees
             a handful of shapes instead of a new one per step (no per-length attention plan, CUDA graphs
             reusable). On GPU tensors in eager mode (not under ``torch.compile``; a CPU has nothing to gain).
-        packing: in training (fused loss on, eager mode, one process), run a micro-batch of several samples as one
+        packing: in training (fused loss on, eager mode, one process or a DDP replica), run a micro-batch of several samples as one
             sequence: each row without its right padding (its trailing token id 0, litgpt's collate pad), the rows
             end to end, attention inside each sample, RoPE positions restarting at each; the packed length is
             padded to a bucket with ``seq_buckets``. The same computation as the padded batch for every real
