@@ -736,7 +736,7 @@ def test_doctor_reports_missing_optional_pieces_with_the_install_line(monkeypatc
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     rows = {r["package"]: r for r in doctor_mod.optional_pieces()}
-    assert set(rows) == {"liger-kernel", "matplotlib", "deepspeed", "bitsandbytes"}
+    assert set(rows) == {"liger-kernel", "matplotlib", "deepspeed", "bitsandbytes", "torchao"}
     assert rows["matplotlib"]["status"] == "missing" and "[bench]" in rows["matplotlib"]["fix"]
     assert rows["matplotlib"]["fix"].startswith("pip install")
     run_cli(monkeypatch, ["doctor", "--run", "false"])
