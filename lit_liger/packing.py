@@ -100,13 +100,24 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
 
 
 def flash_varlen_ok(device: torch.device, dtype: torch.dtype, head_size: int) -> bool:
-    """PyTorch's flash attention serves packed attention here: an NVIDIA CUDA device, 16-bit, head size <= 256,
-    flash enabled, a PyTorch with the variable-length op."""
+    """PyTorch's flash attention serves packed attention here: an NVIDIA CUDA device of sm_80 or newer, 16-bit, head
+    size <= 256, flash enabled, a PyTorch with the variable-length op."""
     return (
         device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and head_size <= 256
         and torch.version.hip is None and torch.backends.cuda.flash_sdp_enabled()
-        and hasattr(torch.ops.aten, "_flash_attention_forward")
+        and hasattr(torch.ops.aten, "_flash_attention_forward") and _capability(device) >= (8, 0)
     )
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def _window_args(window: int | None) -> dict:

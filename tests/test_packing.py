@@ -206,6 +206,14 @@ def test_flash_varlen_only_where_it_runs():
     cuda = torch.device("cuda", 0)
     assert not packing.flash_varlen_ok(cuda, torch.float32, 64)
     assert not packing.flash_varlen_ok(cuda, torch.bfloat16, 512)
+    if not torch.cuda.is_available():  # a pre-Ampere GPU has no flash attention
+        packing._CAPABILITY[0] = (7, 5)
+        try:
+            assert not packing.flash_varlen_ok(cuda, torch.bfloat16, 64)
+            packing._CAPABILITY[0] = (9, 0)
+            assert packing.flash_varlen_ok(cuda, torch.bfloat16, 64) is (torch.version.hip is None)
+        finally:
+            packing._CAPABILITY.clear()
 
 
 def test_padding_report_with_packing():
