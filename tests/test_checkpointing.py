@@ -195,7 +195,7 @@ def test_no_grad_and_multi_process_run_the_blocks_plainly(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(adapter, "_CHECKPOINT_WARNED", False)
-    with pytest.warns(UserWarning, match="single-process runs"):
+    with pytest.warns(UserWarning, match="single-process and DDP runs; under this sharding strategy it is off"):
         assert not adapter._checkpoint_blocks_here(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
