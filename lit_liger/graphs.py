@@ -9,12 +9,13 @@ the swapped GPT's training body, token ids -> final hidden states (embedding, ev
 two graphs: the forward, and the backward from a gradient of the hidden states to the gradients of the
 trainable parameters. The fused loss (lm_head + cross-entropy: a few launches), the optimizer step and
 everything else the training loop does run as before. :class:`_Replay` joins them to autograd: its
-forward replays the forward graph; its backward replays the backward graph, which adds the parameters'
-gradients straight into their ``.grad`` tensors (gradient accumulation works; one copy of each gradient).
+forward replays the forward graph; its backward replays the backward graph and hands autograd the
+parameters' gradients, which it accumulates into ``.grad`` as usual (gradient accumulation works); with
+:data:`DIRECT_GRADS` (off until measured on a GPU) the replay adds them straight into ``.grad`` instead.
 
 Memory: every shape's graphs share one memory pool (one set of activations, the largest bucket's), one
-set of gradient buffers for the trainable parameters, which serve as their ``.grad`` (no second copy: full
-fine-tuning is captured at the uncaptured run's memory) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
+set of gradient buffers for the trainable parameters (a LoRA's are tiny; full fine-tuning pays one copy of
+the trainable parameters' size, none with :data:`DIRECT_GRADS`, where they serve as ``.grad``) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
 it (measured: they set the run's peak reserved memory before). Dropout (LoRA dropout) draws fresh random numbers on every replay
 (PyTorch's generator is graph-aware).
 

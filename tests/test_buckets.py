@@ -167,7 +167,7 @@ def test_graph_runner_reasons(monkeypatch):
 @pytest.mark.parametrize("full", [True, False])
 @pytest.mark.parametrize("lora", [True, False])
 def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, full):
-    """cuda_graphs=None captures full fine-tuning too (graphs.CAPTURE_FULL_TRAINING, the default); with that off it
+    """cuda_graphs=None captures full fine-tuning too with graphs.CAPTURE_FULL_TRAINING (off by default); without it
     captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured,
     without a warning; cuda_graphs=True captures both."""
     from lit_liger import graphs as graphs_mod
@@ -393,7 +393,7 @@ def _accumulate(cfg, graphed, plain, lengths):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hooked", [False, True])
 def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked):
-    """Full fine-tuning captured by the automatic default: several optimizer steps (AdamW, two micro-batches of
+    """Full fine-tuning captured by cuda_graphs=None with graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on: several optimizer steps (AdamW, two micro-batches of
     different buckets each, gradient clipping, ``zero_grad()`` to None) give the uncaptured model's parameters and
     optimizer state; each ``.grad`` is the replay's own buffer (no second copy), so the captured model holds no more
     memory than the uncaptured one beyond the graphs' activations. With a tensor hook on a parameter the gradients
