@@ -193,10 +193,11 @@ def _child(stats_path: str, argv: list[str]) -> None:
         import torch
 
         torch.backends.cuda.enable_cudnn_sdp(False)
-    if os.environ.get("LIT_LIGER_BENCH_DIRECT_GRADS") == "1":  # the recipe's *-direct variants (issue 32)
+    direct = os.environ.get("LIT_LIGER_BENCH_DIRECT_GRADS")  # the recipe's *-direct / *-no-direct variants (issue 32)
+    if direct in ("0", "1"):
         from lit_liger import graphs
 
-        graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = True
+        graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = direct == "1"
     _run_and_record(stats_path, argv)
 
 

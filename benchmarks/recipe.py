@@ -60,17 +60,23 @@ VARIANTS = {
     "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # captured (torch >= 2.10)
     "liger-ckpt-no-graphs": ["--liger.activation_checkpointing", "true", "--liger.cuda_graphs", "false"],
     "liger-ckpt-lean": ["--liger.activation_checkpointing", "true", "--liger.flce_mode", "lean"],
-    # issue 32: packing; the captured backward's gradients straight into .grad (full fine-tuning captured by default)
+    # issue 32: packing, and the captured backward's gradients straight into .grad (full fine-tuning captured). Since
+    # h100-2026-11-25d the second is lit-liger's default and packing is not: "liger" is "liger-direct" (and
+    # "liger-padded"); "liger-packed" keeps its first meaning (packing, direct gradients off), "liger-no-direct" is
+    # the earlier default (full fine-tuning uncaptured)
     "liger-packed": ["--liger.packing", "true"],
-    "liger-direct": ["--liger", "true"],
+    "liger-direct": ["--liger.packing", "false"],
     "liger-packed-direct": ["--liger.packing", "true"],
+    "liger-padded": ["--liger.packing", "false"],
+    "liger-no-direct": ["--liger.packing", "false"],
     # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
     "liger-replicated": ["--liger.replicate_frozen_base", "true"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
+_NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
 VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
-               "liger-packed-direct": _DIRECT}
+               "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

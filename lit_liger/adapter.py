@@ -36,7 +36,7 @@ from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_earl
 from . import attention as _attention
 from . import packing as _packing
 from ._dist import sharded_processes
-from .buckets import bucket_length
+from .buckets import bucket_length, packed_bucket_length
 from .config import LigerConfig
 from . import graphs as _graphs
 from . import tied as _tied
@@ -650,9 +650,7 @@ class _GPTMixin:
                 return None
         elif not _PACK_ON_CPU:
             return None
-        bucket = None
-        if getattr(self, "_liger_seq_buckets", False):
-            bucket = bucket_length
+        bucket = packed_bucket_length if getattr(self, "_liger_seq_buckets", False) else None
         return _packing.plan(idx, bucket, self.cos.size(0))
 
     def _liger_output(self, idx: torch.Tensor, counted: bool) -> LigerLogits:
@@ -1211,8 +1209,10 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     elif cfg.packing:
         report.skip(prefix, gpt, f"packing off: {gpt._liger_pack_why}; batches run padded")
     if cfg.cuda_graphs is not False:
-        when = "one CUDA device" + (", when at most 1/8 of the parameters are trained (automatic)"
-                                    if cfg.cuda_graphs is None and not _graphs.CAPTURE_FULL_TRAINING else "")
+        when = "one CUDA device"
+        if cfg.cuda_graphs is None:
+            when += (" (automatic)" if _graphs.CAPTURE_FULL_TRAINING
+                     else ", when at most 1/8 of the parameters are trained (automatic)")
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
                                 f"{when} (cuda_graphs)")
     if cfg.activation_checkpointing:

@@ -72,7 +72,7 @@ LIGER_HELP = (
     "LitGPT's code for norms/attention/MLP; default automatic, 0 = never); seq_buckets (true: pad training "
     "lengths to a few buckets, on by default); packing (true: a micro-batch's samples end to end without their "
     "padding, attention inside each; off by default); cuda_graphs (capture each bucket's forward+backward as CUDA "
-    "graphs; default automatic: on for LoRA/adapters, off for full fine-tuning; true|false); sdpa_backend (auto|flash|"
+    "graphs; default automatic: on for LoRA, adapters and full fine-tuning; true|false); sdpa_backend (auto|flash|"
     "cudnn|efficient|math|torch: the causal layers' SDPA kernel; auto = flash on NVIDIA sm80+ for uncaptured steps (no per-shape plans), PyTorch's choice for CUDA-graph captured ones); "
     "caller_thread_backward (true: autograd's backward runs on the training thread; off by default); "
     "activation_checkpointing (true: each Block's forward recomputed in backward, less memory; off by default); "

@@ -73,7 +73,11 @@ class LigerConfig:
             that really ends in token 0: that loss comes from an unpadded forward, with a warning). On CUDA through
             flash attention over cumulative lengths (16-bit, head size <= 256), captured by ``cuda_graphs`` per
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
-            or adapter attention: they run padded (the report says why). Off by default: not yet measured on a GPU.
+            or adapter attention: they run padded (the report says why). Off by default: measured on an H100
+            (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4: 38% of the positions padding, 5% packed) it gains
+            ~10% tokens/s once every packed length is captured (200 iterations), but the packed lengths spread
+            wider than padded ones and their captures land later in a run: in 100-iteration runs it lost 40%,
+            and it reserves 0.5-1.9 GB more (``benchmarks/results/h100-2026-11-25d``).
         replicate_frozen_base: the ``lit-liger`` command line with ``--devices`` > 1, LoRA and adapter recipes
             (``finetune_lora``, ``finetune_adapter``, ``finetune_adapter_v2``): run data parallel with DDP, the
             whole model on every device, instead of litgpt's FSDP, which shards the frozen base (all-gathering it
@@ -94,13 +98,12 @@ class LigerConfig:
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
-            dropout is captured, a replay draws fresh masks). ``None`` (default, "auto"): on where at most 1/8 of the
-            parameters are trained (LoRA, adapters), off for full fine-tuning and pretraining, where the replayed
-            backward's gradient buffers sit beside autograd's ``.grad`` copies (measured on an H100, Llama-3.2-1B,
-            litgpt's full recipe at micro-batch 4: 1.2x the uncaptured run's memory). Built, off until measured on
-            a GPU: ``graphs.DIRECT_GRADS`` (the replay adds into buffers that become ``.grad``: one copy) and
-            ``graphs.CAPTURE_FULL_TRAINING`` (auto then captures full fine-tuning too). ``True``: on whenever it
-            can apply; ``False``: off. Inside a DDP forward the graphs replay and DDP reduces the gradients. Falls
+            dropout is captured, a replay draws fresh masks). ``None`` (default, "auto"): on for LoRA, adapters,
+            full fine-tuning and pretraining alike; the replayed backward adds the gradients straight into the
+            parameters' ``.grad`` (``graphs.DIRECT_GRADS``: one copy of each, the uncaptured run's memory), except
+            where a parameter has a tensor hook or several processes train (autograd accumulates there).
+            ``graphs.CAPTURE_FULL_TRAINING = False`` leaves full training uncaptured in auto mode, as before.
+            ``True``: on whenever it can apply; ``False``: off. Inside a DDP forward the graphs replay and DDP reduces the gradients. Falls
             back to uncaptured steps (with one warning) where capture cannot apply: a sharding multi-process
             strategy (FSDP/DeepSpeed), autocast (use a ``*-true`` precision),
             module hooks, ``torch.compile``, a capture error. FlexAttention layers (softcap / sliding window) are

@@ -126,17 +126,18 @@ def checkpointed_capture_why() -> str | None:
 #: the replayed backward adds the trainable parameters' gradients straight into their ``.grad`` tensors (the graphs'
 #: gradient buffers become ``.grad``; see :class:`_Replay`). False: the backward writes them into the buffers and hands
 #: them to autograd, which copies each into a new ``.grad`` where there was none: a second copy of every trained
-#: parameter (nothing for LoRA, 2.5 GB for a 1B model's full fine-tuning). Off until measured on a GPU: this session
-#: had no GPU time (``tests/test_buckets.py::test_gpu_full_training_captured_grads_are_the_grad_tensors`` turns it on)
-DIRECT_GRADS = False
+#: parameter (nothing for LoRA, 2.5 GB for a 1B model's full fine-tuning). Measured on an H100 (Llama-3.2-1B, litgpt's
+#: full recipe, micro-batch 4, ``benchmarks/results/h100-2026-11-25d``): peak allocated equal to the uncaptured run's
+#: (15.1 GB), 1.8x its tokens/s
+DIRECT_GRADS = True
 
 #: ``cuda_graphs=None`` (automatic) captures full fine-tuning and pretraining too, not only runs that train at most 1/8
 #: of the parameters (LoRA, adapters). It used to leave them uncaptured: the replayed backward's gradient buffers sat
 #: beside autograd's ``.grad`` copies, a second copy of every trained parameter (measured on an H100, Llama-3.2-1B,
 #: litgpt's full recipe at micro-batch 4: 18.06 vs 15.09 GB). The buffers are now the ``.grad`` tensors themselves
 #: (see :class:`_Replay`, :data:`DIRECT_GRADS`). False: automatic mode captures only where few parameters train, as
-#: before. Off with :data:`DIRECT_GRADS` until measured on a GPU
-CAPTURE_FULL_TRAINING = False
+#: before (see :data:`DIRECT_GRADS` for what was measured)
+CAPTURE_FULL_TRAINING = True
 
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
@@ -479,9 +480,18 @@ class GraphRunner:
                 self._walk()
             self.addresses = self._fingerprint()
             self.graphs[key] = graphs
+            self._drop_unused_buffers()
             self.captures += 1
         self.replays += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
+
+    def _drop_unused_buffers(self) -> None:
+        """Free the gradient buffers no captured backward writes (a trainable parameter outside the graphs, such as
+        the lm_head, which the fused loss trains: its buffer was made for the capture and stays unused; with
+        :data:`DIRECT_GRADS` it would sit beside the lm_head's own ``.grad``, a (V, C) tensor of waste)."""
+        used = {id(b) for g in self.graphs.values() for b in g.grads if b is not None}
+        for k in [k for k, b in self.buffers.items() if id(b) not in used]:
+            del self.buffers[k]
 
     def grad_buffers(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """One gradient buffer per trainable parameter, shared by every shape's backward graph."""

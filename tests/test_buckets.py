@@ -433,6 +433,8 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
     grad_bytes = sum(g.numel() * g.element_size() for g in grads)
     held = sum(b.numel() * b.element_size() for b in runner.buffers.values())
     assert held <= grad_bytes * 1.01 or hooked  # the buffers are the grads, not beside them
+    if not hooked:  # no buffer beside them either (the lm_head, trained outside the graphs, has none)
+        assert {id(b) for b in runner.buffers.values()} <= {id(p.grad) for p in graphed.parameters()}
 
 
 @pytest.mark.gpu
