@@ -136,7 +136,8 @@ DIRECT_GRADS = True
 #: beside autograd's ``.grad`` copies, a second copy of every trained parameter (measured on an H100, Llama-3.2-1B,
 #: litgpt's full recipe at micro-batch 4: 18.06 vs 15.09 GB). The buffers are now the ``.grad`` tensors themselves
 #: (see :class:`_Replay`, :data:`DIRECT_GRADS`). False: automatic mode captures only where few parameters train, as
-#: before (see :data:`DIRECT_GRADS` for what was measured)
+#: before (see :data:`DIRECT_GRADS` for what was measured). Only where the gradients can go straight into ``.grad``
+#: (:data:`DIRECT_GRADS` on, one process): inside a DDP replica the automatic mode still captures only LoRA-style runs
 CAPTURE_FULL_TRAINING = True
 
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
@@ -420,8 +421,11 @@ class GraphRunner:
     # -- the one entry point ----------------------------------------------------------------------------
     def hidden(self, idx: torch.Tensor, auto: bool = False, plan: Any = None) -> torch.Tensor | None:
         """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly).
-        ``auto``: ``LigerConfig.cuda_graphs=None`` (see :data:`CAPTURE_FULL_TRAINING`)."""
-        auto = auto and not CAPTURE_FULL_TRAINING
+        ``auto``: ``LigerConfig.cuda_graphs=None`` (see :data:`CAPTURE_FULL_TRAINING`: full training is captured where
+        the replay adds into ``.grad`` directly, one process; several processes (a DDP replica) get their gradients
+        through autograd's accumulation, a second copy beside the graphs' buffers, so auto leaves full training
+        uncaptured there)."""
+        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and not several_processes())
         why = self.why_not(idx)
         if why is not None:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
