@@ -11,7 +11,7 @@ above the model's ``max_seq_length``.
 
 A packed micro-batch (``LigerConfig.packing``: its samples end to end) is one row whose length is the sum of the
 samples' lengths, which spreads wider than a padded batch's longest sample: its ladder has 4 buckets per doubling
-(at most 1/4 padding, ~1/16 on average), which halves the shapes a run captures (measured on an H100, litgpt's LoRA
+(at most 1/4 padding, ~1/12 on average), which halves the shapes a run captures (measured on an H100, litgpt's LoRA
 recipe at micro-batch 4: 15 packed lengths with 8 per doubling, each a CUDA graph holding its own activations).
 """
 

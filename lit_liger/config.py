@@ -76,7 +76,7 @@ class LigerConfig:
             or adapter attention: they run padded (the report says why). Off by default: measured on an H100
             (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4: 38% of the positions padding, 5% packed) it gains
             ~10% tokens/s once every packed length is captured (200 iterations), but the packed lengths spread
-            wider than padded ones and their captures land later in a run: in 100-iteration runs it lost 40%,
+            wider than padded ones and their captures land later in a run: in 100-iteration runs it lost 36-44%,
             and it reserves 0.5-1.9 GB more (``benchmarks/results/h100-2026-11-25d``).
         replicate_frozen_base: the ``lit-liger`` command line with ``--devices`` > 1, LoRA and adapter recipes
             (``finetune_lora``, ``finetune_adapter``, ``finetune_adapter_v2``): run data parallel with DDP, the
@@ -102,9 +102,9 @@ class LigerConfig:
             full fine-tuning and pretraining alike; the replayed backward adds the gradients straight into the
             parameters' ``.grad`` (``graphs.DIRECT_GRADS``: one copy of each, the uncaptured run's memory), except
             where a parameter has a tensor hook or several processes train (autograd accumulates there; in a DDP
-            replica auto therefore captures LoRA-style runs only).
-            ``graphs.CAPTURE_FULL_TRAINING = False`` leaves full training uncaptured in auto mode, as before.
-            ``True``: on whenever it can apply; ``False``: off. Inside a DDP forward the graphs replay and DDP reduces the gradients. Falls
+            replica auto therefore captures LoRA-style runs only). ``graphs.CAPTURE_FULL_TRAINING = False``
+            leaves full training uncaptured in auto mode, as before. ``True``: on whenever it can apply;
+            ``False``: off. Inside a DDP forward the graphs replay and DDP reduces the gradients. Falls
             back to uncaptured steps (with one warning) where capture cannot apply: a sharding multi-process
             strategy (FSDP/DeepSpeed), autocast (use a ``*-true`` precision),
             module hooks, ``torch.compile``, a capture error. FlexAttention layers (softcap / sliding window) are

@@ -128,7 +128,7 @@ def checkpointed_capture_why() -> str | None:
 #: them to autograd, which copies each into a new ``.grad`` where there was none: a second copy of every trained
 #: parameter (nothing for LoRA, 2.5 GB for a 1B model's full fine-tuning). Measured on an H100 (Llama-3.2-1B, litgpt's
 #: full recipe, micro-batch 4, ``benchmarks/results/h100-2026-11-25d``): peak allocated equal to the uncaptured run's
-#: (15.1 GB), 1.8x its tokens/s
+#: (15.1 GB), 1.8-2.0x its tokens/s
 DIRECT_GRADS = True
 
 #: ``cuda_graphs=None`` (automatic) captures full fine-tuning and pretraining too, not only runs that train at most 1/8
