@@ -30,6 +30,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from .kernels._launch import device_limits
+
 __all__ = ["Pack", "Plan", "attend", "flash_varlen_ok", "plan"]
 
 
@@ -89,12 +91,11 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
     positions = torch.cat([torch.arange(L) for L in lengths] + [torch.arange(n - real).clamp_(max=max_position - 1)])
     rows = torch.full((B * T,), -1, dtype=torch.long)
     rows[src] = torch.arange(real)
-    device = idx.device
-    nb = idx.device.type == "cuda"
-    src, positions, rows = (t.pin_memory().to(device, non_blocking=True) if nb else t.to(device)
-                            for t in (src, positions, rows))
-    cu = torch.tensor(bounds, dtype=torch.int32)
-    cu = cu.pin_memory().to(device, non_blocking=True) if nb else cu.to(device)
+    host = torch.cat([src, positions, rows, torch.tensor(bounds)])  # one copy to the device, not four
+    if idx.device.type == "cuda":
+        host = host.pin_memory().to(idx.device, non_blocking=True)
+    src, positions, rows, cu = host.to(idx.device).split([real, n, B * T, len(bounds)])
+    cu = cu.to(torch.int32)
     packed = F.pad(idx.reshape(-1)[src], (0, n - real), value=0).unsqueeze(0)  # (1, n)
     return Plan(packed, positions, Pack(cu, n, bounds), rows.view(B, T), real)
 
@@ -105,19 +106,8 @@ def flash_varlen_ok(device: torch.device, dtype: torch.dtype, head_size: int) ->
     return (
         device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and head_size <= 256
         and torch.version.hip is None and torch.backends.cuda.flash_sdp_enabled()
-        and hasattr(torch.ops.aten, "_flash_attention_forward") and _capability(device) >= (8, 0)
+        and hasattr(torch.ops.aten, "_flash_attention_forward") and device_limits(device).capability >= (8, 0)
     )
-
-
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cap = _CAPABILITY.get(index)
-    if cap is None:
-        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return cap
 
 
 def _window_args(window: int | None) -> dict:

@@ -207,13 +207,18 @@ def test_flash_varlen_only_where_it_runs():
     assert not packing.flash_varlen_ok(cuda, torch.float32, 64)
     assert not packing.flash_varlen_ok(cuda, torch.bfloat16, 512)
     if not torch.cuda.is_available():  # a pre-Ampere GPU has no flash attention
-        packing._CAPABILITY[0] = (7, 5)
+        from lit_liger.kernels import _launch
+
+        def gpu(capability):
+            return _launch.DeviceLimits("a GPU", 32, 1024, 100, capability, False)
+
+        _launch._CUDA_LIMITS[0] = gpu((7, 5))
         try:
             assert not packing.flash_varlen_ok(cuda, torch.bfloat16, 64)
-            packing._CAPABILITY[0] = (9, 0)
+            _launch._CUDA_LIMITS[0] = gpu((9, 0))
             assert packing.flash_varlen_ok(cuda, torch.bfloat16, 64) is (torch.version.hip is None)
         finally:
-            packing._CAPABILITY.clear()
+            _launch._CUDA_LIMITS.pop(0, None)
 
 
 def test_padding_report_with_packing():
