@@ -1,12 +1,14 @@
 """Convergence parity: a small LitGPT model trained on real text, stock LitGPT vs lit-liger, same seed.
 
-    python -m benchmarks convergence [--steps 300] [--batch_size 16] [--seq_len 256] [--out DIR] [--smoke]
+    python -m benchmarks convergence [--steps 300] [--batch_size 16] [--seq_len 256] [--fp8 RECIPES] [--out DIR]
+                                     [--smoke]
 
 The text is Python's standard-library sources (:class:`lit_liger.demo.LocalText`), tokenized with a
 byte-level BPE trained on them here (:func:`lit_liger.demo.train_tokenizer`); nothing is downloaded.
 The model is a Llama-3-shaped LitGPT config cut small (default: Llama-3.2-1B's flags, 4 layers,
 n_embd 256, 4 heads / 2 KV groups, intermediate 688, the tokenizer's vocabulary), built with LitGPT's
-init from one seed. Two runs, each from that same init and the same batches in the same order:
+init from one seed. Two runs (and the ``--fp8`` runs below), each from that same init and the same batches
+in the same order:
 
 * ``eager``     -- ``litgpt.utils.chunked_cross_entropy(model(x), y)``, stock LitGPT;
 * ``lit-liger`` -- ``apply_liger(model)``, then ``lit_liger.chunked_cross_entropy(model(x), y)``.
@@ -16,7 +18,18 @@ Per-step losses of both runs are recorded; reported: the largest and the final r
 after the warm-up (target <= 1%), and each model's validation perplexity at the end through
 ``torchmetrics.text.Perplexity`` on held-out stdlib text (real logits, under ``no_grad``).
 
-Output: ``convergence.json`` (both curves), ``convergence.md``, ``convergence_loss.png`` (matplotlib).
+``--fp8 tensorwise,rowwise,rowwise_with_gw_hp`` (any subset; default none) adds one run per torchao float8
+recipe, ``lit-liger+fp8-<recipe>``: the ``lit-liger`` run with ``apply_liger(model, LigerConfig(fp8=recipe))``,
+i.e. the Block projections (qkv, proj, fc_1, fc_2, mlp.proj) as torchao ``Float8Linear`` modules (float8 GEMMs,
+the weights, optimizer and everything else in the run's dtype), same init and batches. Each is compared with the
+``lit-liger`` run (the reference: same kernels, GEMMs in the run's dtype, bf16 on a GPU) and with ``eager``: the
+largest, the mean and the final relative loss difference after the warm-up, and the validation perplexity. Target
+(the issue's bar): largest and final difference vs ``lit-liger`` <= 1% after the warm-up. A run whose model ends up
+with no ``Float8Linear`` module (torchao missing, a GPU below sm_89: ``apply_liger``'s report says "fp8 off") is
+reported as skipped with the reason, never as a float8 result. The widths must be multiples of 16 for float8
+GEMMs (the defaults and the smoke sizes are); a projection that is not stays in 16 bits and is counted.
+
+Output: ``convergence.json`` (all curves), ``convergence.md``, ``convergence_loss.png`` (matplotlib).
 """
 
 from __future__ import annotations
@@ -36,7 +49,10 @@ from typing import Any
 import torch
 
 VARIANTS = ("eager", "lit-liger")
-TARGET_REL_DIFF = 1e-2  # issue 7: loss curves within 1% of each other after the warm-up
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's float8 training recipes (LigerConfig.fp8)
+FP8_PREFIX = "lit-liger+fp8-"  # the --fp8 runs: FP8_PREFIX + recipe
+FP8_REFERENCE = "lit-liger"  # the run the float8 runs are held to (same kernels, GEMMs in the run's dtype)
+TARGET_REL_DIFF = 1e-2  # issue 7: loss curves within 1% of each other after the warm-up (fp8: of lit-liger's)
 WORK_DIR = C.SMOKE_DIR / "convergence-work"  # the tokenizer: rebuilt when missing, never under results/
 DEFAULTS = {  # full run (GPU) / --smoke (CPU, Triton interpreter: one program at a time, so a few tokens)
     "steps": (300, 30), "warmup": (20, 5), "batch_size": (16, 1), "seq_len": (256, 8), "n_layer": (4, 2),
@@ -116,23 +132,104 @@ def lr_factor(step: int, *, warmup: int, steps: int, min_factor: float = 0.1) ->
 
 
 # ----------------------------------------------------------------------------------------------
+# Float8 runs (--fp8)
+# ----------------------------------------------------------------------------------------------
+class Skipped(Exception):
+    """A run that cannot be what its name says here (a float8 run whose model got no float8 GEMM); the reason."""
+
+
+def parse_fp8(value: str | None) -> list[str]:
+    """``--fp8``: comma-separated recipes of :data:`FP8_RECIPES`, in the given order without repeats;
+    empty, ``none`` or ``off``: no float8 run."""
+    if value is None or value.strip().lower() in ("", "none", "off"):
+        return []
+    recipes = list(dict.fromkeys(r.strip() for r in value.split(",") if r.strip()))
+    bad = [r for r in recipes if r not in FP8_RECIPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown float8 recipe(s) {', '.join(bad)}; "
+                                         f"choose from {', '.join(FP8_RECIPES)}")
+    return recipes
+
+
+def fp8_recipe(variant: str) -> str | None:
+    """The float8 recipe of an ``--fp8`` run's name (``lit-liger+fp8-rowwise`` -> ``"rowwise"``), else None."""
+    return variant[len(FP8_PREFIX):] if variant.startswith(FP8_PREFIX) else None
+
+
+def fp8_projections(model: torch.nn.Module) -> tuple[int, int]:
+    """(modules of ``model`` that are torchao ``Float8Linear``, Block projections ``LigerConfig.fp8`` targets:
+    ``lit_liger.adapter.FP8_PROJECTIONS`` of each Block that has them). Without torchao the first is 0."""
+    from lit_liger.adapter import FP8_PROJECTIONS
+
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError:
+        n_fp8 = 0
+    else:
+        n_fp8 = sum(isinstance(m, Float8Linear) for m in model.modules())
+    n_targets = 0
+    for block in model.transformer.h:
+        for path in FP8_PROJECTIONS:
+            try:
+                block.get_submodule(path)
+            except AttributeError:
+                continue
+            n_targets += 1
+    return n_fp8, n_targets
+
+
+def fp8_comparison(runs: dict[str, dict], variant: str, warmup: int) -> dict[str, Any]:
+    """A float8 run against :data:`FP8_REFERENCE` (``vs_lit_liger``: the target) and against ``eager``
+    (``vs_eager``): :func:`compare` of the loss curves, the validation perplexities' relative difference.
+    ``target_met`` is ``vs_lit_liger``'s (largest and final difference after the warm-up <= 1%); None where
+    the float8 run or its reference did not run (skipped or failed: ``status`` says which)."""
+    run = runs[variant]
+    out: dict[str, Any] = {"recipe": fp8_recipe(variant), "reference": FP8_REFERENCE, "status": run["status"],
+                           "n_fp8_projections": run.get("n_fp8_projections", 0), "val_ppl": run.get("val_ppl"),
+                           "vs_lit_liger": None, "vs_eager": None, "val_ppl_rel_diff_vs_lit_liger": None,
+                           "val_ppl_rel_diff_vs_eager": None, "target": TARGET_REL_DIFF, "target_met": None}
+    if run["status"] != "ok":
+        return out
+    for key, ref_name in (("vs_lit_liger", FP8_REFERENCE), ("vs_eager", "eager")):
+        ref = runs.get(ref_name, {})
+        if ref.get("status") == "ok":
+            out[key] = compare(ref["losses"], run["losses"], warmup)
+            out[f"val_ppl_rel_diff_{key}"] = abs(run["val_ppl"] - ref["val_ppl"]) / ref["val_ppl"]
+    out["target_met"] = out["vs_lit_liger"]["target_met"] if out["vs_lit_liger"] else None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Training and evaluation
 # ----------------------------------------------------------------------------------------------
 def train(config, data, variant: str, *, steps: int, seq_len: int, dtype: torch.dtype, lr: float, warmup: int,
           seed: int, val_batches: int) -> dict[str, Any]:
     """Train a fresh model (LitGPT's init from ``seed``) for ``steps`` steps; per-step loss and grad
-    norm, then the validation perplexity. Same init, data order and optimizer for every variant."""
+    norm, then the validation perplexity. Same init, data order and optimizer for every variant.
+    ``variant``: one of :data:`VARIANTS`, or ``FP8_PREFIX + recipe`` (the ``lit-liger`` run with
+    ``LigerConfig(fp8=recipe)``; raises :class:`Skipped`, before training, where no projection became a
+    ``Float8Linear``; its result adds ``fp8_recipe``, ``n_fp8_projections`` and ``n_block_projections``)."""
     from .step import build_model
 
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+    recipe = fp8_recipe(variant)
+    if variant not in VARIANTS and recipe not in FP8_RECIPES:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS} or "
+                         f"{FP8_PREFIX}<{'|'.join(FP8_RECIPES)}>")
     model = build_model(config, seq_len=seq_len, dtype=dtype, seed=seed)
-    notes = ""
-    if variant == "lit-liger":
-        from lit_liger import apply_liger
+    notes, fp8_info = "", {}
+    if variant != "eager":
+        from lit_liger import LigerConfig, apply_liger
         from lit_liger import chunked_cross_entropy as loss_fn
 
-        notes = str(apply_liger(model))
+        report = apply_liger(model, LigerConfig(fp8=recipe)) if recipe else apply_liger(model)
+        notes = str(report)
+        if recipe:
+            n_fp8, n_targets = fp8_projections(model)
+            if n_fp8 == 0:  # never trained and reported as a float8 result
+                del model
+                why = "; ".join(why for _, _, why in report.skipped if why.startswith("fp8"))
+                raise Skipped(why or f"apply_liger made none of the {n_targets} Block projections a Float8Linear")
+            fp8_info = {"fp8_recipe": recipe, "n_fp8_projections": n_fp8, "n_block_projections": n_targets}
     else:
         from litgpt.utils import chunked_cross_entropy as loss_fn
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=C.CUDA)
@@ -160,7 +257,7 @@ def train(config, data, variant: str, *, steps: int, seq_len: int, dtype: torch.
     del model, optimizer
     C.free_memory()
     return {"losses": losses, "grad_norms": grad_norms, "val_ppl": ppl, "val_tokens": val_tokens,
-            "train_s": train_s, "tok_per_s": tokens / train_s, "notes": notes}
+            "train_s": train_s, "tok_per_s": tokens / train_s, "notes": notes, **fp8_info}
 
 
 @torch.no_grad()
@@ -215,6 +312,30 @@ def compare(ref: list[float], other: list[float], warmup: int) -> dict[str, Any]
 # ----------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------
+def fp8_verdict(fc: dict) -> str:
+    """A float8 run's target cell: "met" / "missed" (vs lit-liger), else why there is none."""
+    if fc["status"] != "ok":
+        return "skipped" if fc["status"].startswith("skipped") else "failed"
+    if fc["target_met"] is None:
+        return f"no reference ({FP8_REFERENCE} did not run)"
+    return "met" if fc["target_met"] else "missed"
+
+
+def fp8_rows(result: dict) -> list[list[Any]]:
+    """One table row per float8 run: name, float8 projections (of the Block projections), final loss,
+    validation perplexity, largest / mean / final relative loss difference vs lit-liger after the warm-up,
+    the largest vs eager, the target's verdict."""
+    rows = []
+    for v, fc in result.get("fp8_comparisons", {}).items():
+        run = result["runs"].get(v, {})
+        ref, vs_eager = fc.get("vs_lit_liger") or {}, fc.get("vs_eager") or {}
+        proj = f"{run['n_fp8_projections']}/{run['n_block_projections']}" if "n_block_projections" in run else "0"
+        rows.append([v, proj, (run.get("losses") or [None])[-1], run.get("val_ppl"), ref.get("max_rel_diff"),
+                     ref.get("mean_rel_diff"), ref.get("final_rel_diff"), vs_eager.get("max_rel_diff"),
+                     fp8_verdict(fc)])
+    return rows
+
+
 def render(result: dict, out_dir: Path) -> list[Path]:
     env, s, cmp = result["environment"], result["settings"], result.get("comparison")
     runs = result["runs"]
@@ -269,11 +390,49 @@ def render(result: dict, out_dir: Path) -> list[Path]:
                         f"{s['dtype']} logits; bfloat16 keeps 8 significant bits, so about ±0.2%), while lit-liger's "
                         "fused loss accumulates in fp32; the weights of the two runs drift apart by rounding from "
                         "step 1 on.")]
-    for v in VARIANTS:
-        if runs.get(v, {}).get("status", "ok") != "ok":
-            md += ["", f"{v}: {runs[v]['status']}"]
+    fp8 = result.get("fp8_comparisons") or {}
+    if fp8:
+        md += [
+            "",
+            f"## Float8 training (`--fp8`): `apply_liger(model, LigerConfig(fp8=recipe))` vs the {FP8_REFERENCE} run",
+            "",
+            (f"Same init, batches and optimizer as the {FP8_REFERENCE} run; the Block projections (qkv, proj, fc_1, "
+             f"fc_2, mlp.proj) are torchao `Float8Linear` modules (float8 GEMMs; weights, optimizer and the rest in "
+             f"{s['dtype']}). Relative loss differences after the {s['warmup']}-step warm-up (steps "
+             f"{s['warmup'] + 1}-{s['steps']}): largest, mean and final step, against {FP8_REFERENCE} (the target) and "
+             f"the largest against eager. Target: largest and final difference vs {FP8_REFERENCE} <= "
+             f"{C.fmt(TARGET_REL_DIFF)}."),
+            "",
+            C.markdown_table(["run", "float8 projections", f"loss at step {s['steps']}", "validation perplexity",
+                              f"vs {FP8_REFERENCE}: largest", "mean", "final", "vs eager: largest", "target"],
+                             fp8_rows(result)),
+        ]
+        for v, fc in fp8.items():
+            vs_eager = fc.get("vs_eager")
+            if fc["status"] != "ok":
+                md += ["", f"{v}: **{fc['status']}** (not a float8 result)"]
+                continue
+            parts = []
+            if fc.get("vs_lit_liger"):
+                r = fc["vs_lit_liger"]
+                parts.append(f"vs {FP8_REFERENCE}: largest {C.fmt(r['max_rel_diff'])} (step {r['max_rel_diff_step']}), "
+                             f"mean {C.fmt(r['mean_rel_diff'])}, final {C.fmt(r['final_rel_diff'])}, last-10 mean "
+                             f"{C.fmt(r['final_mean10_rel_diff'])}, validation perplexity "
+                             f"{C.fmt(fc['val_ppl_rel_diff_vs_lit_liger'])}")
+            if vs_eager:
+                parts.append(f"vs eager: largest {C.fmt(vs_eager['max_rel_diff'])}, mean "
+                             f"{C.fmt(vs_eager['mean_rel_diff'])}, final {C.fmt(vs_eager['final_rel_diff'])}, "
+                             f"validation perplexity {C.fmt(fc['val_ppl_rel_diff_vs_eager'])}")
+            md += ["", f"{v} (**{fp8_verdict(fc)}**): " + "; ".join(parts) + "."]
+    for v, run in runs.items():
+        if run.get("status", "ok") != "ok" and v not in fp8:
+            md += ["", f"{v}: {run['status']}"]
     if lg.get("notes"):
         md += ["", "What `apply_liger` swapped:", "", "```", lg["notes"], "```"]
+    for v in fp8:
+        lines = [ln for ln in runs[v].get("notes", "").splitlines() if "fp8" in ln]
+        if lines:
+            md += ["", f"{v}, its float8 conversion:", "", "```", *lines, "```"]
     path = out_dir / "convergence.md"
     path.write_text("\n".join(md) + "\n")
     written = [path]
@@ -283,8 +442,9 @@ def render(result: dict, out_dir: Path) -> list[Path]:
 
 
 def loss_plot(path: Path, result: dict) -> bool:
-    """Both loss curves overlaid, and their relative difference per step (log scale) against the 1%
-    target. Returns False (writes nothing) without matplotlib or curves."""
+    """The loss curves overlaid (one per run that has one: eager, lit-liger, the float8 runs), and per step
+    (log scale) against the 1% target the relative difference lit-liger vs eager and each float8 run vs
+    lit-liger. Returns False (writes nothing) without matplotlib or curves."""
     curves = {v: r["losses"] for v, r in result["runs"].items() if r.get("losses")}
     if not curves:
         return False
@@ -296,10 +456,15 @@ def loss_plot(path: Path, result: dict) -> bool:
     except ImportError:
         return False
     cmp = result.get("comparison")
-    fig, axes = plt.subplots(2 if cmp else 1, 1, figsize=(7.5, 6.5 if cmp else 4), squeeze=False, sharex=True)
+    fp8 = {v: fc["vs_lit_liger"] for v, fc in (result.get("fp8_comparisons") or {}).items() if fc.get("vs_lit_liger")}
+    diffs = cmp or fp8
+    fig, axes = plt.subplots(2 if diffs else 1, 1, figsize=(7.5, 6.5 if diffs else 4), squeeze=False, sharex=True)
     ax = axes[0, 0]
     styles = {"eager": {"color": "tab:blue", "linewidth": 2.0},
               "lit-liger": {"color": "tab:orange", "linewidth": 1.0, "linestyle": "--"}}
+    fp8_colors = {"tensorwise": "tab:red", "rowwise": "tab:purple", "rowwise_with_gw_hp": "tab:brown"}
+    for r, color in fp8_colors.items():
+        styles[FP8_PREFIX + r] = {"color": color, "linewidth": 0.9, "linestyle": "-."}
     for v, losses in curves.items():
         label = f"{v} (val ppl {C.fmt(result['runs'][v].get('val_ppl'))})"
         ax.plot(range(1, len(losses) + 1), losses, label=label, **styles.get(v, {}))
@@ -307,15 +472,19 @@ def loss_plot(path: Path, result: dict) -> bool:
     ax.legend(fontsize=8)
     s, env = result["settings"], result["environment"]
     ax.set_title(f"{env['device']}: {s['model']}-shaped {s['n_layer']}L x {s['n_embd']}, {s['dtype']}, "
-                 f"stdlib text — eager vs lit-liger", fontsize=9)
-    if cmp:
+                 f"stdlib text — eager vs lit-liger" + (" (+ float8)" if s.get("fp8") else ""), fontsize=9)
+    if diffs:
         ax2 = axes[1, 0]
         floor = 1e-9  # an exact match (difference 0) is drawn here, on the log scale
-        rel = [max(r, floor) for r in cmp["rel_diff"]]
-        ax2.semilogy(range(1, len(rel) + 1), rel, color="tab:green", linewidth=0.8,
-                     label=f"|lit-liger − eager| / eager (0 drawn at {floor:g})")
-        ax2.axhline(cmp["target"], color="k", linestyle="--", linewidth=0.8, label=f"target {C.fmt(cmp['target'])}")
-        ax2.axvline(cmp["warmup"] + 0.5, color="grey", linestyle=":", linewidth=0.8, label="end of warm-up")
+        pairs = ([("tab:green", "|lit-liger − eager| / eager", cmp)] if cmp else []) + [
+            (styles.get(v, {}).get("color"), f"|{v} − {FP8_REFERENCE}| / {FP8_REFERENCE}", c) for v, c in fp8.items()]
+        for color, label, c in pairs:
+            rel = [max(r, floor) for r in c["rel_diff"]]
+            ax2.semilogy(range(1, len(rel) + 1), rel, color=color, linewidth=0.8,
+                         label=f"{label} (0 drawn at {floor:g})")
+        first = next(iter(pairs))[2]
+        ax2.axhline(first["target"], color="k", linestyle="--", linewidth=0.8, label=f"target {C.fmt(first['target'])}")
+        ax2.axvline(first["warmup"] + 0.5, color="grey", linestyle=":", linewidth=0.8, label="end of warm-up")
         ax2.set_ylabel("relative loss difference")
         ax2.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
@@ -338,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="window of the model's sliding-window layers (only for configs that have one)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="weights, activations and optimizer state (default bfloat16 on a GPU, float32 on CPU)")
+    p.add_argument("--fp8", type=parse_fp8, default=[], metavar="RECIPES",
+                   help=f"comma-separated float8 recipes ({','.join(FP8_RECIPES)}): one more run each, "
+                        f"{FP8_PREFIX}<recipe>, compared with the lit-liger run (default: none)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--work_dir", type=Path, default=WORK_DIR, help=f"tokenizer cache (default {WORK_DIR})")
     p.add_argument("--out", type=Path, default=None,
@@ -384,22 +556,24 @@ def main(argv: list[str] | None = None) -> dict:
         n_params = sum(p.numel() for p in GPT(config).parameters())
     settings = {k: getattr(opts, k) for k in DEFAULTS} | {
         "model": opts.model, "dtype": str(dtype).replace("torch.", ""), "seed": opts.seed,
-        "vocab_size": vocab, "padded_vocab_size": config.padded_vocab_size}
+        "vocab_size": vocab, "padded_vocab_size": config.padded_vocab_size, "fp8": opts.fp8}
     result: dict[str, Any] = {
         "kind": "convergence", "environment": env, "smoke": smoke, "settings": settings,
         "config": dataclasses.asdict(config), "n_params": n_params,
         "data": {"n_files": n_files, "tokenizer_dir": str(tok_dir), "n_train_blocks": n_train, "n_val_blocks": n_val,
                  "block_tokens": opts.seq_len + 1, "shuffle_seed": 42},
-        "runs": {}, "comparison": None,
+        "runs": {}, "comparison": None, "fp8_comparisons": {},
     }
     json_path = out_dir / "convergence.json"
-    for variant in VARIANTS:
+    for variant in list(VARIANTS) + [FP8_PREFIX + r for r in opts.fp8]:
         print(f"# {variant}: {opts.steps} steps ...", flush=True)
         try:
             run = train(config, data, variant, steps=opts.steps, seq_len=opts.seq_len, dtype=dtype, lr=opts.lr,
                         warmup=opts.warmup, seed=opts.seed, val_batches=opts.val_batches)
             run["status"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - recorded; the other variant still runs
+        except Skipped as exc:  # a float8 run without float8 GEMMs: not run, the reason recorded
+            run = {"status": f"skipped: {exc}", "fp8_recipe": fp8_recipe(variant), "n_fp8_projections": 0}
+        except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
             run = {"status": C.failure_status(exc)}
         C.free_memory()
         result["runs"][variant] = run
@@ -421,6 +595,13 @@ def main(argv: list[str] | None = None) -> dict:
         print()
         print(C.text_table(["", "eager", "lit-liger", "rel diff"], rows))
         print(f"target <= {C.fmt(TARGET_REL_DIFF)} after warm-up: {'met' if cmp['target_met'] else 'MISSED'}")
+    for recipe in opts.fp8:
+        result["fp8_comparisons"][FP8_PREFIX + recipe] = fp8_comparison(result["runs"], FP8_PREFIX + recipe,
+                                                                        opts.warmup)
+    if opts.fp8:
+        print()
+        print(C.text_table(["run", "fp8 proj", f"loss@{opts.steps}", "val ppl", "vs lit-liger: max", "mean", "final",
+                            "vs eager: max", "target"], fp8_rows(result)))
     C.write_json(json_path, result)
     written = [json_path] + render(result, out_dir)
     print("\nwrote " + ", ".join(str(p) for p in written))

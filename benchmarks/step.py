@@ -14,6 +14,15 @@ Random tokens, a LitGPT config by name, the model built in bf16 on the GPU, vari
 * ``liger-kernel``      -- liger-kernel 0.8.5 hand-wired into the same LitGPT model where it applies
                            (RMSNorm, SwiGLU/GeGLU, fused linear cross-entropy): the peer.
 
+``--fp8 tensorwise,rowwise`` adds, per torchao float8 recipe R, the float8 variants of issue 35: the Block
+projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``) run their GEMMs in float8, the
+embedding, norms and lm_head stay in bf16:
+
+* ``fp8-R+compile``           -- stock LitGPT converted by torchao itself (``convert_to_float8_training`` on the
+                                 same projections), then ``torch.compile``: what a user gets without lit-liger;
+* ``lit-liger+fp8-R``         -- ``apply_liger(model, LigerConfig(fp8=R))``, eager;
+* ``lit-liger+fp8-R+compile`` -- the same, then ``torch.compile``.
+
 Each variant starts from a fresh model (same seed, same tokens), warms up (compiles), then times
 ``--steps`` steps with CUDA events: median / min / max step time, tokens/s, peak memory, MFU and the
 loss of step 1 (before any update: every variant must agree with eager).
@@ -39,6 +48,7 @@ from lit_liger.doctor import _default_dtype  # the one default-dtype context man
 
 DEFAULT_MODELS = ("Llama-3.2-1B", "Qwen3-1.7B", "gemma-2-2b")
 VARIANTS = ("eager", "lit-liger", "compile", "lit-liger+compile", "liger-kernel")
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig recipe names
 ANCHOR_VARIANT = {"eager": "eager", "compile": "compile", "liger-kernel": "liger"}
 # --tiny: the named config's family (norms, MLP class, softcaps, qk-norm...) at toy size, for CPU smoke runs
 TINY = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128,
@@ -190,24 +200,72 @@ def wire_liger_kernel(model) -> tuple[Callable[[torch.Tensor, torch.Tensor], tor
 # ----------------------------------------------------------------------------------------------
 # Variants
 # ----------------------------------------------------------------------------------------------
+def fp8_variants(recipes: list[str]) -> list[str]:
+    """The ``--fp8`` variants of these recipes (see the module docstring)."""
+    bad = sorted(set(recipes) - set(FP8_RECIPES))
+    if bad:
+        raise SystemExit(f"unknown --fp8 recipe(s) {bad}; choose from {list(FP8_RECIPES)}")
+    return [v for r in recipes for v in (f"fp8-{r}+compile", f"lit-liger+fp8-{r}", f"lit-liger+fp8-{r}+compile")]
+
+
+def split_variant(variant: str) -> tuple[str, str | None, bool]:
+    """``(base, fp8 recipe or None, compiled)``: ``"lit-liger+fp8-rowwise+compile"`` -> ``("lit-liger", "rowwise",
+    True)``, ``"fp8-tensorwise+compile"`` -> ``("eager", "tensorwise", True)``, ``"compile"`` -> ``("eager", None,
+    True)``."""
+    parts = variant.split("+")
+    compiled = parts[-1] == "compile"
+    if compiled:
+        parts = parts[:-1]
+    recipe = next((p[len("fp8-"):] for p in parts if p.startswith("fp8-")), None)
+    base = [p for p in parts if not p.startswith("fp8-")]
+    return (base[0] if base and base[0] else "eager"), recipe, compiled
+
+
+def _float8_on_stock(model, recipe: str) -> str:
+    """torchao's own conversion of the Block projections lit-liger's ``fp8`` converts (``FP8_PROJECTIONS``)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise C.Unavailable(f"skipped: torchao missing ({exc})") from exc
+    from lit_liger.adapter import FP8_PROJECTIONS, fp8_why
+
+    why = fp8_why(recipe)
+    if why is not None:
+        raise C.Unavailable(f"skipped: {why}")
+    names = {f"transformer.h.{i}.{p}" for i in range(len(model.transformer.h)) for p in FP8_PROJECTIONS}
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda m, fqn: fqn in names)
+    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    return f"torchao convert_to_float8_training({recipe!r}): {n} Block projections in float8"
+
+
 def make_loss_fn(variant: str, model, liger_config: dict | None = None
                  ) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], str]:
     """``loss_fn(x, y)`` for a variant (modifies ``model`` in place); raises ``C.Unavailable``."""
     from litgpt.utils import chunked_cross_entropy
 
+    base, recipe, compiled = split_variant(variant)
     if variant == "eager":
         return (lambda x, y: chunked_cross_entropy(model(x), y)), ""
-    if variant == "compile":
-        cmodel = torch.compile(model)
-        return (lambda x, y: chunked_cross_entropy(cmodel(x), y)), ""
-    if variant in ("lit-liger", "lit-liger+compile"):
+    if variant == "compile" or (base == "eager" and recipe is not None):
+        notes = _float8_on_stock(model, recipe) if recipe is not None else ""
+        fwd = torch.compile(model) if compiled else model
+        return (lambda x, y: chunked_cross_entropy(fwd(x), y)), notes
+    if base == "lit-liger":
         try:
             from lit_liger import apply_liger
             from lit_liger import chunked_cross_entropy as liger_ce
         except Exception as exc:  # noqa: BLE001 - being written: report, do not stop
             raise C.Unavailable(f"missing: lit_liger.apply_liger ({type(exc).__name__}: {exc})") from exc
-        report = apply_liger(model, liger_config)  # None: LigerConfig() defaults, everything on
-        fwd = torch.compile(model) if variant == "lit-liger+compile" else model
+        cfg = dict(liger_config or {})  # None: LigerConfig() defaults, everything on
+        if recipe is not None:
+            cfg["fp8"] = recipe
+            from lit_liger.adapter import fp8_why
+
+            if fp8_why(recipe) is not None:  # lit-liger would run it in bf16: not an fp8 row
+                raise C.Unavailable(f"skipped: {fp8_why(recipe)}")
+        report = apply_liger(model, cfg or None)
+        fwd = torch.compile(model) if compiled else model
         return (lambda x, y: liger_ce(fwd(x), y)), str(report)
     if variant == "liger-kernel":
         return wire_liger_kernel(model)
@@ -351,7 +409,7 @@ def attempt(config, variant: str, B: int, T: int, opts, **kw) -> tuple[dict | No
     """run_one, catching failures: (result or None, status). Memory is freed before it returns."""
     res, status = None, "ok"
     try:
-        if variant in ("compile", "lit-liger+compile", "liger-kernel") and not C.CUDA:
+        if (split_variant(variant)[2] or variant == "liger-kernel") and not C.CUDA:
             raise C.Unavailable("skipped: no CUDA")
         res = run_one(config, variant, B, T, opts, **kw)
     except C.Unavailable as exc:
@@ -444,8 +502,8 @@ def find_max_batch(config, variant: str, T: int, opts) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------
-COLUMNS = ["model", "B", "T", "variant", "step ms", "min", "max", "spread %", "tok/s", "x eager tok/s", "peak GiB",
-           "x eager mem", "MFU meas", "MFU nominal", "loss@1", "loss vs eager", "max B", "tok/s @max B",
+COLUMNS = ["model", "B", "T", "variant", "step ms", "min", "max", "spread %", "tok/s", "x eager tok/s", "x compile tok/s",
+           "peak GiB", "x eager mem", "MFU meas", "MFU nominal", "loss@1", "loss vs eager", "max B", "tok/s @max B",
            "anchor tok/s", "status"]
 
 
@@ -454,7 +512,7 @@ def _table_rows(result: dict) -> list[list[Any]]:
     for r in result["rows"]:
         rows.append([r["model"], r["B"], r["T"], r["variant"], r.get("step_ms"), r.get("step_ms_min"),
                      r.get("step_ms_max"), r.get("spread_pct"), r.get("tok_per_s"), r.get("speedup_vs_eager"),
-                     r.get("peak_GiB"), r.get("memory_vs_eager"), r.get("mfu_measured"), r.get("mfu_nominal"),
+                     r.get("speedup_vs_compile"), r.get("peak_GiB"), r.get("memory_vs_eager"), r.get("mfu_measured"), r.get("mfu_nominal"),
                      r.get("loss"), r.get("loss_rel_diff_vs_eager"), r.get("max_batch"),
                      r.get("max_batch_tok_per_s"), r.get("anchor_tok_per_s"), r["status"]])
     return rows
@@ -534,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_batch_limit", type=int, default=None, help="stop doubling here (default 256; smoke 4)")
     p.add_argument("--max_batch_steps", type=int, default=3, help="timed steps at each try of --max_batch")
     p.add_argument("--peak_tflops", type=float, default=None, help="nominal bf16 TFLOP/s for MFU (default: by name)")
+    p.add_argument("--fp8", default=None,
+                   help=f"comma-separated torchao float8 recipes ({','.join(FP8_RECIPES)}): add each one's variants "
+                        "fp8-R+compile, lit-liger+fp8-R, lit-liger+fp8-R+compile (see the module docstring), or "
+                        "only those of them that --variants names")
     p.add_argument("--liger_config", type=json.loads, default=None,
                    help='lit-liger variants: LigerConfig switches as JSON, e.g. \'{"flce_mode": "lean"}\'')
     p.add_argument("--profile", action="store_true",
@@ -564,9 +626,12 @@ def main(argv: list[str] | None = None) -> dict:
     opts = build_parser().parse_args(argv)
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    bad = sorted(set(variants) - set(VARIANTS))
+    fp8 = fp8_variants([r.strip() for r in opts.fp8.split(",") if r.strip()]) if opts.fp8 else []
+    bad = sorted(set(variants) - set(VARIANTS) - set(fp8))
     if bad:
-        raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+        raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)} (float8 variants: --fp8)")
+    if not set(variants) & set(fp8):  # --variants naming some of them: just those
+        variants += fp8
     if "eager" in variants:  # eager first: the others' loss and ratios refer to it
         variants.remove("eager")
         variants.insert(0, "eager")
@@ -602,7 +667,7 @@ def main(argv: list[str] | None = None) -> dict:
         "quick": opts.quick, "anchor": anchor_path, "ceilings": ceilings, "models": {}, "rows": [], "e2e": [],
         "settings": {"B": B, "T": T, "steps": steps, "warmup": warmup, "seed": opts.seed, "tiny": opts.tiny,
                      "optimizer": "AdamW(fused=True)" if C.CUDA else "AdamW", "max_batch": opts.max_batch,
-                     "liger_config": opts.liger_config, "stock_config": opts.stock_config,
+                     "liger_config": opts.liger_config, "fp8": opts.fp8, "stock_config": opts.stock_config,
                      "profile": opts.profile, "isolate": opts.isolate, "variant_timeout": opts.variant_timeout},
     }
     json_path = out_dir / "step.json"
@@ -617,7 +682,7 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         result["models"][name] = {"overrides": overrides, "n_layer": config.n_layer, "n_embd": config.n_embd,
                                   "vocab": config.padded_vocab_size}
-        eager_row = None
+        eager_row = compile_row = None
         for variant in variants:
             row: dict[str, Any] = {"model": name, "B": B, "T": T, "variant": variant}
             res, row["status"] = _attempt(config, variant, B, T, opts, steps=steps, warmup=warmup)
@@ -636,6 +701,10 @@ def main(argv: list[str] | None = None) -> dict:
                 for k, peak in (("mfu_measured", ceilings["bf16_mm_TFLOPs"]),
                                 ("mfu_nominal", ceilings["nominal_bf16_TFLOPs"])):
                     row[k] = row["TFLOPs"] / peak if peak and C.CUDA else None
+                if variant == "compile":
+                    compile_row = row
+                elif compile_row is not None:  # (the float8 targets of issue 35 are against bf16 compile)
+                    row["speedup_vs_compile"] = row["tok_per_s"] / compile_row["tok_per_s"]
                 if variant == "eager":
                     eager_row = row
                 elif eager_row is not None:
