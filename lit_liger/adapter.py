@@ -48,6 +48,7 @@ from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
+from .fp8 import glu_linear_fp8, is_float8_linear, norm_linear_fp8
 from .lora import lora_linear, lora_parts
 from .quant import is_4bit, is_quantized, linear_4bit
 from .loss import (
@@ -111,6 +112,8 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
         and not torch.is_autocast_enabled(a.device.type)
     ):
         return glu_linear(a, b, proj.weight, proj.bias, activation, reuse_inputs=reuse)  # (B, T, C)
+    if is_float8_linear(proj) and _fp8_fusable(a, proj):  # LigerConfig.fp8: the same, the GEMMs torchao's float8
+        return glu_linear_fp8(a, b, proj, activation)
     if activation == "silu":
         glu = swiglu(a, b, reuse_inputs=reuse)
     else:
@@ -179,6 +182,13 @@ def _fresh_outputs(*modules: nn.Module) -> bool:
 def _is_lora_linear(m: nn.Module) -> bool:
     """LitGPT's ``LoRALinear``, swapped or not."""
     return isinstance(m, _LoRAMixin) or type(m) is litgpt_lora.LoRALinear
+
+
+def _fp8_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
+    """lit-liger's fused norm->Linear / GLU-product paths may call these float8 Linears' GEMMs themselves
+    (``lit_liger.fp8``): the Triton path, no autocast, weights in ``x``'s dtype, no hooks on the modules."""
+    return (use_triton(x) and not torch.is_autocast_enabled(x.device.type)
+            and all(m.weight.dtype == x.dtype for m in linears) and _called_plainly(*linears))
 
 
 def _plain_linear(m: nn.Module) -> bool:
@@ -492,35 +502,40 @@ class _BlockMixin:
     fc_2`` run as :func:`rms_norm_linear`: their normalized input is recomputed in backward instead of
     kept (two ``(B, T, C)`` tensors per layer less)."""
 
-    def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False) -> bool:
+    def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False, x: torch.Tensor | None = None
+                           ) -> bool:
         """Whether ``norm_1 -> attn.qkv`` runs as :func:`rms_norm_linear` (``structure_only``: the
         modules allow it, ignoring the call's state, for the report). The same under ``torch.compile``,
-        which traces these checks (guarding on them) and the fused op as an opaque custom op."""
+        which traces these checks (guarding on them) and the fused op as an opaque custom op. With
+        ``LigerConfig.fp8`` the Linear is torchao's float8 one, whose GEMMs :mod:`lit_liger.fp8` calls."""
         attn = self.attn
         ok = (
             getattr(self, "_liger_recompute_norm", False)
             and isinstance(self.norm_1, _RMSNormMixin) and isinstance(attn, _AttentionMixin)
-            and _plain_linear(attn.qkv)
+            and (_plain_linear(attn.qkv) or is_float8_linear(attn.qkv))
         )
         if structure_only or not ok:
             return ok
         return (
             input_pos is None and torch.is_grad_enabled() and attn.qkv.weight.requires_grad
             and _called_plainly(self.norm_1, attn, attn.qkv)
+            and (x is None or not is_float8_linear(attn.qkv) or _fp8_fusable(x, attn.qkv))
         )
 
-    def _liger_fuse_norm_2(self, structure_only: bool = False) -> bool:
+    def _liger_fuse_norm_2(self, structure_only: bool = False, x: torch.Tensor | None = None) -> bool:
         """Whether ``norm_2 -> mlp.fc_1, fc_2`` runs as :func:`rms_norm_linear` (see above)."""
         mlp = self.mlp
         ok = (
             getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
-            and _plain_linear(mlp.fc_1) and _plain_linear(mlp.fc_2)
+            and ((_plain_linear(mlp.fc_1) and _plain_linear(mlp.fc_2))
+                 or (is_float8_linear(mlp.fc_1) and is_float8_linear(mlp.fc_2)))
         )
         if structure_only or not ok:
             return ok
         return (
             torch.is_grad_enabled() and (mlp.fc_1.weight.requires_grad or mlp.fc_2.weight.requires_grad)
             and _called_plainly(self.norm_2, mlp, mlp.fc_1, mlp.fc_2)
+            and (x is None or not is_float8_linear(mlp.fc_1) or _fp8_fusable(x, mlp.fc_1, mlp.fc_2))
         )
 
     def _liger_recompute_mlp_here(self, x: torch.Tensor) -> bool:
@@ -537,10 +552,13 @@ class _BlockMixin:
         if _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
         n1, n2 = self.norm_1, self.norm_2
-        if self._liger_fuse_norm_1(input_pos):
+        if self._liger_fuse_norm_1(input_pos, x=x):
             qkv = self.attn.qkv
-            _, (qkv_out,) = rms_norm_linear(x, n1.weight, [(qkv.weight, qkv.bias)], n1.eps,
-                                            1.0 if n1.add_unit_offset else 0.0)  # (B, T, (nh + 2 ng) * hs)
+            if is_float8_linear(qkv):  # LigerConfig.fp8: the same, the GEMMs torchao's float8 ones
+                _, (qkv_out,) = norm_linear_fp8(x, n1, [qkv])
+            else:
+                _, (qkv_out,) = rms_norm_linear(x, n1.weight, [(qkv.weight, qkv.bias)], n1.eps,
+                                                1.0 if n1.add_unit_offset else 0.0)  # (B, T, (nh + 2 ng) * hs)
             attention_output = self.attn._liger_attend(qkv_out, cos, sin, mask)
         else:
             x_normed = n1(x)
@@ -551,8 +569,12 @@ class _BlockMixin:
             x = attention_output + x
             return self.post_mlp_norm(self.mlp(n2(x))) + x
         offset = 1.0 if n2.add_unit_offset else 0.0
-        if self._liger_fuse_norm_2():
+        if self._liger_fuse_norm_2(x=x):
             mlp = self.mlp
+            if is_float8_linear(mlp.fc_1):  # LigerConfig.fp8 (see norm_1); a, b as below
+                x, (a, b) = norm_linear_fp8(attention_output, n2, [mlp.fc_1, mlp.fc_2], residual=x)
+                mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=False)
+                return self.post_mlp_norm(mlp_out) + x
             if self._liger_recompute_mlp_here(x):  # LigerConfig.recompute_mlp: fc_1 / fc_2 outputs not kept
                 fc_1, fc_2, proj = mlp.fc_1, mlp.fc_2, mlp.proj
                 x, mlp_out = rms_norm_glu_mlp(attention_output, x, n2.weight, n2.eps, offset, fc_1.weight, fc_1.bias,
@@ -914,8 +936,8 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport) -> Non
             converted.append(full)
     if converted:
         report.add(_abbrev(converted), linear, f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(converted)} "
-                                            "projections; the fused norm->Linear and GLU-product recompute step aside "
-                                            "for them")
+                                            "projections, fed by lit-liger's fused norm->Linear and GLU-product "
+                                            "recompute (lit_liger.fp8)")
     if odd:
         report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
 

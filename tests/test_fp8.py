@@ -164,3 +164,82 @@ def test_fp8_says_why_not(monkeypatch):
     assert adapter_mod.fp8_why("rowwise") == "fp8='rowwise' needs torchao: pip install 'lit-liger[fp8]'"
     with pytest.raises(ValueError, match="LigerConfig.fp8 must be one of"):
         LigerConfig(fp8="e5m2")
+
+
+def _saved_bytes_and_step(model, x, y):
+    """A training step's loss and the bytes of the tensors autograd saved for backward (each storage once,
+    parameters not counted)."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = chunked_cross_entropy(model(x), y)
+    loss.backward()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return loss, sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B", "gemma-2-2b"])
+def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, monkeypatch):
+    """With fp8 the fused norm->Linear (norm_1 -> qkv, norm_2 -> fc_1, fc_2) and the GLU-product recompute
+    (-> proj) call torchao's float8 GEMMs themselves (lit_liger.fp8): the same numbers, bit for bit, as the
+    Float8Linear modules called behind lit-liger's norm and GLU kernels, and per layer two (B, T, C) normalized
+    tensors and one (B, T, I) product fewer kept for backward."""
+    if not adapter_mod.use_triton(torch.empty(0)):
+        pytest.skip("the fused paths run on the Triton path (CPU: TRITON_INTERPRET=1)")
+    cfg = tiny_config(name)
+    fused, aside = (m.to(torch.bfloat16) for m in _pair(cfg))
+    report = str(apply_liger(fused, LigerConfig(fp8=recipe)))
+    apply_liger(aside, LigerConfig(fp8=recipe))
+    assert "fed by lit-liger's fused norm->Linear and GLU-product recompute" in report
+    assert "norm_1 and norm_2 outputs recomputed in backward" in report
+    torch.manual_seed(1)
+    B, T = 2, 16
+    x = torch.randint(1, cfg.vocab_size, (B, T))
+    y = torch.randint(0, cfg.vocab_size, (B, T))
+    with _Float8Gemms() as gemms:
+        loss, saved = _saved_bytes_and_step(fused, x, y)
+    assert gemms.n == 3 * 5 * cfg.n_layer  # every projection's three GEMMs still in float8
+    with monkeypatch.context() as m:  # the modules called as such: lit-liger's paths step aside
+        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        loss_aside, saved_aside = _saved_bytes_and_step(aside, x, y)
+    assert loss.item() == loss_aside.item()
+    for (n, p), q in zip(fused.named_parameters(), aside.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+    bf16 = 2
+    assert saved_aside - saved == cfg.n_layer * (2 * B * T * cfg.n_embd + B * T * cfg.intermediate_size) * bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_gpu_fp8_composition_under_compile(recipe, monkeypatch):
+    """Under torch.compile on a float8 GPU: the composed paths trace without graph breaks and give the losses and
+    gradients of the Float8Linear modules called behind lit-liger's kernels (the casts fused by inductor in both)."""
+    if adapter_mod.fp8_why(recipe) is not None:
+        pytest.skip(adapter_mod.fp8_why(recipe))
+    from torch._dynamo.utils import counters
+
+    cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512)
+    fused, aside = (m.to("cuda", torch.bfloat16) for m in _pair(cfg))
+    for m in (fused, aside):
+        apply_liger(m, LigerConfig(fp8=recipe, compile_min_tokens=0))
+    torch.manual_seed(1)
+    x = torch.randint(1, cfg.vocab_size, (4, 32), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (4, 32), device="cuda")
+    torch._dynamo.reset()
+    counters.clear()
+    loss = chunked_cross_entropy(torch.compile(fused)(x), y)
+    loss.backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    with monkeypatch.context() as m:
+        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        torch._dynamo.reset()
+        loss_aside = chunked_cross_entropy(torch.compile(aside)(x), y)
+        loss_aside.backward()
+    assert rel_err(loss, loss_aside) <= 1e-3
+    for (n, p), q in zip(fused.named_parameters(), aside.parameters()):
+        assert rel_err(p.grad, q.grad) <= 2e-2, (n, rel_err(p.grad, q.grad))
