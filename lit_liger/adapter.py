@@ -646,6 +646,8 @@ class _GPTMixin:
         counted = grad and not torch.compiler.is_compiling()
         if counted:
             TRAINING_TOKENS["collated"] += idx.numel()
+            if getattr(self, "_liger_fp8_eager_warning", False):
+                _warn_fp8_eager(self)
         plan = self._liger_plan(idx) if grad else None
         if plan is None:
             out = self._liger_output(idx, counted)
@@ -782,6 +784,18 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
                 "activation_checkpointing_policy).", stacklevel=3)
         return False
     return True
+
+
+def _warn_fp8_eager(gpt: nn.Module) -> None:
+    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile``, where torchao's casts are slow."""
+    gpt._liger_fp8_eager_warning = False
+    import warnings
+
+    warnings.warn(
+        "lit-liger: fp8 is training without torch.compile. torchao's float8 casts run as several separate kernels "
+        "eagerly: on an H100 this measured 0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger "
+        "in bf16 (benchmarks/results/h100-2026-11-25e). Compile the model, or leave fp8 off (litgpt's recipes and "
+        "the lit-liger command do not compile).", stacklevel=3)
 
 
 _ZERO3_WARNED = False
@@ -935,6 +949,7 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport) -> Non
             setattr(parent, name, new)
             converted.append(full)
     if converted:
+        gpt._liger_fp8_eager_warning = True  # (see _warn_fp8_eager)
         report.add(_abbrev(converted), linear, f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(converted)} "
                                             "projections, fed by lit-liger's fused norm->Linear and GLU-product "
                                             "recompute (lit_liger.fp8)")

@@ -79,7 +79,8 @@ LIGER_HELP = (
     "recompute_mlp (true: each Block's fc_1/fc_2 outputs recomputed in backward, less memory; off by default); "
     "replicate_frozen_base (true: LoRA/adapter recipes on several devices run DDP, the frozen base replicated, "
     "instead of litgpt's FSDP; off by default); fp8 (off|tensorwise|rowwise|rowwise_with_gw_hp: the Block "
-    "projections' GEMMs in float8 with torchao, pip install 'lit-liger[fp8]'; off by default). "
+    "projections' GEMMs in float8 with torchao, pip install 'lit-liger[fp8]'; fast only under torch.compile, "
+    "which litgpt's recipes do not use: here it is slower than bf16, and says so; off by default). "
     "See ``lit_liger.LigerConfig``."
 )
 

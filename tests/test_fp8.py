@@ -243,3 +243,23 @@ def test_gpu_fp8_composition_under_compile(recipe, monkeypatch):
     assert rel_err(loss, loss_aside) <= 1e-3
     for (n, p), q in zip(fused.named_parameters(), aside.parameters()):
         assert rel_err(p.grad, q.grad) <= 2e-2, (n, rel_err(p.grad, q.grad))
+
+
+def test_fp8_warns_once_when_training_without_compile():
+    """Eager float8 is slower than bf16 (torchao's casts): the first eager training forward says so, once."""
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    ours = ours.to(torch.bfloat16)
+    apply_liger(ours, LigerConfig(fp8="tensorwise"))
+    x = torch.randint(1, cfg.vocab_size, (1, 8))
+    with pytest.warns(UserWarning, match="fp8 is training without torch.compile"):
+        ours(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours(x)  # once per model
+        with torch.no_grad():
+            ours(x)
+    apply_liger(ours, False)
+    assert not hasattr(ours, "_liger_fp8_eager_warning")
