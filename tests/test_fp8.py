@@ -183,7 +183,7 @@ def _saved_bytes_and_step(model, x, y):
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B", "gemma-2-2b"])
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B", "gemma-2-2b"])  # (Qwen2.5: qkv bias)
 def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, monkeypatch):
     """With fp8 the fused norm->Linear (norm_1 -> qkv, norm_2 -> fc_1, fc_2) and the GLU-product recompute
     (-> proj) call torchao's float8 GEMMs themselves (lit_liger.fp8): the same numbers, bit for bit, as the
