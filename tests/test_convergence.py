@@ -306,6 +306,36 @@ def test_step_variant_in_its_own_process_gives_the_in_process_result(tmp_path, a
     assert iso["step_ms"] > 0 and iso["n_params"] == inproc["n_params"]
 
 
+def test_step_fp8_variants(tmp_path, argv_guard):
+    """``benchmarks step --fp8 R``: the float8 variants of recipe R are added (or only those --variants names); on
+    CPU the compiled ones are skipped, ``lit-liger+fp8-R`` runs with R's float8 projections (its report says so)
+    and its first-step loss is eager's within the benchmark's tolerance; names parse back to their parts."""
+    pytest.importorskip("torchao.float8")
+    from benchmarks import step
+
+    assert step.split_variant("lit-liger+fp8-rowwise+compile") == ("lit-liger", "rowwise", True)
+    assert step.split_variant("fp8-tensorwise+compile") == ("eager", "tensorwise", True)
+    assert step.split_variant("compile") == ("eager", None, True)
+    assert step.split_variant("lit-liger") == ("lit-liger", None, False)
+    with pytest.raises(SystemExit, match="unknown --fp8 recipe"):
+        step.fp8_variants(["e4m3"])
+    with pytest.raises(SystemExit, match="float8 variants: --fp8"):
+        step.main(["--tiny", "--smoke", "--variants", "lit-liger+fp8-tensorwise", "--anchor", "none"])
+    res = step.main(["--tiny", "--smoke", "--models", "Llama-3.2-1B", "--variants", "eager", "--fp8", "tensorwise",
+                     "--anchor", "none", "--out", str(tmp_path)])
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert list(rows) == ["eager", "fp8-tensorwise+compile", "lit-liger+fp8-tensorwise",
+                          "lit-liger+fp8-tensorwise+compile"]
+    assert rows["fp8-tensorwise+compile"]["status"] == rows["lit-liger+fp8-tensorwise+compile"]["status"] \
+        == "skipped: no CUDA"
+    fp8 = rows["lit-liger+fp8-tensorwise"]
+    assert fp8["status"] == "ok" and "float8 GEMMs, torchao's 'tensorwise' recipe" in fp8["notes"]
+    assert fp8["loss_rel_diff_vs_eager"] <= step.LOSS_RTOL and res["settings"]["fp8"] == "tensorwise"
+    only = step.main(["--tiny", "--smoke", "--models", "Llama-3.2-1B", "--variants", "lit-liger+fp8-tensorwise",
+                      "--fp8", "tensorwise", "--anchor", "none", "--out", str(tmp_path / "only")])
+    assert [r["variant"] for r in only["rows"]] == ["lit-liger+fp8-tensorwise"]
+
+
 def _sleep_then(seconds: float, status: str) -> tuple[dict, str]:
     """A variant stand-in for run_isolated (top level: the spawned process imports it from this module)."""
     import time
