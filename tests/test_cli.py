@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -354,6 +355,34 @@ def test_finetune_bf16_true_liger_matches_stock(assets, tmp_path, monkeypatch):
     on, off = losses(tmp_path / "true"), losses(tmp_path / "false")
     assert len(on) == len(off) == STEPS
     assert all(abs(a - b) / abs(b) < 2e-2 for a, b in zip(on, off)), (on, off)  # bf16 weights and activations
+
+
+@pytest.mark.slow
+def test_finetune_full_fp8_through_the_cli(assets, tmp_path, monkeypatch, capsys):
+    """``--liger.fp8 tensorwise`` through litgpt's full fine-tuning script (bf16-true, CPU: torch's ``_scaled_mm``):
+    the report lists the float8 projections, the eager run warns that float8 wants torch.compile, the losses stay
+    within float8's error of the 16-bit run's (and differ from them: float8 GEMMs ran), and the checkpoint keeps
+    LitGPT's keys and loads in stock litgpt."""
+    pytest.importorskip("torchao.float8")
+    runs = {}
+    for name, extra in (("fp8", ["--liger.fp8", "tensorwise"]), ("bf16", [])):
+        args = finetune_args(assets, "finetune_full", tmp_path / name, "true")
+        args[args.index("--precision") + 1] = "bf16-true"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_cli(monkeypatch, [*args, *extra])
+        out = capsys.readouterr().out
+        runs[name] = losses(tmp_path / name)
+        eager_warned = any("fp8 is training without torch.compile" in str(w.message) for w in caught)
+        assert ("float8 GEMMs, torchao's 'tensorwise' recipe" in out) is eager_warned is (name == "fp8")
+    fp8, bf16 = runs["fp8"], runs["bf16"]
+    assert len(fp8) == len(bf16) == STEPS and fp8 != bf16
+    assert all(abs(a - b) / abs(b) < 5e-2 for a, b in zip(fp8, bf16)), (fp8, bf16)
+    final = tmp_path / "fp8" / "final"
+    saved = torch.load(final / "lit_model.pth", weights_only=True)["model"]
+    assert saved.keys() == torch.load(assets["ckpt"] / "lit_model.pth", weights_only=True).keys()
+    stock_loads_hparams(monkeypatch, capsys, "finetune_full", final / "hyperparameters.yaml")
+    stock_generates(monkeypatch, capsys, ["generate", final])
 
 
 @pytest.mark.slow
