@@ -961,6 +961,7 @@ def _restore_fp8(model: nn.Module) -> int:
     """Put back the Linears that :func:`_convert_fp8` replaced. Returns how many."""
     n = 0
     for parent in list(model.modules()):
+        parent.__dict__.pop("_liger_fp8_eager_warning", None)  # (a GPT whose class was not swapped keeps it)
         for name, child in list(parent.named_children()):
             orig = child.__dict__.get("_liger_fp8_orig")
             if orig is not None:

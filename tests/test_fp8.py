@@ -263,3 +263,6 @@ def test_fp8_warns_once_when_training_without_compile():
             ours(x)
     apply_liger(ours, False)
     assert not hasattr(ours, "_liger_fp8_eager_warning")
+    apply_liger(ours, LigerConfig(fp8="tensorwise", fused_linear_cross_entropy=False))  # (the GPT's class stays)
+    apply_liger(ours, False)
+    assert not hasattr(ours, "_liger_fp8_eager_warning")
