@@ -319,9 +319,16 @@ def test_deepspeed_fused_loss_matches_stock(stage, name):
         pytest.skip("needs torch.distributed with gloo")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    spawn_ranks(_deepspeed_worker, (2, _free_port(), stage, name, queue))
-    r = queue.get(timeout=60)
+    # Stock against stock first: the two ways of calling stock LitGPT must agree, or the run measured DeepSpeed, not
+    # the loss path. Under ZeRO-3 on CPU they did not, three times in CI (an lm_head gradient 10-100% off at one
+    # step, every loss equal; see _deepspeed_run), never in reruns. Such a run is repeated once; lit-liger's
+    # variants are held to the unchanged bounds below on a run where stock agrees with itself.
+    for attempt in range(2):
+        queue = ctx.Queue()
+        spawn_ranks(_deepspeed_worker, (2, _free_port(), stage, name, queue))
+        r = queue.get(timeout=60)
+        if max(r["stock-top"][4]) <= 1e-4:
+            break
     stock_losses = r["stock-around"][0]
     for variant in ("liger-around", "liger-top", "stock-top"):
         losses, _, _, _, grad_errs, _ = r[variant]
