@@ -502,9 +502,9 @@ def find_max_batch(config, variant: str, T: int, opts) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------
-COLUMNS = ["model", "B", "T", "variant", "step ms", "min", "max", "spread %", "tok/s", "x eager tok/s", "x compile tok/s",
-           "peak GiB", "x eager mem", "MFU meas", "MFU nominal", "loss@1", "loss vs eager", "max B", "tok/s @max B",
-           "anchor tok/s", "status"]
+COLUMNS = ["model", "B", "T", "variant", "step ms", "min", "max", "spread %", "tok/s", "x eager tok/s",
+           "x compile tok/s", "peak GiB", "x eager mem", "MFU meas", "MFU nominal", "loss@1", "loss vs eager", "max B",
+           "tok/s @max B", "anchor tok/s", "status"]
 
 
 def _table_rows(result: dict) -> list[list[Any]]:
@@ -512,8 +512,8 @@ def _table_rows(result: dict) -> list[list[Any]]:
     for r in result["rows"]:
         rows.append([r["model"], r["B"], r["T"], r["variant"], r.get("step_ms"), r.get("step_ms_min"),
                      r.get("step_ms_max"), r.get("spread_pct"), r.get("tok_per_s"), r.get("speedup_vs_eager"),
-                     r.get("speedup_vs_compile"), r.get("peak_GiB"), r.get("memory_vs_eager"), r.get("mfu_measured"), r.get("mfu_nominal"),
-                     r.get("loss"), r.get("loss_rel_diff_vs_eager"), r.get("max_batch"),
+                     r.get("speedup_vs_compile"), r.get("peak_GiB"), r.get("memory_vs_eager"), r.get("mfu_measured"),
+                     r.get("mfu_nominal"), r.get("loss"), r.get("loss_rel_diff_vs_eager"), r.get("max_batch"),
                      r.get("max_batch_tok_per_s"), r.get("anchor_tok_per_s"), r["status"]])
     return rows
 
