@@ -48,8 +48,9 @@ from typing import Any
 
 import torch
 
+from .step import FP8_RECIPES  # torchao's float8 training recipes: LigerConfig.fp8's values but "off"
+
 VARIANTS = ("eager", "lit-liger")
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's float8 training recipes (LigerConfig.fp8)
 FP8_PREFIX = "lit-liger+fp8-"  # the --fp8 runs: FP8_PREFIX + recipe
 FP8_REFERENCE = "lit-liger"  # the run the float8 runs are held to (same kernels, GEMMs in the run's dtype)
 TARGET_REL_DIFF = 1e-2  # issue 7: loss curves within 1% of each other after the warm-up (fp8: of lit-liger's)

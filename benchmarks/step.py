@@ -44,11 +44,12 @@ from typing import Any, Callable
 
 import torch
 
+from lit_liger.config import LigerConfig
 from lit_liger.doctor import _default_dtype  # the one default-dtype context manager
 
 DEFAULT_MODELS = ("Llama-3.2-1B", "Qwen3-1.7B", "gemma-2-2b")
 VARIANTS = ("eager", "lit-liger", "compile", "lit-liger+compile", "liger-kernel")
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig recipe names
+FP8_RECIPES = tuple(r for r in LigerConfig.choices()["fp8"] if r != "off")  # torchao's recipe names
 ANCHOR_VARIANT = {"eager": "eager", "compile": "compile", "liger-kernel": "liger"}
 # --tiny: the named config's family (norms, MLP class, softcaps, qk-norm...) at toy size, for CPU smoke runs
 TINY = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128,
