@@ -105,7 +105,10 @@ class _NormLinearFp8(torch.autograd.Function):
                 grads_wb += [None, None]
                 continue
             dx_i, dw = _fp8_backward(y, w, dout, mm_config, config)
-            dy = dx_i if dy is None else dy + dx_i
+            if dy is None:
+                dy = dx_i  # a new tensor of torchao's GEMM: eagerly, the next one is added into it
+            else:
+                dy = dy + dx_i if compiling else dy.add_(dx_i)
             db = dout.reshape(-1, dout.shape[-1]).sum(0).to(b.dtype) if b is not None and needs[7 + 2 * i] else None
             grads_wb += [dw if needs[6 + 2 * i] else None, db]
         del y

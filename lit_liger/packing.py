@@ -10,10 +10,10 @@ real position. What a step computes then is the real tokens, not the padded rect
 How a batch is packed (:func:`plan`): each row's length is the position after its last non-zero token id (at
 least 1): the trailing zeros are the collate's padding. The rows are laid end to end, and the packed length is
 padded up to a bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.buckets.packed_bucket_length`; the pad is a
-segment of its own at the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). One host sync per step reads the lengths. A sample
-whose real last token is id 0 is shortened by this rule: its left-out positions' targets are checked at the loss
-(:class:`lit_liger.loss.LigerLogits`), and where one is not ignored the loss comes from an unpacked forward
-instead (with a warning), so a packed step is never silently different.
+segment of its own at the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). One host
+sync per step reads the lengths. A sample whose real last token is id 0 is shortened by this rule: its left-out
+positions' targets are checked at the loss (:class:`lit_liger.loss.LigerLogits`), and where one is not ignored the
+loss comes from an unpacked forward instead (with a warning), so a packed step is never silently different.
 
 Attention (:func:`attend`): on CUDA, PyTorch's flash attention over cumulative sequence lengths
 (``aten::_flash_attention_forward``/``_backward``: GQA without copies, a sliding window as its left window,
