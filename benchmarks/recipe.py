@@ -47,6 +47,7 @@ VARIANTS = {
     "liger-graphs": ["--liger.cuda_graphs", "true"],
     "liger-no-buckets": ["--liger.seq_buckets", "false", "--liger.cuda_graphs", "false"],
     "liger-sdpa-torch": ["--liger.sdpa_backend", "torch"],
+    "liger-sdpa-flash": ["--liger.sdpa_backend", "flash"],
     "liger-no-graphs-sdpa-torch": ["--liger.cuda_graphs", "false", "--liger.sdpa_backend", "torch"],
     "liger-no-lora": ["--liger.lora", "false", "--liger.cuda_graphs", "false"],
     "liger-mt": ["--liger.caller_thread_backward", "false"],
@@ -165,6 +166,10 @@ def padding_from_log(text: str) -> dict[str, Any]:
         out["tokens_processed"] = int(ran.group(1).replace(",", "")) if ran else out["tokens_collated"]
         if out["tokens_processed"]:
             out["padding_fraction"] = 1 - out["tokens_real"] / out["tokens_processed"]
+    graphs = re.search(r"lit-liger: CUDA graphs: (\d+) input shapes captured in ([\d.]+) s.*?\(per phase: ([^)]*)\)", text)
+    if graphs:  # (lit_liger.graphs.capture_report)
+        out["graph_captures"], out["graph_capture_s"] = int(graphs.group(1)), float(graphs.group(2))
+        out["graph_capture_phases_s"] = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", graphs.group(3))}
     return out
 
 

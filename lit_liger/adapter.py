@@ -658,7 +658,7 @@ class _GPTMixin:
             out = LigerLogits(
                 x[0], self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
                 self._liger_flce_mode, None, x.dtype, 0, None, max_chunk_bytes=self._liger_chunk_cap(x),
-                rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False),
+                rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False), left_out=plan.check,
             )
         return [out] if lm_head_chunk_size > 0 else out
 
@@ -674,8 +674,11 @@ class _GPTMixin:
                 return None
         elif not _PACK_ON_CPU:
             return None
-        bucket = packed_bucket_length if getattr(self, "_liger_seq_buckets", False) else None
-        return _packing.plan(idx, bucket, self.cos.size(0))
+        bucketed = getattr(self, "_liger_seq_buckets", False)
+        ready = _packing.ready_plan(idx, bucketed, self.cos.size(0))  # planned by the data loader (no host sync)
+        if ready is not None:
+            return ready
+        return _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
 
     def _liger_output(self, idx: torch.Tensor, counted: bool) -> LigerLogits:
         """The training output of the batch ``idx`` as LitGPT computes it (padded rows; right-padded further to a

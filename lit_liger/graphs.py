@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from torch.nn.modules import module as _nn_module
 from ._dist import several_processes, sharded_processes
 from .quant import is_4bit
 
-__all__ = ["GraphRunner", "MAX_GRAPHS", "runner_for"]
+__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "runner_for"]
 
 
 @contextlib.contextmanager
@@ -143,6 +144,26 @@ CAPTURE_FULL_TRAINING = True
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
+#: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
+#: :func:`capture_report`): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
+#: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
+#: ``first_replay`` the new forward graph's first replay (its upload to the device)
+CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
+                 "first_replay": 0.0}
+
+
+def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
+    """One line on a run's CUDA graphs (``stats``: the change of :data:`CAPTURE_STATS` over the run), or None where
+    nothing was captured."""
+    if not stats.get("captures"):
+        return None
+    phases = ("release", "warmup", "forward", "backward", "first_replay")
+    total = sum(stats[k] for k in phases)
+    share = f", {total / wall_s:.1%} of the run's {wall_s:.1f} s" if wall_s else ""
+    return (f"lit-liger: CUDA graphs: {stats['captures']} input shapes captured in {total:.2f} s{share} (per phase: "
+            + ", ".join(f"{k} {stats[k]:.2f} s" for k in phases)
+            + f"), {stats['replays']:,} replayed steps")
+
 
 class _Graphs:
     """The forward and backward graphs of one input shape, with their static inputs and outputs."""
@@ -163,6 +184,13 @@ class _Graphs:
             _clear_blas_workspaces()
 
     def _capture(self, params: list[nn.Parameter]) -> None:
+        # the garbage collector stays off for the warm-up and both captures (see _no_gc); it collects first only
+        # before a model's first capture, where earlier models' dead pools may be waiting: a full collection costs
+        # 0.3 s in a litgpt process (measured on an H100, Llama-3.2-1B LoRA: it was half of every new shape's cost)
+        with _no_gc(collect=self.runner.captures == 0):
+            self._capture_ungc(params)
+
+    def _capture_ungc(self, params: list[nn.Parameter]) -> None:
         runner, gpt = self.runner, self.runner.gpt
         bufs = runner.grad_buffers(params)
         if runner.stream is None:
@@ -171,7 +199,8 @@ class _Graphs:
         if runner.pool is None:
             runner.new_pool()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), _no_gc(), _allocating_to(runner.pool if WARMUP_IN_POOL else None, self.static_idx.device):
+        t0 = time.perf_counter()
+        with torch.cuda.stream(stream), _allocating_to(runner.pool if WARMUP_IN_POOL else None, self.static_idx.device):
             # warm-up outside the capture: first-call work (the stream's cuBLAS workspace, attention plans, Triton
             # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
             # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
@@ -181,6 +210,7 @@ class _Graphs:
             out_spec = hidden.shape, hidden.dtype, hidden.device
             del hidden
         torch.cuda.current_stream().wait_stream(stream)
+        t1 = time.perf_counter()
         out_buf = runner.shared_view("out", *out_spec)  # (outside the pool: a plain allocation)
         self.fwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
@@ -193,6 +223,7 @@ class _Graphs:
             # It is a view of one buffer that every shape's output shares (the final norm's own output is a
             # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
             self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx, self.static_plan), out_buf)
+        t2 = time.perf_counter()
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
@@ -207,6 +238,10 @@ class _Graphs:
             elif pairs:
                 torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
             del grads, pairs
+        t3 = time.perf_counter()
+        CAPTURE_STATS["warmup"] += t1 - t0
+        CAPTURE_STATS["forward"] += t2 - t1
+        CAPTURE_STATS["backward"] += t3 - t2
         self.static_hidden = self.static_out.detach()
         self.grads = [b if u else None for b, u in zip(bufs, self.used)]
         self.params = params
@@ -462,8 +497,10 @@ class GraphRunner:
                 release = True  # the old pool's memory goes before the new shape's warm-up needs its own
                 self.regrown += 1
             if release:  # one synchronize + empty_cache per capture, whichever of the two asked for it
+                t0 = time.perf_counter()
                 torch.cuda.synchronize(idx.device)
                 torch.cuda.empty_cache()
+                CAPTURE_STATS["release"] += time.perf_counter() - t0
             try:
                 with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                     graphs = _Graphs(self, idx, params, plan)
@@ -486,7 +523,15 @@ class GraphRunner:
             self.graphs[key] = graphs
             self._drop_unused_buffers()
             self.captures += 1
+            CAPTURE_STATS["captures"] += 1
+            self.replays += 1
+            CAPTURE_STATS["replays"] += 1
+            t0 = time.perf_counter()
+            out = _Replay.apply(graphs, idx, plan, *graphs.params)
+            CAPTURE_STATS["first_replay"] += time.perf_counter() - t0
+            return out
         self.replays += 1
+        CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
 
     def _drop_unused_buffers(self) -> None:
@@ -572,16 +617,17 @@ def _allocating_to(pool: Any, device: torch.device) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Python's garbage collector collects first, then stays off for the block. Seen on an H100 (torch 2.11): a
-    garbage collection inside the warm-up (set off by a FlexAttention block mask's construction: vmap, many small
-    objects), in a test process holding earlier tests' models and graph pools, aborted the process with no
+def _no_gc(collect: bool = True) -> Iterator[None]:
+    """Python's garbage collector stays off for the block (collecting first where ``collect``). Seen on an H100 (torch
+    2.11): a garbage collection inside the warm-up (set off by a FlexAttention block mask's construction: vmap, many
+    small objects), in a test process holding earlier tests' models and graph pools, aborted the process with no
     message; with this the same tests pass. Our reading, not proven: inside ``_allocating_to`` the allocator counts
     a capture underway, and a collection that frees a dead memory pool there trips its "captures_underway.empty()"
-    assertion (the failure pytorch/pytorch#180395 describes). ``torch.cuda.graph`` collects before each capture
-    too."""
+    assertion (the failure pytorch/pytorch#180395 describes). Without ``collect`` dead objects wait for the next
+    collection after the block, where freeing a pool is safe."""
     enabled = gc.isenabled()
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.disable()
     try:
         yield

@@ -104,6 +104,10 @@ class LigerLogitsError(TypeError, AttributeError):
 
 _MATERIALIZE_WARNED = [False]
 
+#: how packed losses checked their left-out positions' targets: from the data loader's host finding (``host``, no
+#: sync) or on the device (``device``, one host sync each)
+PACKED_LOSS_CHECKS = {"host": 0, "device": 0}
+
 
 _UNPACKED_WARNED = [False]
 
@@ -228,6 +232,9 @@ class LigerLogits:
     # the padded batch, LitGPT's computation) for what needs logits at those positions. None: not packed.
     rows: torch.Tensor | None = None
     unpacked: Any = None
+    # what the data loader found on the host about the left-out positions' targets (``lit_liger.packing.LeftOut``):
+    # where it answers, the loss needs no host sync to check them
+    left_out: Any = None
 
     def __post_init__(self) -> None:
         # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
@@ -471,7 +478,12 @@ class LigerLogits:
         is over the same valid targets and no logits are computed for padding."""
         rows, flat = self.rows.reshape(-1), targets.reshape(-1)
         left_out = rows < 0
-        if bool((left_out & (flat != ignore_index)).any()):  # (one host sync)
+        known = None
+        if self.left_out is not None:
+            root = self.root if self.root is not None else self
+            known = self.left_out.verdict(targets, self.rows, root.rows, ignore_index)
+        PACKED_LOSS_CHECKS["host" if known is not None else "device"] += 1
+        if (not known) if known is not None else bool((left_out & (flat != ignore_index)).any()):  # (device: a sync)
             _warn_unpacked()
             return self._on_unpacked().loss(targets, ignore_index, reduction, num_valid_targets, **kwargs)
         n = self.hidden.shape[0]

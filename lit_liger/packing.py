@@ -25,6 +25,7 @@ padded, as before, and the report says so.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from .kernels._launch import device_limits
 
-__all__ = ["Pack", "Plan", "attend", "flash_varlen_ok", "plan"]
+__all__ = ["BATCH_KEY", "LeftOut", "Pack", "Plan", "attend", "flash_varlen_ok", "host_plan", "plan", "ready_plan", "register"]
 
 
 @dataclasses.dataclass
@@ -59,6 +60,45 @@ class Plan:
     pack: Pack
     rows: torch.Tensor
     real: int  # tokens of the samples (N without the bucket's pad)
+    check: LeftOut | None = None  # what the host knows about the left-out positions' targets (see ready_plan)
+
+
+@dataclasses.dataclass
+class LeftOut:
+    """What the data loader found, on the host, about the targets at the positions a packed batch leaves out
+    (:func:`host_plan`): ``same``: no label that is not ``ignore_index`` sits at a left-out position of ``labels``;
+    ``shifted``: none sits one position after one (litgpt's ``targets[..., 1:]`` against ``logits[..., :-1]``).
+    ``labels`` (a weak reference) and ``version`` say which tensor that was and that it was not written to since."""
+
+    labels: Any
+    version: int
+    same: bool
+    shifted: bool
+    ignore_index: int
+
+    def verdict(self, targets: torch.Tensor, rows: torch.Tensor, root_rows: torch.Tensor, ignore_index: int
+                ) -> bool | None:
+        """Whether the loss over ``targets`` against the positions ``rows`` (a view of ``root_rows``, the batch's
+        ``(B, T)`` rows) is free of left-out targets: True / False where the loader's finding answers it (``targets``
+        is the registered labels, or ``labels[..., 1:]`` against ``rows[..., :-1]``, unchanged), None where it
+        does not (the caller checks on the device)."""
+        labels = self.labels()
+        if labels is None or ignore_index != self.ignore_index or labels._version != self.version \
+                or labels.dim() != 2 or root_rows.shape != labels.shape:
+            return None
+        if targets.untyped_storage().data_ptr() != labels.untyped_storage().data_ptr() \
+                or rows.untyped_storage().data_ptr() != root_rows.untyped_storage().data_ptr():
+            return None
+        if targets.stride() != labels.stride() or rows.stride() != root_rows.stride() \
+                or rows.storage_offset() != root_rows.storage_offset():
+            return None
+        B, T = labels.shape
+        if targets.shape == labels.shape == rows.shape and targets.storage_offset() == labels.storage_offset():
+            return self.same
+        if targets.shape == rows.shape == (B, T - 1) and targets.storage_offset() == labels.storage_offset() + \
+                labels.stride(1):
+            return self.shifted
+        return None
 
 
 def row_lengths(idx: torch.Tensor) -> list[int]:
@@ -70,6 +110,24 @@ def row_lengths(idx: torch.Tensor) -> list[int]:
     return last.tolist()
 
 
+def _layout(lengths: list[int], T: int, bucket: Callable[[int], int] | None, max_position: int) -> tuple:
+    """Where each row's tokens go in the packed sequence: ``(real, n, bounds, src, positions, rows)`` on the host. The
+    bucket's pad segment counts positions from 0, kept below ``T`` and ``max_position`` (its outputs are not read)."""
+    real = sum(lengths)
+    n = bucket(real) if bucket is not None else real
+    n = max(n, real)
+    starts = [0]
+    for L in lengths:
+        starts.append(starts[-1] + L)
+    bounds = (*starts, n)  # the samples, then the pad segment [real, n)
+    src = torch.cat([torch.arange(L) + b * T for b, L in enumerate(lengths)])  # (real,) flat (b, t) of each row
+    top = min(T, max_position) - 1
+    positions = torch.cat([torch.arange(L) for L in lengths] + [torch.arange(n - real).clamp_(max=top)])
+    rows = torch.full((len(lengths) * T,), -1, dtype=torch.long)
+    rows[src] = torch.arange(real)
+    return real, n, bounds, src, positions, rows
+
+
 def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: int) -> Plan | None:
     """The packed form of the ``(B, T)`` batch ``idx``, or None where packing saves nothing (one row, or no row with
     padding). ``bucket``: the packed length's bucket (None: exact); ``max_position``: positions stay below it (the
@@ -78,19 +136,9 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
     if B < 2:
         return None
     lengths = row_lengths(idx)
-    real = sum(lengths)
-    if real == B * T:
+    if sum(lengths) == B * T:
         return None
-    n = bucket(real) if bucket is not None else real
-    n = max(n, real)
-    starts = [0]
-    for L in lengths:
-        starts.append(starts[-1] + L)
-    bounds = (*starts, n)  # the samples, then the pad segment [real, n)
-    src = torch.cat([torch.arange(L) + b * T for b, L in enumerate(lengths)])  # (real,) flat (b, t) of each row
-    positions = torch.cat([torch.arange(L) for L in lengths] + [torch.arange(n - real).clamp_(max=max_position - 1)])
-    rows = torch.full((B * T,), -1, dtype=torch.long)
-    rows[src] = torch.arange(real)
+    real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, max_position)
     host = torch.cat([src, positions, rows, torch.tensor(bounds)])  # one copy to the device, not four
     if idx.device.type == "cuda":
         host = host.pin_memory().to(idx.device, non_blocking=True)
@@ -98,6 +146,75 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
     cu = cu.to(torch.int32)
     packed = F.pad(idx.reshape(-1)[src], (0, n - real), value=0).unsqueeze(0)  # (1, n)
     return Plan(packed, positions, Pack(cu, n, bounds), rows.view(B, T), real)
+
+
+#: the key under which :func:`host_plan`'s result travels in a batch dict (popped by :func:`register`)
+BATCH_KEY = "_liger_pack"
+
+
+def host_plan(idx: torch.Tensor, labels: torch.Tensor | None, bucket: Callable[[int], int] | None,
+              ignore_index: int = -100) -> tuple | None:
+    """:func:`plan`'s work done on the host, where the batch is still a CPU tensor (in a data loader's collate, so in
+    its worker processes): ``(data, meta)``, one int64 tensor (the packed ids, positions, rows, boundaries) to travel
+    to the device with the batch, and the host facts (sizes, boundaries, and the :class:`LeftOut` findings on
+    ``labels``); None where :func:`plan` would return None."""
+    if idx.dim() != 2 or idx.is_cuda or idx.dtype not in (torch.int32, torch.int64):
+        return None
+    B, T = idx.shape
+    if B < 2:
+        return None
+    lengths = row_lengths(idx)  # (a CPU tensor: no device sync)
+    if sum(lengths) == B * T:
+        return None
+    real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, T)  # (T: the model's RoPE cache is longer)
+    packed = F.pad(idx.reshape(-1)[src].long(), (0, n - real), value=0)
+    same = shifted = None
+    if labels is not None and labels.shape == idx.shape and not labels.is_cuda:
+        left = (rows < 0).view(B, T)
+        labeled = labels != ignore_index
+        same = not bool((left & labeled).any())
+        shifted = not bool((left[:, :-1] & labeled[:, 1:]).any())
+    data = torch.cat([packed, positions, rows, torch.tensor(bounds)])
+    return data, (B, T, real, n, bounds, bucket is not None, same, shifted, ignore_index)
+
+
+#: the batch whose host plan the training loop is about to use: ``id(input_ids)`` -> its entry (one at a time)
+_READY: dict[int, tuple] = {}
+
+
+def register(batch: Any) -> None:
+    """Take :func:`host_plan`'s result out of a batch dict that reached the device (``batch[BATCH_KEY]``) and keep it
+    for the forward of ``batch["input_ids"]`` (:func:`ready_plan`). Only the latest batch is kept."""
+    _READY.clear()
+    entry = batch.pop(BATCH_KEY, None) if isinstance(batch, dict) else None
+    idx, labels = (batch.get("input_ids"), batch.get("labels")) if isinstance(batch, dict) else (None, None)
+    if entry is None or not isinstance(idx, torch.Tensor):
+        return
+    data, meta = entry
+    if not isinstance(labels, torch.Tensor):
+        labels = None
+    _READY[id(idx)] = (weakref.ref(idx), idx._version, None if labels is None else weakref.ref(labels),
+                       None if labels is None else labels._version, data, meta)
+
+
+def ready_plan(idx: torch.Tensor, bucketed: bool, max_position: int) -> Plan | None:
+    """The plan :func:`register` kept for exactly this tensor (the same object, not written to since, laid out with
+    the model's bucket ladder, its positions inside the RoPE cache's ``max_position``), or None: the caller plans it
+    with :func:`plan`."""
+    entry = _READY.get(id(idx))
+    if entry is None:
+        return None
+    ref, version, labels_ref, labels_version, data, meta = entry
+    B, T, real, n, bounds, was_bucketed, same, shifted, ignore_index = meta
+    if ref() is not idx or idx._version != version or tuple(idx.shape) != (B, T) or data.device != idx.device \
+            or T > max_position or was_bucketed != bucketed:
+        return None
+    packed, positions, rows, cu = data.split([n, n, B * T, len(bounds)])
+    check = None
+    if labels_ref is not None and same is not None:
+        check = LeftOut(labels_ref, labels_version, same, shifted, ignore_index)
+    return Plan(packed.to(idx.dtype).view(1, n), positions, Pack(cu.to(torch.int32), n, bounds), rows.view(B, T), real,
+                check)
 
 
 def flash_varlen_ok(device: torch.device, dtype: torch.dtype, head_size: int) -> bool:

@@ -643,17 +643,24 @@ def test_graphs_capture_flex_attention_models_unless_switched_off(monkeypatch, n
     assert (why == graphs_mod.FLEX_WHY) if flex else why is None
 
 
-def test_capture_warm_up_runs_without_the_garbage_collector():
-    """``graphs._no_gc``: collects first, keeps the collector off inside (a collection freeing a dead memory pool
-    while allocations are routed to a pool aborts the process), and puts its state back, on an error too."""
+def test_capture_warm_up_runs_without_the_garbage_collector(monkeypatch):
+    """``graphs._no_gc``: collects first (only where asked: a model's first capture; a full collection costs 0.3 s in
+    a litgpt process), keeps the collector off inside (a collection freeing a dead memory pool while allocations are
+    routed to a pool aborts the process), and puts its state back, on an error too."""
     import gc
 
     from lit_liger.graphs import _no_gc
 
+    collected = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(a) or collect(*a))
     assert gc.isenabled()
     with _no_gc():
         assert not gc.isenabled()
-    assert gc.isenabled()
+    assert gc.isenabled() and len(collected) == 1
+    with _no_gc(collect=False):
+        assert not gc.isenabled()
+    assert gc.isenabled() and len(collected) == 1
     with pytest.raises(RuntimeError), _no_gc():
         raise RuntimeError("warm-up failed")
     assert gc.isenabled()

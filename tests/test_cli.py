@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import subprocess
@@ -916,3 +917,66 @@ def test_padding_report_counts():
                     "(litgpt's collate padded to 800, 25.0%; lit-liger's length buckets added 200)")
     assert padding_report(None, {"collated": 8, "processed": 8}) is None  # pretrain's fit returns nothing
     assert padding_report({"raw_tokens_plus_prompt_template": 5}, {"collated": 0, "processed": 0}) is None
+
+
+@pytest.mark.slow
+def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path, monkeypatch, capsys):
+    """``--liger.packing true`` through the CLI: the data loader lays each batch out packed on the host
+    (``cli.LigerCollate``), so the forward reads no lengths back from the device and the loss checks the left-out
+    targets from the loader's finding; litgpt's token counts stay on the host. Losses equal stock's, and so does
+    every token count litgpt reports."""
+    from lit_liger import adapter as adapter_mod
+    from lit_liger import loss as loss_mod
+    from lit_liger import packing
+
+    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    rng = random.Random(0)  # short samples of different lengths: batches with padding to pack
+    words = "def return value list self model data index tensor shape".split()
+    data = tmp_path / "short.json"
+    data.write_text(json.dumps([{"instruction": "Write it.", "input": "",
+                                 "output": " ".join(rng.choice(words) for _ in range(rng.randint(3, 60)))}
+                                for _ in range(40)]))
+    longer = ["--train.max_seq_length", 256, "--data.json_path", data]  # (the last value wins)
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "off", "false"), *longer])
+    off = capsys.readouterr().out
+    planned, plan = [], packing.plan
+    monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "on", "true"), *longer,
+                          "--liger.packing", "true"])
+    on = capsys.readouterr().out
+    assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
+    assert "lay each batch out packed, so that the step reads nothing back from the GPU" in on
+    assert "lit-liger packed the batches of" in on  # (the padding line: packing happened)
+    assert not planned  # every training batch came planned by the loader
+    assert loss_mod.PACKED_LOSS_CHECKS["host"] > before["host"]
+    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    counts = [re.findall(r"(Tokens w/ Prompt|Total Tokens \(w/ Padding\)|Raw Tokens)\s*:\s*(\d+)", out)
+              for out in (on, off)]
+    assert counts[0] == counts[1] and len(counts[0]) >= 2, counts
+
+
+def test_liger_collate_travels_to_workers_and_back():
+    """``LigerCollate`` pickles (data loader workers started with spawn / forkserver), keeps litgpt's batch, adds the
+    packed layout, and the token counts come back as host tensors after the move (``_AfterMove``)."""
+    from litgpt.data.base import get_sft_collate_fn
+
+    from lit_liger.cli import LigerCollate, _AfterMove
+    from lit_liger.packing import BATCH_KEY, ready_plan
+
+    samples = [{"input_ids": torch.arange(1, L + 1), "labels": torch.arange(1, L + 1),
+                "token_counts": {"raw": L - 2, "raw_plus_prompt_template": L}} for L in (5, 9, 7)]
+    collate = pickle.loads(pickle.dumps(LigerCollate(get_sft_collate_fn(ignore_index=-7), pack=True, bucketed=False)))
+    assert collate.ignore_index == -7
+    batch = pickle.loads(pickle.dumps(collate(samples)))  # (a worker's batch reaches the main process pickled)
+    stock = get_sft_collate_fn(ignore_index=-7)(samples)
+    assert torch.equal(batch["input_ids"], stock["input_ids"]) and torch.equal(batch["labels"], stock["labels"])
+    assert BATCH_KEY in batch
+    (out,) = list(_AfterMove([batch]))
+    assert BATCH_KEY not in out and out["token_counts"].keys() == stock["token_counts"].keys()
+    for k, v in stock["token_counts"].items():
+        assert torch.equal(out["token_counts"][k], v) and out["token_counts"][k].device.type == "cpu"
+    plan = ready_plan(out["input_ids"], False, 64)
+    assert plan is not None and plan.real == 21 and plan.check.ignore_index == -7
+    no_pack = LigerCollate(get_sft_collate_fn(), pack=False, bucketed=False)(samples)
+    assert BATCH_KEY not in no_pack

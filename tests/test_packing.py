@@ -259,3 +259,112 @@ def test_gpu_packed_steps_equal_padded_steps(name, graphs):
         from lit_liger.graphs import runner_for
 
         assert runner_for(a).captures == 2 and runner_for(a).replays == 3
+
+
+# -- plans made by the data loader (lit-liger's CLI: ``LigerCollate`` on the host, ``register`` after the move) --------
+def _ready(x, y, bucketed=False, max_position=64):
+    entry = packing.host_plan(x, y, packing_bucket if bucketed else None)
+    batch = {"input_ids": x, "labels": y, packing.BATCH_KEY: entry}
+    packing.register(batch)
+    assert packing.BATCH_KEY not in batch  # taken out: the training loop sees litgpt's keys only
+    return packing.ready_plan(x, bucketed, max_position)
+
+
+def packing_bucket(n):
+    from lit_liger.buckets import packed_bucket_length
+
+    return packed_bucket_length(n)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_host_plan_equals_the_forward_plan(bucketed):
+    """The data loader's plan (no device sync) is the forward's own plan, field by field."""
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    x, y = _batch(cfg)
+    ours = _ready(x, y, bucketed)
+    ref = packing.plan(x, packing_bucket if bucketed else None, 64)
+    assert ours is not None and ours.check is not None
+    for field in ("idx", "positions", "rows"):
+        assert torch.equal(getattr(ours, field), getattr(ref, field)), field
+    assert torch.equal(ours.pack.cu_seqlens, ref.pack.cu_seqlens) and ours.pack.cu_seqlens.dtype == torch.int32
+    assert (ours.pack.max_len, ours.pack.bounds, ours.real) == (ref.pack.max_len, ref.pack.bounds, ref.real)
+    assert ours.idx.shape[1] == (packing_bucket(sum(LENGTHS)) if bucketed else sum(LENGTHS))
+
+
+def test_ready_plan_only_for_the_registered_unchanged_tensor():
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    x, y = _batch(cfg)
+    assert _ready(x, y) is not None
+    assert packing.ready_plan(x.clone(), False, 64) is None  # the same values in another tensor: not this batch
+    assert packing.ready_plan(x, True, 64) is None  # laid out for another bucket ladder
+    assert packing.ready_plan(x, False, x.shape[1] - 1) is None  # ... or positions past the RoPE cache
+    x[0, 0] = 7  # written to after the loader planned it
+    assert packing.ready_plan(x, False, 64) is None
+    packing.register({"input_ids": x})  # the next batch, unplanned, replaces it
+    assert packing.ready_plan(x, False, 64) is None
+    assert packing.host_plan(x[:1], y[:1], None) is None  # one row: nothing to pack
+    assert packing.host_plan(torch.ones(2, 4, dtype=torch.long), None, None) is None  # no padding
+
+
+def test_left_out_verdict_answers_only_for_the_labels_it_saw():
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    x, y = _batch(cfg)
+    plan = _ready(x, y)
+    rows, check = plan.rows, plan.check
+    assert check.verdict(y, rows, rows, -100) is True  # no trained label at a left-out position
+    assert check.verdict(y[..., 1:], rows[..., :-1], rows, -100) is True  # litgpt's shift
+    assert check.verdict(y[..., 1:], rows[..., 1:], rows, -100) is None  # another alignment: the device checks
+    assert check.verdict(y.clone(), rows, rows, -100) is None  # not the labels it saw
+    assert check.verdict(y, rows, rows, 0) is None  # another ignore_index
+    x, y = _batch(cfg)
+    x[2, 12:14] = 0  # sample 2 ends in two zeros whose targets are trained (see the test above)
+    y[2, 11:14] = torch.tensor([3, 0, 0])
+    plan = _ready(x, y)
+    assert plan.check.verdict(y[..., 1:], plan.rows[..., :-1], plan.rows, -100) is False
+    assert plan.check.verdict(y, plan.rows, plan.rows, -100) is False
+    y[0, 0] = 5  # written to since: no verdict
+    assert plan.check.verdict(y, plan.rows, plan.rows, -100) is None
+
+
+def _cli_lora_step_loss(model, x, y):
+    """litgpt/finetune/lora.py's loss as lit-liger's CLI runs it (its ``chunked_cross_entropy`` is lit-liger's)."""
+    out = model(x, lm_head_chunk_size=128)
+    out[-1] = out[-1][..., :-1, :]
+    return chunked_cross_entropy(out, y[..., 1:])
+
+
+def _cli_full_step_loss(model, x, y):
+    return chunked_cross_entropy(model(x)[..., :-1, :], y[..., 1:])
+
+
+@pytest.mark.parametrize("loss_fn", [_cli_lora_step_loss, _cli_full_step_loss])
+def test_loader_planned_steps_equal_stock_without_a_device_check(pack_on_cpu, monkeypatch, loss_fn):
+    """A batch planned by the data loader trains as stock LitGPT on the padded batch; its forward plans nothing and
+    its loss checks the left-out targets from the loader's finding, not on the device. (litgpt's own
+    ``chunked_cross_entropy`` flattens the targets into a copy, whose left-out positions the device checks: the
+    other tests here.)"""
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg)
+    assert _ready(x, y, bucketed=True, max_position=ours.cos.size(0)) is not None
+    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("the forward planned a batch the loader planned"))
+    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    _compare(ref, ours, loss_fn, x, y)
+    assert loss_mod.PACKED_LOSS_CHECKS["host"] == before["host"] + 1
+    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+
+
+def test_loader_finding_a_trained_left_out_target_falls_back(pack_on_cpu, monkeypatch):
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg)
+    x[2, 12:14] = 0
+    y[2, 11:14] = torch.tensor([3, 0, 0])
+    assert _ready(x, y, bucketed=True, max_position=ours.cos.size(0)) is not None
+    monkeypatch.setattr(loss_mod, "_UNPACKED_WARNED", [False])
+    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    with pytest.warns(UserWarning, match="lit-liger packing: a sample's trailing token id 0"):
+        _compare(ref, ours, _cli_lora_step_loss, x, y)
+    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
