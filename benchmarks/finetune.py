@@ -105,17 +105,20 @@ def _n_params(config) -> int:
 
 
 def command(method: str, ckpt: Path, data_path: Path, run_dir: Path, precision: str, micro_batch_size: int,
-            max_seq_length: int, steps: int, liger: bool, devices: int = 1) -> list[str]:
-    """``lit-liger <script>`` arguments: the demo's (``lit_liger.demo.finetune_command``) plus --liger;
-    ``devices`` > 1 keeps one micro-batch per device per optimizer step. ``pretrain`` trains the same
-    architecture from scratch on the machine's Python sources (``lit_liger.demo.LocalText``)."""
+            max_seq_length: int, steps: int, liger: bool, devices: int = 1, extra: str = "") -> list[str]:
+    """``lit-liger <script>`` arguments: the demo's (``lit_liger.demo.finetune_command``) plus --liger (and, for
+    ``--liger true``, ``extra``: more ``--liger.NAME VALUE`` arguments); ``devices`` > 1 keeps one micro-batch per
+    device per optimizer step. ``pretrain`` trains the same architecture from scratch on the machine's Python sources
+    (``lit_liger.demo.LocalText``)."""
+    import shlex
+
     from lit_liger.demo import finetune_command
 
     args = finetune_command(ckpt, data_path, run_dir, precision, micro_batch_size, max_seq_length, steps)
     assert args[0] == "finetune_lora"
     args[args.index("--devices") + 1] = str(devices)
     args[args.index("--train.global_batch_size") + 1] = str(micro_batch_size * devices)
-    liger_args = ["--liger", "true" if liger else "false"]
+    liger_args = ["--liger", "true"] + shlex.split(extra) if liger else ["--liger", "false"]
     if method != "pretrain":
         return [f"finetune_{method}", *args[1:], *liger_args]
     cfg_file = run_dir.parent / f"pretrain-{ckpt.name}.yaml"
@@ -311,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then run stock and lit-liger again at this micro-batch (e.g. 2x: does lit-liger fit twice "
                         "the batch in stock's memory?); compared with stock at --micro_batch_size")
     p.add_argument("--precision", default=None, help="Lightning precision (default bf16-true on a GPU, else 32-true)")
+    p.add_argument("--liger_args", default="", help="more lit-liger settings for the --liger true runs, e.g. "
+                   "'--liger.fp8 tensorwise --liger.fp8_all_gather false'")
     p.add_argument("--work_dir", type=Path, default=WORK_DIR,
                    help=f"checkpoint, data and the runs' folders (default {WORK_DIR}); reused when there")
     p.add_argument("--out", type=Path, default=None,
@@ -365,6 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
         "kind": "finetune", "environment": env, "smoke": smoke, "inputs": inputs, "rows": [], "argv": argv,
         "settings": {"model": opts.model, "methods": methods, "steps": steps, "warmup": warmup,
                      "micro_batch_size": B, "also_micro_batch": opts.also_micro_batch, "max_seq_length": T, "precision": precision, "devices": opts.devices,
+                     "liger_args": opts.liger_args,
                      "in_process": opts.in_process},
         "targets": TARGETS,
     }
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict:
         stock = None
         for liger, b in runs:
             run_dir = work / "runs" / (f"{method}-liger-{str(liger).lower()}" + (f"-B{b}" if b != B else ""))
-            args = command(method, ckpt, data_path, run_dir, precision, b, T, steps, liger, opts.devices)
+            args = command(method, ckpt, data_path, run_dir, precision, b, T, steps, liger, opts.devices,
+                           opts.liger_args)
             row: dict[str, Any] = {"method": method, "liger": str(liger).lower(), "devices": opts.devices,
                                    "n_layer": n_layer, "B": b, "T": T,
                                    "steps": steps, "command": "lit-liger " + " ".join(args), "run_dir": str(run_dir)}

@@ -921,10 +921,69 @@ def fp8_why(recipe: str) -> str | None:
     return None
 
 
-def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport) -> None:
+#: inside ``LigerCallback``'s swap: (the Trainer's strategy shards with FSDP2, its class name), for
+#: ``LigerConfig.fp8_all_gather``'s automatic choice (:func:`fp8_all_gather_why`)
+_WRAPPING_STRATEGY: list[tuple[bool, str]] = []
+
+
+@contextlib.contextmanager
+def wrapping_strategy(fsdp2: bool, name: str) -> Iterator[None]:
+    """``apply_liger`` calls inside know which strategy wraps the model next (``LigerCallback`` says so)."""
+    _WRAPPING_STRATEGY.append((fsdp2, name))
+    try:
+        yield
+    finally:
+        _WRAPPING_STRATEGY.pop()
+
+
+def fp8_all_gather_why(recipe: str, setting: bool | None, weight: torch.Tensor) -> tuple[bool, str]:
+    """Whether the float8 projections' weights (``weight``: one of them, as found) get torchao's FSDP2 float8 all-gather
+    (``LigerConfig.fp8_all_gather``), and why. torchao wraps each weight in ``WeightWithDynamicFloat8CastTensor``, which
+    ``fully_shard`` (FSDP2) must find when it shards: only FSDP2 gathers it in float8, only for tensorwise scaling."""
+    if setting is False:
+        return False, "fp8_all_gather false"
+    if recipe != "tensorwise":
+        return False, f"torchao gathers float8 weights for the tensorwise recipe only, not {recipe!r}"
+    if _is_dtensor(weight) or hasattr(weight, "ds_id"):
+        return False, ("the weights were sharded before apply_liger (it must run before fully_shard): FSDP gathers "
+                       "them in 16 bits, the GEMMs cast after")
+    if setting:
+        return True, "fp8_all_gather true"
+    from ._dist import several_processes
+
+    if not several_processes():
+        return False, "one process"
+    if _WRAPPING_STRATEGY:
+        fsdp2, name = _WRAPPING_STRATEGY[-1]
+        if fsdp2:
+            return True, f"the Trainer's {name} shards with FSDP2"
+        return False, f"the Trainer's {name}: torchao gathers float8 weights under FSDP2 (ModelParallelStrategy) only"
+    try:
+        from torch.distributed.fsdp.wrap import _ConfigAutoWrap  # (FSDP1's enable_wrap: Fabric's FSDPStrategy
+    except ImportError:                                            # builds its model inside it)
+        _ConfigAutoWrap = None
+    if getattr(_ConfigAutoWrap, "in_autowrap_context", False):
+        return False, "FSDP1 (FSDPStrategy): torchao gathers float8 weights under FSDP2 only"
+    if weight.is_meta:
+        return True, ("a multi-process model built on the meta device outside FSDP1: FSDP2 (Fabric's "
+                      "ModelParallelStrategy) shards it")
+    return False, ("several processes, but not known to shard with FSDP2 next (fp8_all_gather true if fully_shard "
+                   "follows)")
+
+
+def _float8_all_gather_weight(w: torch.Tensor) -> bool:
+    """A weight torchao's FSDP2 float8 all-gather wrapped, sharded by ``fully_shard`` or not."""
+    w = w._local_tensor if _is_dtensor(w) else w
+    return type(w).__name__ == "WeightWithDynamicFloat8CastTensor"
+
+
+def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_gather: bool | None = None) -> None:
     """``LigerConfig.fp8``: the Block projections (a LoRA layer's frozen base Linear) become torchao ``Float8Linear``
-    modules with the same Parameters; each keeps the Linear it replaced (outside the module tree) for
-    :func:`remove_liger`. Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay."""
+    modules in place: each Linear's class changes to ``Float8Linear`` and it gains that class's attributes (its config),
+    the same module object with the same Parameters, so that FSDP / DeepSpeed bookkeeping made before still points at
+    it (:func:`remove_liger` changes them back). With ``fp8_all_gather`` (:func:`fp8_all_gather_why`) each weight
+    becomes a new Parameter of torchao's ``WeightWithDynamicFloat8CastTensor`` around the old one (build the optimizer
+    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay."""
     why = fp8_why(recipe)
     if why is not None:
         report.skip(pre.rstrip("."), gpt, f"fp8 off: {why}; the model stays in 16 bits")
@@ -932,45 +991,97 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport) -> Non
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear
 
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    converted, odd, linear = [], [], None
+    targets, odd = [], []
     for i, block in enumerate(gpt.transformer.h):
         for path in FP8_PROJECTIONS:
             parent_path, _, name = path.rpartition(".")
-            parent = getattr(block, parent_path, None)  # ("attn" / "mlp")
-            m = getattr(parent, name, None)
+            m = getattr(getattr(block, parent_path, None), name, None)  # (in "attn" / "mlp")
             if isinstance(m, litgpt_lora.LoRALinear):  # (LoRAQKVLinear too) the frozen base; the adapters stay 16-bit
-                parent, name, m = m, "linear", m.linear
-            if type(m) is not nn.Linear:
-                continue  # already converted, quantized (bitsandbytes), or no such projection (MoE experts)
+                m, name = m.linear, "linear"
             full = f"{pre}transformer.h.{i}.{path}" + (".linear" if name == "linear" else "")
-            if m.in_features % 16 or m.out_features % 16:
+            if isinstance(m, Float8Linear) and "_liger_fp8_orig" in m.__dict__:
+                targets.append((full, None))  # left converted by _restore_fp8: its float8 weights are sharded
+            elif type(m) is not nn.Linear:
+                continue  # quantized (bitsandbytes), or no such projection (MoE experts)
+            elif m.in_features % 16 or m.out_features % 16:
                 odd.append(full)
-                continue
-            new, linear = Float8Linear.from_float(m, config=config), m
-            object.__setattr__(new, "_liger_fp8_orig", m)  # (not a submodule: the state_dict keys stay)
-            setattr(parent, name, new)
-            converted.append(full)
-    if converted:
+            else:
+                targets.append((full, m))
+    if targets:
+        first = next((m for _, m in targets if m is not None), None)
+        ag, ag_why = (True, "its weights are already sharded in float8") if first is None else \
+            fp8_all_gather_why(recipe, all_gather, first.weight)
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        if ag and first is not None:
+            import dataclasses
+
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        for _, m in targets:
+            if m is not None:
+                _to_float8(m, Float8Linear.from_float(m, config=config))
         gpt._liger_fp8_eager_warning = True  # (see _warn_fp8_eager)
-        report.add(_abbrev(converted), linear, f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(converted)} "
-                                            "projections, fed by lit-liger's fused norm->Linear and GLU-product "
-                                            "recompute (lit_liger.fp8)")
+        report.swapped.append((
+            _abbrev([p for p, _ in targets]), "Linear",
+            f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, fed by lit-liger's fused "
+            f"norm->Linear and GLU-product recompute (lit_liger.fp8); FSDP2 float8 all-gather {'on' if ag else 'off'}: "
+            f"{ag_why}"))
     if odd:
         report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
 
 
+def _to_float8(m: nn.Linear, template: nn.Module) -> None:
+    """Make the Linear ``m`` the ``Float8Linear`` ``template`` (torchao's ``from_float`` of ``m``) in place."""
+    added = tuple(k for k in vars(template) if k not in vars(m))  # (its config, scaling types, GEMM configs)
+    for k in added:
+        m.__dict__[k] = template.__dict__[k]
+    m.__dict__["_liger_fp8_orig"] = (type(m), added)  # (what _restore_fp8 undoes)
+    m.__class__ = type(template)
+    if template.weight is not m.weight:
+        m.weight = template.weight  # torchao's float8 all-gather wrapper around it
+
+
+def precompute_fp8_scales(model: nn.Module, clear: bool = False) -> int:
+    """After an optimizer step, with FSDP2's float8 all-gather (``LigerConfig.fp8_all_gather``): compute the scales of
+    every sharded float8 weight in ``model`` for its next all-gathers, with one all-reduce (torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``; a collective: every rank calls it). Without it each all-gather
+    computes its weight's scale with an all-reduce of its own; the scales are the same. A weight changed after this
+    call (another optimizer step, a checkpoint loaded) needs another call, or ``clear=True``: back to computing them in
+    each all-gather (no collective). Returns how many weights it covered."""
+    weights = [m.weight for m in model.modules() if "_liger_fp8_orig" in m.__dict__ and _is_dtensor(m.weight)
+               and _float8_all_gather_weight(m.weight)]
+    if clear:
+        for w in weights:
+            w._local_tensor._precomputed_scale = None
+    elif weights:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
+    return len(weights)
+
+
 def _restore_fp8(model: nn.Module) -> int:
-    """Put back the Linears that :func:`_convert_fp8` replaced. Returns how many."""
+    """Change the projections that :func:`_convert_fp8` converted back into Linears, with their weights as they were
+    (unwrapped from torchao's float8 all-gather wrapper). One whose wrapped weight ``fully_shard`` has sharded stays a
+    ``Float8Linear`` (FSDP2 gathers it in float8 from then on; :func:`_convert_fp8` takes it as converted). Returns
+    how many it changed back."""
     n = 0
-    for parent in list(model.modules()):
-        parent.__dict__.pop("_liger_fp8_eager_warning", None)  # (a GPT whose class was not swapped keeps it)
-        for name, child in list(parent.named_children()):
-            orig = child.__dict__.get("_liger_fp8_orig")
-            if orig is not None:
-                orig.weight, orig.bias = child.weight, child.bias  # (the same Parameters, wherever they moved)
-                setattr(parent, name, orig)
-                n += 1
+    for m in list(model.modules()):
+        m.__dict__.pop("_liger_fp8_eager_warning", None)  # (a GPT whose class was not swapped keeps it)
+        record = m.__dict__.get("_liger_fp8_orig")
+        if record is None:
+            continue
+        w = m.weight
+        if _float8_all_gather_weight(w):
+            if _is_dtensor(w):
+                continue
+            inner = w._tensor  # (the Parameter it wrapped, unless the model moved since)
+            m.weight = inner if isinstance(inner, nn.Parameter) else nn.Parameter(inner, requires_grad=w.requires_grad)
+            m.weight.requires_grad_(w.requires_grad)
+        cls, added = record
+        for k in (*added, "_liger_fp8_orig"):
+            m.__dict__.pop(k, None)
+        m.__class__ = cls
+        n += 1
     return n
 
 
@@ -1079,7 +1190,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) 
     c = gpt.config
     pre = f"{prefix}." if prefix else ""
     if cfg.fp8 != "off":
-        _convert_fp8(pre, gpt, cfg.fp8, report)
+        _convert_fp8(pre, gpt, cfg.fp8, report, cfg.fp8_all_gather)
     blocks = []
     flex = False  # some layer attends through FlexAttention (the compile_min_tokens line says so)
     sdpa = False  # some layer attends through SDPA (the sdpa_backend line)

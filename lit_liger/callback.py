@@ -8,7 +8,9 @@ Swaps after the model exists and before the strategy wraps it:
   ``configure_model`` so the swap runs at its end, still before the strategy wraps the model.
 
 Idempotent across fit/validate/test/predict (``apply_liger`` restores, then re-applies). The
-report is logged once, on rank zero. Optional metrics: tokens/s and peak GPU memory through
+report is logged once, on rank zero. Under ``ModelParallelStrategy`` a model swapped before ``configure_model`` shards
+gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all_gather``), and the callback computes
+the float8 weights' scales once after each optimizer step. Optional metrics: tokens/s and peak GPU memory through
 Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
 """
 
@@ -23,7 +25,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from .adapter import LigerReport, apply_liger
+from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
 
@@ -42,11 +44,21 @@ class LigerCallback(Callback):
         self._tokens = 0
         self._samples = 0
         self._backward_thread: Any = None
+        self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
+        self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
 
     # -- swapping ------------------------------------------------------------------------------------
-    def _swap(self, pl_module: LightningModule) -> bool:
+    def _swap(self, trainer: Trainer, pl_module: LightningModule) -> bool:
+        strategy = trainer.strategy
+        try:  # (LigerConfig.fp8_all_gather's automatic choice: on where FSDP2 shards the model next)
+            from lightning.pytorch.strategies import ModelParallelStrategy
+
+            fsdp2 = isinstance(strategy, ModelParallelStrategy)
+        except ImportError:
+            fsdp2 = False
         try:
-            self.report = apply_liger(pl_module, self.config)
+            with wrapping_strategy(fsdp2, type(strategy).__name__):
+                self.report = apply_liger(pl_module, self.config)
         except TypeError:
             return False  # no GPT yet: it will come from configure_model
         if not self._reported:
@@ -62,14 +74,14 @@ class LigerCallback(Callback):
                 "on CPU for testing."
             )
             self._warned_cpu = True
-        self._swap(pl_module)
+        self._swap(trainer, pl_module)
         if not getattr(pl_module.configure_model, "_liger_wrapped", False):
             original = pl_module.configure_model
 
             @functools.wraps(original)
             def configure_model(*args: Any, **kwargs: Any) -> Any:
                 out = original(*args, **kwargs)
-                if not self._swap(pl_module):
+                if not self._swap(trainer, pl_module):
                     raise TypeError(
                         "LigerCallback: no litgpt GPT found in the LightningModule after configure_model; "
                         "build a litgpt.GPT or litgpt.LLM in __init__ or configure_model"
@@ -81,6 +93,7 @@ class LigerCallback(Callback):
 
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
         # the Trainer calls backward from this thread: run it here (LigerConfig.caller_thread_backward), until
         # on_train_end puts the thread's setting back
         if self._backward_thread is None:
@@ -95,16 +108,36 @@ class LigerCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_backward_thread()
+        self._clear_fp8_scales(pl_module)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
+        self._clear_fp8_scales(pl_module)
+
+    def _clear_fp8_scales(self, pl_module: LightningModule) -> None:
+        """After fitting the weights may change without an optimizer step (``trainer.validate(ckpt_path=...)``): each
+        all-gather computes its weight's scale again."""
+        if self._fp8_weights:
+            precompute_fp8_scales(pl_module, clear=True)
+            self._fp8_weights, self._fp8_step = 0, -1
 
     def _restore_backward_thread(self) -> None:
         if self._backward_thread is not None:
             self._backward_thread.__exit__(None, None, None)
             self._backward_thread = None
 
+    def _fp8_scales(self, trainer: Trainer, pl_module: LightningModule, force: bool = False) -> None:
+        """With FSDP2's float8 all-gather (``LigerConfig.fp8_all_gather``): the weights' float8 scales for the next
+        all-gathers, once per optimizer step (torchao's ``precompute_float8_dynamic_scale_for_fsdp``, one all-reduce
+        on every rank) instead of an all-reduce per weight in each all-gather. The same scales either way."""
+        if self.config.fp8 != "tensorwise" or self.config.fp8_all_gather is False:
+            return
+        if force or (self._fp8_weights and trainer.global_step != self._fp8_step):
+            self._fp8_step = trainer.global_step
+            self._fp8_weights = precompute_fp8_scales(pl_module)
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._fp8_scales(trainer, pl_module)  # (after the batch's optimizer step, if it had one)
         if self._throughput is None:
             return
         tokens, samples = _count(batch)

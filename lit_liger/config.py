@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp")
 
 
@@ -98,6 +98,22 @@ class LigerConfig:
             widths (8 layers, B2 x T4096), ``tensorwise`` + compile runs 1.25x stock bf16 compile (torchao alone
             1.24x, ``rowwise`` 1.04x); eagerly, torchao's casts make it 0.55x (``benchmarks/results/h100-2026-11-25e``).
             300-step loss within 0.93% (tensorwise) / 0.60% (rowwise) of bf16.
+        fp8_all_gather: with ``fp8="tensorwise"``, give the float8 projections' weights torchao's FSDP2 float8
+            all-gather (``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``: each weight a
+            ``WeightWithDynamicFloat8CastTensor``, so ``fully_shard`` gathers it in float8, half the bytes of bf16, and
+            the GEMMs take it as gathered: the same float8 numbers as casting after a bf16 all-gather; bit for bit on
+            2 CPU processes). torchao has it for FSDP2 and tensorwise scaling only: FSDP1 (``FSDPStrategy``),
+            DeepSpeed, DDP and the rowwise recipes gather 16-bit weights and cast after, as before. It must be in
+            place before ``fully_shard`` (projections converted after it gather in 16 bits; the report says so).
+            ``None`` (default, automatic): on in a multi-process run that FSDP2 shards next: ``LigerCallback`` under
+            the Trainer's ``ModelParallelStrategy`` (a model that exists before ``configure_model`` shards it), and a
+            model built on the meta device outside FSDP1's wrapping context (Fabric's ``ModelParallelStrategy``:
+            ``lit-liger finetune_lora --devices N``); off elsewhere. ``True``: on wherever the weights are not
+            sharded yet (your own ``fully_shard`` loop); ``False``: off. The report says which and why.
+            ``LigerCallback`` computes the weights' scales after each optimizer step with one all-reduce
+            (``adapter.precompute_fp8_scales``, torchao's ``precompute_float8_dynamic_scale_for_fsdp``); elsewhere each
+            all-gather computes its weight's scale with an all-reduce of its own (the same numbers, more collectives).
+            Not yet measured on GPUs.
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
@@ -186,6 +202,7 @@ class LigerConfig:
     packing: bool = False
     replicate_frozen_base: bool = False
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
+    fp8_all_gather: bool | None = None
     cuda_graphs: bool | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False
@@ -213,7 +230,7 @@ class LigerConfig:
                         f"LigerConfig.compile_min_tokens must be an integer >= 0 or None (automatic), got {v!r}")
                 if v is not None:
                     self.compile_min_tokens = int(v)  # a plain int (the parser passes its NonNegativeInt)
-            elif f.name == "cuda_graphs" and v is None:
+            elif f.name in ("cuda_graphs", "fp8_all_gather") and v is None:
                 continue  # automatic
             elif not isinstance(v, bool):  # the switches and the boolean settings
                 raise TypeError(f"LigerConfig.{f.name} must be true or false, got {v!r} ({type(v).__name__})")

@@ -33,11 +33,19 @@ __all__ = ["glu_linear_fp8", "is_float8_linear", "norm_linear_fp8"]
 
 
 def is_float8_linear(m: nn.Module) -> bool:
-    """A torchao ``Float8Linear`` that ``LigerConfig.fp8`` made (it keeps the Linear it replaced), with a plain
-    16-bit weight (not torchao's FSDP float8 all-gather wrapper, a DTensor or a DeepSpeed partition)."""
-    return (
-        "_liger_fp8_orig" in m.__dict__ and type(m.weight) is nn.Parameter and not hasattr(m.weight, "ds_id")
-    )
+    """A torchao ``Float8Linear`` that ``LigerConfig.fp8`` made, whose weight its GEMMs can read as it is: a plain
+    16-bit Parameter (FSDP2's gathered one included) or, in eager mode, one of torchao's FSDP2 float8 all-gather
+    (``LigerConfig.fp8_all_gather``): the 16-bit weight in its wrapper before ``fully_shard``, the float8 weight that
+    FSDP2 gathered for this forward or backward (checked bit for bit against the module's own forward on CPU, one and
+    2 processes; not yet under ``torch.compile``, where the module's forward runs). Not a DTensor (a Linear sharded
+    or parallelized on its own) or a DeepSpeed partition: the module's own forward runs those."""
+    if "_liger_fp8_orig" not in m.__dict__:
+        return False
+    w = m.weight
+    if type(w) is nn.Parameter:
+        return not hasattr(w, "ds_id")
+    return (type(w).__name__ in ("Float8TrainingTensor", "WeightWithDynamicFloat8CastTensor")
+            and not torch.compiler.is_compiling())
 
 
 class _Ctx:

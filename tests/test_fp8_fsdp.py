@@ -1,0 +1,393 @@
+"""``LigerConfig.fp8_all_gather``: torchao's FSDP2 float8 all-gather for ``LigerConfig(fp8="tensorwise")``.
+
+With it each float8 projection's weight is torchao's ``WeightWithDynamicFloat8CastTensor``; ``fully_shard`` (FSDP2)
+then casts each shard to float8 before the all-gather (its tensorwise scale from the all-reduced max of the shards'
+absolute values) and hands the GEMMs the gathered float8 weight. Casting is element-wise and the all-reduced max is
+the whole weight's max, so the gathered float8 weight is, bit for bit, what the ``Float8Linear`` makes from the 16-bit
+weight that FSDP2 gathers without it: the losses and gradients must be *equal* (``torch.equal``), not close. Two CPU
+processes (gloo) check that, with torchao's scales computed in each all-gather and precomputed once per step
+(``precompute_fp8_scales``), and for the projections of a model built on the meta device, sharded, materialized and
+loaded as Fabric's ``ModelParallelStrategy`` does (``lit-liger finetune_lora --devices N``).
+
+gloo cannot all-gather float8 tensors ("RuntimeError: Invalid scalar type"); FSDP2 sends a group of parameters with
+mixed dtypes as bytes, which it can. A LitGPT Block holds its norms' 16-bit weights beside the float8 projections, so
+per-Block ``fully_shard`` (litgpt's, lit-liger's tests') runs on CPU; a group of float8 weights alone needs NCCL."""
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_adapter import _pair, tiny_config
+from test_cli import assets  # noqa: F401 - the fixture: a tiny Llama checkpoint, tokenizer and instruction data
+from test_distributed import _finish, _free_port, spawn_ranks
+
+from lit_liger import LigerConfig, apply_liger
+from lit_liger import _dist as dist_mod
+from lit_liger import adapter as adapter_mod
+
+HERE = os.path.dirname(__file__)
+torchao_float8 = pytest.importorskip("torchao.float8")
+from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor  # noqa: E402
+
+STEPS = 3
+
+
+def _float8_gemms():
+    from test_fp8 import _Float8Gemms
+
+    return _Float8Gemms()
+
+
+def _train(rank: int, variant: str, base, cfg):
+    """``STEPS`` AdamW steps of a copy of ``base`` (bf16) under FSDP2 on 2 processes; what they computed, and how."""
+    import copy
+
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state
+    from lightning.fabric.utilities.init import _materialize_distributed_module
+    from litgpt import GPT
+    from torch.distributed.fsdp import fully_shard
+
+    from lit_liger import chunked_cross_entropy
+
+    liger = LigerConfig(fp8="tensorwise", fp8_all_gather={"bf16_gather": False, "float8_gather": True,
+                                                          "float8_gather_precomputed": True}.get(variant))
+    report = None
+    if variant == "meta":  # as Fabric's ModelParallelStrategy: built on the meta device, materialized after sharding
+        with torch.device("meta"):
+            model = GPT(cfg).to(torch.bfloat16)
+    else:
+        model = copy.deepcopy(base)
+    if variant != "converted_after_fully_shard":
+        report = str(apply_liger(model, liger))
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    if variant == "converted_after_fully_shard":
+        report = str(apply_liger(model, liger))
+    if variant == "meta":
+        _materialize_distributed_module(model, torch.device("cpu"))
+        _load_raw_module_state(base.state_dict(), model, world_size=2, strict=False)
+        model.cos, model.sin = base.cos.clone(), base.sin.clone()  # (the rope cache rebuilt in fp32: base's is bf16)
+    qkv = model.transformer.h[0].attn.qkv
+    weight_types = (type(qkv).__name__, type(qkv.weight).__name__, type(qkv.weight._local_tensor).__name__)
+
+    gathers = []  # torchao's float8 all-gather: each float8 weight cast to float8 on its shard before FSDP2 gathers it
+    real_pre_all_gather = WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather
+
+    def counted(self, mesh):  # (torchao's signature: FSDP2 checks it)
+        gathers.append(self._precomputed_scale is not None)
+        return real_pre_all_gather(self, mesh)
+
+    fused = []  # lit-liger's fused norm->Linear / GLU-product paths calling the float8 GEMMs themselves
+    real_norm, real_glu = adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8
+    adapter_mod.norm_linear_fp8 = lambda *a, **k: fused.append("norm") or real_norm(*a, **k)
+    adapter_mod.glu_linear_fp8 = lambda *a, **k: fused.append("glu") or real_glu(*a, **k)
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = counted
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        torch.manual_seed(1)
+        losses, grads, n_float8_gemms = [], [], None
+        for step in range(STEPS):
+            x = torch.randint(1, cfg.vocab_size, (2, 16))
+            y = torch.randint(0, cfg.vocab_size, (2, 16))
+            if step == 0:
+                with _float8_gemms() as gemms:
+                    loss = chunked_cross_entropy(model(x), y)
+                    loss.backward()
+                n_float8_gemms = gemms.n
+            else:
+                loss = chunked_cross_entropy(model(x), y)
+                loss.backward()
+            losses.append(loss.detach())
+            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad()
+            if variant == "float8_gather_precomputed":
+                assert adapter_mod.precompute_fp8_scales(model) == 5 * cfg.n_layer
+        step_gathers = list(gathers)
+        # LigerCallback's re-application (fit, then validate): the sharded float8 weights stay as they are
+        before = chunked_cross_entropy(model(x), y).detach()
+        again = str(apply_liger(model, liger))
+        after = chunked_cross_entropy(model(x), y).detach()
+        opt.zero_grad()
+    finally:
+        WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = real_pre_all_gather
+        adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8 = real_norm, real_glu
+    n_fp8 = sum(isinstance(m, Float8Linear) for m in model.modules())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # a consolidated checkpoint holds plain tensors under stock LitGPT's keys (torchao's wrapper does not leak into it)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    stock_checkpoint = full.keys() == base.state_dict().keys() and all(type(v) is torch.Tensor for v in full.values())
+    return dict(losses=losses, grads=grads, report=report, again=again, reapplied_equal=torch.equal(before, after),
+                stock_checkpoint=stock_checkpoint, triton=adapter_mod.use_triton(x),
+                weight_types=weight_types, gathers=step_gathers, fused=len(fused), float8_gemms=n_float8_gemms,
+                n_fp8=n_fp8)
+
+
+def _fsdp2_run(rank: int):
+    cfg = tiny_config("Llama-3.2-1B")
+    _, base = _pair(cfg)
+    base = base.to(torch.bfloat16)
+    runs = {v: _train(rank, v, base, cfg) for v in ("bf16_gather", "float8_gather", "float8_gather_precomputed",
+                                                     "converted_after_fully_shard", "meta")}
+    if rank:
+        return None
+    ref = runs["bf16_gather"]
+    out = {}
+    for v, r in runs.items():
+        equal_losses = all(torch.equal(a, b) for a, b in zip(r["losses"], ref["losses"]))
+        unequal = [(s, n) for s, (g, g_ref) in enumerate(zip(r["grads"], ref["grads"])) for n in g_ref
+                   if not torch.equal(g[n], g_ref[n])]
+        out[v] = {k: r[k] for k in ("report", "again", "reapplied_equal", "weight_types", "gathers", "fused",
+                                    "float8_gemms", "n_fp8", "stock_checkpoint", "triton")}
+        out[v].update(equal_losses=equal_losses, unequal_grads=unequal, n_grads=len(ref["grads"][0]),
+                      losses=[float(x) for x in r["losses"]])
+    return out
+
+
+def _worker(rank: int, world: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _finish(_fsdp2_run(rank), queue)
+
+
+def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
+    """2 processes, FSDP2 per Block and on the model, 3 AdamW steps of a bf16 tiny Llama with fp8="tensorwise":
+    float8 all-gather (scales computed in each all-gather, or precomputed after each step), projections converted
+    after ``fully_shard`` (16-bit all-gather), a meta-device model materialized and loaded after sharding
+    (automatic: on) give the losses and every gradient of the 16-bit all-gather run, bit for bit."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    queue = mp.get_context("spawn").Queue()
+    spawn_ranks(_worker, (2, _free_port(), queue))
+    out = queue.get(timeout=60)
+    n_proj = 5 * tiny_config("Llama-3.2-1B").n_layer
+    for v, r in out.items():
+        assert r["equal_losses"], (v, r["losses"], out["bf16_gather"]["losses"])
+        assert not r["unequal_grads"] and r["n_grads"] > n_proj, (v, r["unequal_grads"][:5])
+        assert r["float8_gemms"] == 3 * n_proj, v  # every projection's forward and two gradient GEMMs in float8
+        assert r["n_fp8"] == n_proj and r["reapplied_equal"] and r["stock_checkpoint"], v
+        assert "float8 GEMMs, torchao's 'tensorwise' recipe (fp8): 10 projections" in r["report"], v
+    gathered_in_float8 = ("Float8Linear", "DTensor", "WeightWithDynamicFloat8CastTensor")
+    for v in ("float8_gather", "float8_gather_precomputed", "meta"):
+        r = out[v]
+        assert r["weight_types"] == gathered_in_float8, (v, r["weight_types"])
+        # each projection's weight gathered in float8 for the forward and again for the backward, every step
+        assert len(r["gathers"]) == 2 * n_proj * STEPS, (v, len(r["gathers"]))
+        assert "FSDP2 float8 all-gather on: its weights are already sharded in float8" in r["again"], v
+    assert "FSDP2 float8 all-gather on: fp8_all_gather true" in out["float8_gather"]["report"]
+    assert "FSDP2 float8 all-gather on: a multi-process model built on the meta device" in out["meta"]["report"]
+    # precomputed after each optimizer step: every all-gather after the first step used them
+    assert out["float8_gather_precomputed"]["gathers"] == [False] * 2 * n_proj + [True] * 2 * n_proj * (STEPS - 1)
+    assert not any(out["float8_gather"]["gathers"])
+    for v in ("bf16_gather", "converted_after_fully_shard"):
+        assert out[v]["weight_types"] == ("Float8Linear", "DTensor", "Tensor"), (v, out[v]["weight_types"])
+        assert not out[v]["gathers"], v
+    assert "FSDP2 float8 all-gather off: fp8_all_gather false" in out["bf16_gather"]["report"]
+    assert ("FSDP2 float8 all-gather off: the weights were sharded before apply_liger"
+            in out["converted_after_fully_shard"]["report"])
+    # lit-liger's fused norm->Linear and GLU-product paths took the float8 weights, 16-bit or gathered in float8:
+    # per layer and forward, norm_1 -> qkv, norm_2 -> fc_1/fc_2, GLU -> proj (attn.proj is called as a module); they
+    # run on the Triton path (CPU tensors: TRITON_INTERPRET=1, set by conftest where there is no GPU)
+    for v, r in out.items():
+        assert r["fused"] == (3 * tiny_config("Llama-3.2-1B").n_layer * (STEPS + 2) if r["triton"] else 0), v
+
+
+def test_finetune_lora_two_processes_gathers_float8(assets):
+    """``lit-liger finetune_lora --devices 2 --liger.fp8 tensorwise`` on 2 CPU processes: litgpt's FSDP2 recipe (meta
+    init, each Block checkpointed and sharded, the checkpoint loaded into the shards) gets float8 all-gather
+    automatically, and its losses are those of ``--liger.fp8_all_gather false``, bit for bit."""
+    import json
+    import subprocess
+
+    from test_cli import finetune_args, losses
+
+    runs = {}
+    for name, extra in (("auto", []), ("off", ["--liger.fp8_all_gather", "false"])):
+        args = finetune_args(assets, "finetune_lora", assets["root"] / f"fp8-{name}", None)
+        args[args.index("--devices") + 1] = 2
+        args[args.index("--train.max_steps") + 1] = 3
+        gbs = args.index("--train.global_batch_size") + 1
+        args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step
+        args += ["--optimizer", json.dumps({"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.02}}),
+                 "--lora_dropout", "0", "--liger.fp8", "tensorwise", *extra]
+        proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], capture_output=True, text=True,
+                              timeout=600, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs[name] = (losses(assets["root"] / f"fp8-{name}"), proc.stdout)
+    assert ("FSDP2 float8 all-gather on: a multi-process model built on the meta device outside FSDP1: FSDP2 "
+            "(Fabric's ModelParallelStrategy) shards it") in runs["auto"][1]
+    assert "FSDP2 float8 all-gather off: fp8_all_gather false" in runs["off"][1]
+    assert len(runs["auto"][0]) == 3 and runs["auto"][0][-1] != runs["auto"][0][0]
+    assert runs["auto"][0] == runs["off"][0]
+
+
+# -- the automatic choice, in one process ------------------------------------------------------------------------
+def test_fp8_all_gather_choice(monkeypatch):
+    """When ``fp8_all_gather`` is on, and why (the report's words)."""
+    why = adapter_mod.fp8_all_gather_why
+    w = torch.empty(32, 32)
+    assert why("tensorwise", None, w) == (False, "one process")
+    assert why("tensorwise", False, w) == (False, "fp8_all_gather false")
+    assert why("tensorwise", True, w) == (True, "fp8_all_gather true")
+    assert why("rowwise", True, w)[0] is False and "tensorwise recipe only" in why("rowwise", True, w)[1]
+    monkeypatch.setattr(dist_mod, "several_processes", lambda: True)
+    assert why("tensorwise", None, w)[0] is False and "not known to shard with FSDP2" in why("tensorwise", None, w)[1]
+    assert why("tensorwise", None, w.to("meta"))[0] is True  # Fabric's ModelParallelStrategy (litgpt's empty_init)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import enable_wrap
+
+    with enable_wrap(wrapper_cls=FullyShardedDataParallel):  # Fabric's FSDPStrategy builds the model inside it
+        assert why("tensorwise", None, w.to("meta")) == (
+            False, "FSDP1 (FSDPStrategy): torchao gathers float8 weights under FSDP2 only")
+    with adapter_mod.wrapping_strategy(True, "ModelParallelStrategy"):  # LigerCallback under the Trainer
+        assert why("tensorwise", None, w) == (True, "the Trainer's ModelParallelStrategy shards with FSDP2")
+        assert why("tensorwise", False, w)[0] is False
+    with adapter_mod.wrapping_strategy(False, "DDPStrategy"):
+        assert why("tensorwise", None, w.to("meta"))[0] is False
+    w.ds_id = 3  # a DeepSpeed ZeRO-3 partition: sharded already
+    assert why("tensorwise", True, w)[0] is False and "sharded before apply_liger" in why("tensorwise", True, w)[1]
+    for value in (None, True, False):
+        assert LigerConfig(fp8_all_gather=value).fp8_all_gather is value
+    assert "fp8_all_gather" not in LigerConfig.switches()
+    with pytest.raises(TypeError, match="fp8_all_gather must be true or false"):
+        LigerConfig(fp8_all_gather="yes")
+
+
+def test_fp8_all_gather_in_one_process_trains_the_same_and_comes_off(monkeypatch):
+    """``fp8_all_gather=True`` without FSDP2: torchao's weight wrapper, read by lit-liger's fused paths as by the
+    module's own forward (both cast the wrapped weight as a plain one): the numbers of ``fp8_all_gather=False``, the
+    same report; ``apply_liger(model, False)`` gives each Linear its old Parameter back."""
+    cfg = tiny_config("Llama-3.2-1B")
+    on, off, aside = (m.to(torch.bfloat16) for m in (*_pair(cfg), _pair(cfg)[1]))
+    qkv_weight = on.transformer.h[0].attn.qkv.weight
+    report = str(apply_liger(on, LigerConfig(fp8="tensorwise", fp8_all_gather=True)))
+    report_off = str(apply_liger(off, LigerConfig(fp8="tensorwise", fp8_all_gather=False)))
+    apply_liger(aside, LigerConfig(fp8="tensorwise", fp8_all_gather=True))
+    assert "FSDP2 float8 all-gather on: fp8_all_gather true" in report
+    assert " ".join(report.replace("on: fp8_all_gather true", "off: fp8_all_gather false").split()) == \
+        " ".join(report_off.split())  # (norm_1 / norm_2 recomputed: the fused paths take the wrapped weights)
+    qkv = on.transformer.h[0].attn.qkv
+    assert isinstance(qkv, Float8Linear) and type(qkv.weight) is WeightWithDynamicFloat8CastTensor
+    assert qkv.weight._tensor is qkv_weight and adapter_mod.is_float8_linear(qkv)
+    torch.manual_seed(1)
+    x = torch.randint(1, cfg.vocab_size, (2, 16))
+    y = torch.randint(0, cfg.vocab_size, (2, 16))
+    from test_fp8 import _counted_step
+
+    (loss, n), (loss_off, n_off) = _counted_step(on, x, y, True), _counted_step(off, x, y, True)
+    with monkeypatch.context() as m:  # the modules called as such: lit-liger's fused paths step aside
+        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        loss_aside, n_aside = _counted_step(aside, x, y, True)
+    assert n == n_off == n_aside == 3 * 5 * cfg.n_layer
+    for other, model in ((loss_off, off), (loss_aside, aside)):
+        assert torch.equal(loss, other)
+        for (name, p), q in zip(on.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad), name
+    apply_liger(on, False)
+    assert type(on.transformer.h[0].attn.qkv) is torch.nn.Linear and on.transformer.h[0].attn.qkv.weight is qkv_weight
+    assert not any(isinstance(m, Float8Linear) or type(p) is not torch.nn.Parameter
+                   for m in on.modules() for p in m.parameters(recurse=False))
+
+
+def test_callback_tells_apply_liger_the_trainer_strategy(monkeypatch):
+    """``LigerCallback`` under the Trainer's ``ModelParallelStrategy`` turns float8 all-gather on (automatic), and
+    computes the float8 scales after each optimizer step while fitting, clearing them after."""
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    from lit_liger import LigerCallback
+    from lit_liger import callback as callback_mod
+
+    monkeypatch.setattr(dist_mod, "several_processes", lambda: True)
+    cfg = tiny_config("Llama-3.2-1B")
+
+    class Trainer:
+        def __init__(self, strategy):
+            self.strategy, self.global_step = strategy, 0
+
+    calls = []
+    monkeypatch.setattr(callback_mod, "precompute_fp8_scales", lambda m, clear=False: calls.append(clear) or 10)
+    for strategy, on in ((ModelParallelStrategy(), True), (DDPStrategy(), False)):
+        _, model = _pair(cfg)
+        cb = LigerCallback(LigerConfig(fp8="tensorwise"), log_metrics=False)
+        trainer = Trainer(strategy)
+        assert cb._swap(trainer, model)
+        qkv = model.transformer.h[0].attn.qkv
+        assert (type(qkv.weight) is WeightWithDynamicFloat8CastTensor) is on, strategy
+        assert (f"FSDP2 float8 all-gather {'on' if on else 'off'}: the Trainer's {type(strategy).__name__}"
+                in str(cb.report)), str(cb.report)
+    calls.clear()
+    cb._fp8_scales(trainer, model, force=True)  # on_train_start
+    for step in (0, 1, 1, 2):  # on_train_batch_end after each batch (two micro-batches for step 1)
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, model, None, None, 0)
+    cb.on_train_end(trainer, model)
+    assert calls == [False, False, False, True]  # start, after steps 1 and 2 (not again for the same step); cleared
+
+
+@pytest.mark.gpu
+def test_gpu_fsdp2_float8_all_gather_two_gpus():
+    """The 2-process comparison above on 2 CUDA GPUs (NCCL, float8 GEMMs on the tensor cores, lit-liger's Triton
+    kernels): float8 all-gather against the 16-bit all-gather, the same bits in eager mode."""
+    if torch.cuda.device_count() < 2 or adapter_mod.fp8_why("tensorwise") is not None:
+        pytest.skip("needs 2 GPUs with float8 tensor cores")
+    queue = mp.get_context("spawn").Queue()
+    spawn_ranks(_gpu_worker, (2, _free_port(), queue))
+    out = queue.get(timeout=60)
+    assert out["types"] == ("DTensor", "WeightWithDynamicFloat8CastTensor")
+    assert out["equal_losses"] and not out["unequal_grads"], (out["losses"], out["unequal_grads"][:5])
+
+
+def _gpu_worker(rank: int, world: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    _finish(_gpu_run(rank), queue)
+
+
+def _gpu_run(rank: int):
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    from lit_liger import chunked_cross_entropy
+
+    cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512)
+    _, base = _pair(cfg)
+    base = base.to("cuda", torch.bfloat16)
+    runs = {}
+    for ag in (False, True):
+        model = copy.deepcopy(base)
+        apply_liger(model, LigerConfig(fp8="tensorwise", fp8_all_gather=ag))
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        torch.manual_seed(1)
+        losses, grads = [], []
+        for _ in range(STEPS):
+            x = torch.randint(1, cfg.vocab_size, (4, 64), device="cuda")
+            y = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
+            loss = chunked_cross_entropy(model(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad()
+            adapter_mod.precompute_fp8_scales(model)
+        w = model.transformer.h[0].attn.qkv.weight
+        runs[ag] = (losses, grads, (type(w).__name__, type(w._local_tensor).__name__))
+    if rank:
+        return None
+    (l0, g0, _), (l1, g1, types) = runs[False], runs[True]
+    return dict(types=types, equal_losses=all(torch.equal(a, b) for a, b in zip(l0, l1)),
+                losses=[(float(a), float(b)) for a, b in zip(l0, l1)],
+                unequal_grads=[(s, n) for s, (a, b) in enumerate(zip(g0, g1)) for n in a
+                               if not torch.equal(a[n], b[n])])
