@@ -73,11 +73,13 @@ class LigerConfig:
             that really ends in token 0: that loss comes from an unpadded forward, with a warning). On CUDA through
             flash attention over cumulative lengths (16-bit, head size <= 256), captured by ``cuda_graphs`` per
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
-            or adapter attention: they run padded (the report says why). Off by default: measured on an H100
-            (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4: 38% of the positions padding, 5% packed) it gains
-            ~10% tokens/s once every packed length is captured (200 iterations), but the packed lengths spread
-            wider than padded ones and their captures land later in a run: in 100-iteration runs it lost 36-44%,
-            and it reserves 0.5-1.9 GB more (``benchmarks/results/h100-2026-11-25d``).
+            or adapter attention: they run padded (the report says why). Through the ``lit-liger`` command line the
+            data loader's workers lay each batch out (``cli.LigerCollate``), so a packed step reads nothing back from
+            the GPU; elsewhere the forward reads the rows' lengths (one host sync) and the loss checks the left-out
+            targets (another). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
+            4, 39% of the positions padding, 9% packed), 300 iterations: 1.16x the padded run's tokens/s; 100
+            iterations: 0.91x, because packed lengths spread wider and their captures (~0.13 s each) land later in a
+            run; it reserves 0.8 GB more there (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
         replicate_frozen_base: the ``lit-liger`` command line with ``--devices`` > 1, LoRA and adapter recipes
             (``finetune_lora``, ``finetune_adapter``, ``finetune_adapter_v2``): run data parallel with DDP, the
             whole model on every device, instead of litgpt's FSDP, which shards the frozen base (all-gathering it
@@ -199,7 +201,7 @@ class LigerConfig:
     flce_mode: Literal["fast", "lean"] = "fast"
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
-    packing: bool = False
+    packing: bool = True
     replicate_frozen_base: bool = False
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     fp8_all_gather: bool | None = None

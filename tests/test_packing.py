@@ -183,14 +183,14 @@ def test_sample_ending_in_token_zero_falls_back_to_the_padded_batch(pack_on_cpu,
         _compare(ref, ours, _lora_step_loss, x2, y2)
 
 
-def test_packing_off_by_default_and_where_it_cannot_apply(pack_on_cpu, monkeypatch):
+def test_packing_on_by_default_and_off_where_it_cannot_apply(pack_on_cpu, monkeypatch):
     cfg = tiny_config("Llama-3.2-1B", block_size=64)
     _, ours = _pair(cfg)
-    apply_liger(ours)
+    apply_liger(ours, LigerConfig(packing=False))
     x, y = _batch(cfg)
-    assert ours(x).rows is None  # default: off
-    apply_liger(ours, LigerConfig(packing=True))
-    assert ours(x).rows is not None
+    assert ours(x).rows is None  # off
+    apply_liger(ours)
+    assert ours(x).rows is not None  # the default: on
     assert ours(x[:1]).rows is None  # one sample: nothing to pack
     with torch.no_grad():
         assert isinstance(ours(x), torch.Tensor)  # no grad: LitGPT's logits
