@@ -115,7 +115,8 @@ class LigerConfig:
             ``LigerCallback`` computes the weights' scales after each optimizer step with one all-reduce
             (``adapter.precompute_fp8_scales``, torchao's ``precompute_float8_dynamic_scale_for_fsdp``); elsewhere each
             all-gather computes its weight's scale with an all-reduce of its own (the same numbers, more collectives).
-            Not yet measured on GPUs.
+            On 2 x H200: bit-equal to the bf16 all-gather; no speed-up in litgpt's LoRA recipe at 1B widths
+            (``benchmarks/results/h200x2-2026-11-26``).
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA

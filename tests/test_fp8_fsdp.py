@@ -359,7 +359,8 @@ def _gpu_run(rank: int):
 
     from lit_liger import chunked_cross_entropy
 
-    cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512)
+    cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512,
+                      block_size=64)
     _, base = _pair(cfg)
     base = base.to("cuda", torch.bfloat16)
     runs = {}

@@ -1,0 +1,10 @@
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+nvidia-smi --query-gpu=name --format=csv,noheader
+F='warn\|Failed to load\|register_constant'
+timeout 100 python3 -m pytest -q -m gpu tests/test_packing.py -x -p no:cacheprovider 2>&1 | tail -2 | tee $OUT/pytest-g4.log
+for it in 100 300; do
+timeout 120 python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 --iters $it --warmup 40 --variants liger-padded,liger-packed-direct --out $OUT/lora4-$it 2>&1 | grep -v "$F" | tail -2
+done
+timeout 120 python3 -m benchmarks recipe --models Llama-3.2-1B --methods full --micro_batches 4 --iters 100 --warmup 40 --variants liger-padded,liger-packed-direct --out $OUT/full4 2>&1 | grep -v "$F" | tail -2
+python3 .gpu/show.py
+find / -path /proc -prune -o -name stdout.txt -path "*packed-direct*" -print 2>/dev/null | head -3 | xargs -I{} grep -h "lit-liger:" {} | cut -c1-400 | head -12
