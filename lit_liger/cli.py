@@ -260,14 +260,19 @@ def _fit_freezing_unoptimized(fit: Callable) -> Callable:
         from .adapter import TRAINING_TOKENS
         from .graphs import CAPTURE_STATS, capture_report
 
+        restore = None
         if isinstance(model, torch.nn.Module) and not several_processes() and "train_dataloader" in bound:
-            loader = _batches_off_the_host(model, bound["train_dataloader"], rank0)
-            if loader is not None:
-                bound["train_dataloader"] = loader
+            wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
+            if wrapped is not None:
+                bound["train_dataloader"], restore = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
-        out = fit(*args, **kwargs)
+        try:
+            out = fit(*args, **kwargs)
+        finally:
+            if restore is not None:
+                restore()
         wall = time.perf_counter() - t0
         # (one process only: litgpt's counts are summed over the ranks, the model's are this rank's)
         if not several_processes():
@@ -351,10 +356,11 @@ class _AfterMove:
         return getattr(self._loader, name)
 
 
-def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> Any:
+def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:
     """The training data loader with :class:`LigerCollate` in its DataLoader and :class:`_AfterMove` around it, for a
-    swapped model in one process (said in the log); None where it does not apply (no swapped GPT, a loader that is
-    not a DataLoader, or one whose collate is not litgpt's dict of ``input_ids`` and ``labels``)."""
+    swapped model in one process (said in the log), and what puts litgpt's collate back (after ``fit``); None where it
+    does not apply (no swapped GPT, a loader that is not a DataLoader, or one whose collate is not litgpt's dict of
+    ``input_ids`` and ``labels``)."""
     from torch.utils.data import DataLoader
 
     gpt = next((m for m in model.modules() if hasattr(m, "_liger_packing")), None)
@@ -365,13 +371,18 @@ def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> A
                                                                                        "__name__", ""):
         return None  # (only litgpt's own collate: its batch layout is known)
     pack = bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None
-    inner.collate_fn = LigerCollate(inner.collate_fn, pack, bool(getattr(gpt, "_liger_seq_buckets", False)))
+    original = inner.collate_fn
+    inner.collate_fn = LigerCollate(original, pack, bool(getattr(gpt, "_liger_seq_buckets", False)))
     if rank0:
         print("lit-liger: the data loader's workers keep litgpt's token counts on the host (its two .item() calls per "
               "iteration no longer wait for the GPU; the numbers logged are the same)"
               + ("; and lay each batch out packed, so that the step reads nothing back from the GPU" if pack else ""),
               flush=True)
-    return _AfterMove(loader)
+
+    def restore() -> None:
+        inner.collate_fn = original
+
+    return _AfterMove(loader), restore
 
 
 def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:

@@ -956,6 +956,28 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     assert counts[0] == counts[1] and len(counts[0]) >= 2, counts
 
 
+def test_batches_off_the_host_puts_litgpt_collate_back():
+    """The training DataLoader gets ``LigerCollate`` for the run and litgpt's own collate back after it."""
+    from litgpt.data.base import get_sft_collate_fn
+    from torch.utils.data import DataLoader
+
+    from lit_liger.cli import LigerCollate, _AfterMove, _batches_off_the_host
+
+    gpt = torch.nn.Linear(2, 2)
+    gpt._liger_packing, gpt._liger_pack_why, gpt._liger_seq_buckets = True, None, True
+    collate = get_sft_collate_fn()
+    loader = DataLoader([{"input_ids": torch.arange(1, 4), "labels": torch.arange(1, 4),
+                          "token_counts": {"raw": 3, "raw_plus_prompt_template": 3}}], collate_fn=collate)
+    wrapped, restore = _batches_off_the_host(gpt, loader, rank0=False)
+    assert isinstance(wrapped, _AfterMove) and isinstance(loader.collate_fn, LigerCollate) and len(wrapped) == 1
+    (batch,) = list(wrapped)
+    assert torch.is_tensor(batch["token_counts"]["raw"])
+    restore()
+    assert loader.collate_fn is collate
+    assert _batches_off_the_host(torch.nn.Linear(2, 2), loader, rank0=False) is None  # no swapped GPT: unchanged
+    assert _batches_off_the_host(gpt, DataLoader([1, 2]), rank0=False) is None  # not litgpt's collate
+
+
 def test_liger_collate_travels_to_workers_and_back():
     """``LigerCollate`` pickles (data loader workers started with spawn / forkserver), keeps litgpt's batch, adds the
     packed layout, and the token counts come back as host tensors after the move (``_AfterMove``)."""
