@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
+from .batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
 
@@ -44,6 +46,7 @@ class LigerCallback(Callback):
         self._tokens = 0
         self._samples = 0
         self._backward_thread: Any = None
+        self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
 
@@ -94,6 +97,14 @@ class LigerCallback(Callback):
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
+        # one process, litgpt's SFT collate in the training DataLoader: each batch is laid out packed and its token
+        # counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the loader's iterator,
+        # and with it its collate, exists by now); on_train_batch_start unboxes each batch on the device
+        loader = trainer.train_dataloader
+        if self._restore_collate is None and trainer.world_size == 1 and isinstance(loader, torch.utils.data.DataLoader):
+            prep = prep_for(pl_module, loader)
+            if prep is not None:
+                self._restore_collate = _prepare_before_transfer(pl_module, prep)
         # the Trainer calls backward from this thread: run it here (LigerConfig.caller_thread_backward), until
         # on_train_end puts the thread's setting back
         if self._backward_thread is None:
@@ -106,13 +117,24 @@ class LigerCallback(Callback):
         if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._restore_collate is not None:
+            after_move(batch)  # (the Trainer moved it to the device before this hook)
+
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_backward_thread()
         self._clear_fp8_scales(pl_module)
+        self._put_collate_back()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
         self._clear_fp8_scales(pl_module)
+        self._put_collate_back()
+
+    def _put_collate_back(self) -> None:
+        if self._restore_collate is not None:
+            self._restore_collate()
+            self._restore_collate = None
 
     def _clear_fp8_scales(self, pl_module: LightningModule) -> None:
         """After fitting the weights may change without an optimizer step (``trainer.validate(ckpt_path=...)``): each
@@ -158,6 +180,22 @@ class LigerCallback(Callback):
             metrics["liger/peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         if metrics:
             trainer.logger.log_metrics(metrics, step=step)
+
+
+def _prepare_before_transfer(pl_module: LightningModule, prep: HostPrep) -> Callable[[], None]:
+    """``pl_module.on_before_batch_transfer`` (the module's own first) followed by ``prep`` on the host batch, until
+    the returned function puts the module's hook back."""
+    own = pl_module.on_before_batch_transfer
+
+    def hook(batch: Any, dataloader_idx: int) -> Any:
+        return prep(own(batch, dataloader_idx))
+
+    pl_module.on_before_batch_transfer = hook  # (an instance attribute over the class's method)
+
+    def restore() -> None:
+        pl_module.__dict__.pop("on_before_batch_transfer", None)
+
+    return restore
 
 
 def _count(batch: Any) -> tuple[int, int]:

@@ -286,103 +286,22 @@ def _fit_freezing_unoptimized(fit: Callable) -> Callable:
     return run
 
 
-class _HostOnly:
-    """A value a batch carries past Fabric's move to the device untouched (it has no ``.to``)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __getstate__(self) -> Any:  # (to and from the data loader's worker processes)
-        return self.value
-
-    def __setstate__(self, value: Any) -> None:
-        self.value = value
-
-
-class LigerCollate:
-    """litgpt's collate function, then two things done where the batch is still on the host (in the data loader's
-    worker processes): with ``pack``, the packed layout of the batch (``lit_liger.packing.host_plan``: the forward then
-    reads no lengths back from the device); and litgpt's per-sample token counts boxed so that they stay on the host,
-    where the training loop's ``batch["token_counts"][...].sum().item()`` (twice per iteration) costs no device
-    sync. :class:`_AfterMove` unboxes them once the batch is on the device."""
-
-    def __init__(self, inner: Callable, pack: bool, bucketed: bool) -> None:
-        self.inner, self.pack, self.bucketed = inner, pack, bucketed
-        keywords = getattr(inner, "keywords", None) or {}  # (litgpt's collate is a functools.partial)
-        self.ignore_index = int(keywords.get("ignore_index", -100))
-
-    def __call__(self, samples: Any) -> Any:
-        batch = self.inner(samples)
-        if not isinstance(batch, dict):
-            return batch
-        if isinstance(batch.get("token_counts"), dict):
-            batch["token_counts"] = _HostOnly(batch["token_counts"])
-        idx, labels = batch.get("input_ids"), batch.get("labels")
-        if self.pack and isinstance(idx, torch.Tensor):
-            from .buckets import packed_bucket_length
-            from .packing import BATCH_KEY, host_plan
-
-            entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None,
-                              packed_bucket_length if self.bucketed else None, self.ignore_index)
-            if entry is not None:
-                batch[BATCH_KEY] = entry
-        return batch
-
-
-class _AfterMove:
-    """The training loop's data loader (Fabric's: it moves each batch to the device), each batch then unboxed: the
-    token counts back to their tensors (on the host), the packed layout kept for the forward of the batch's
-    ``input_ids`` (``lit_liger.packing.register``). Everything else is the loader's."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def __iter__(self) -> Iterator[Any]:
-        from .packing import register
-
-        for batch in self._loader:
-            if isinstance(batch, dict):
-                if isinstance(batch.get("token_counts"), _HostOnly):
-                    batch["token_counts"] = batch["token_counts"].value
-                register(batch)
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:
-    """The training data loader with :class:`LigerCollate` in its DataLoader and :class:`_AfterMove` around it, for a
-    swapped model in one process (said in the log), and what puts litgpt's collate back (after ``fit``); None where it
-    does not apply (no swapped GPT, a loader that is not a DataLoader, or one whose collate is not litgpt's dict of
-    ``input_ids`` and ``labels``)."""
-    from torch.utils.data import DataLoader
+    """The training data loader with ``lit_liger.batches.LigerCollate`` in its DataLoader and ``AfterMove`` around it,
+    for a swapped model in one process (said in the log), and what puts litgpt's collate back (after ``fit``); None
+    where it does not apply (see ``lit_liger.batches.install``)."""
+    from .batches import AfterMove, install
 
-    gpt = next((m for m in model.modules() if hasattr(m, "_liger_packing")), None)
-    inner = getattr(loader, "_dataloader", loader)
-    if gpt is None or not isinstance(inner, DataLoader) or isinstance(inner.collate_fn, LigerCollate):
+    installed = install(model, loader)
+    if installed is None:
         return None
-    if getattr(inner.collate_fn, "func", None) is None or "sft_collate" not in getattr(inner.collate_fn.func,
-                                                                                       "__name__", ""):
-        return None  # (only litgpt's own collate: its batch layout is known)
-    pack = bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None
-    original = inner.collate_fn
-    inner.collate_fn = LigerCollate(original, pack, bool(getattr(gpt, "_liger_seq_buckets", False)))
+    pack, restore = installed
     if rank0:
         print("lit-liger: the data loader's workers keep litgpt's token counts on the host (its two .item() calls per "
               "iteration no longer wait for the GPU; the numbers logged are the same)"
               + ("; and lay each batch out packed, so that the step reads nothing back from the GPU" if pack else ""),
               flush=True)
-
-    def restore() -> None:
-        inner.collate_fn = original
-
-    return _AfterMove(loader), restore
+    return AfterMove(loader), restore
 
 
 def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:

@@ -73,10 +73,11 @@ class LigerConfig:
             that really ends in token 0: that loss comes from an unpadded forward, with a warning). On CUDA through
             flash attention over cumulative lengths (16-bit, head size <= 256), captured by ``cuda_graphs`` per
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
-            or adapter attention: they run padded (the report says why). Through the ``lit-liger`` command line the
-            data loader's workers lay each batch out (``cli.LigerCollate``), so a packed step reads nothing back from
-            the GPU; elsewhere the forward reads the rows' lengths (one host sync) and the loss checks the left-out
-            targets (another). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
+            or adapter attention: they run padded (the report says why). With litgpt's SFT collate (the ``lit-liger``
+            command line: in the data loader's workers; ``LigerCallback``: in ``on_before_batch_transfer``) each batch
+            is laid out on the host (``lit_liger.batches``), so a packed step reads nothing back from the GPU;
+            elsewhere the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets
+            (another). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
             4, 39% of the positions padding, 9% packed), 300 iterations: 1.16x the padded run's tokens/s; 100
             iterations: 0.91x, because packed lengths spread wider and their captures (~0.13 s each) land later in a
             run; it reserves 0.8 GB more there (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.

@@ -164,3 +164,70 @@ def test_fabric_bf16_true_output_cast_leaves_the_fused_loss_unchanged():
         assert p.grad.dtype == torch.bfloat16 and torch.equal(p.grad, q.grad), n
     loss_stock = litgpt_ce(stock(x)[..., :-1, :], y[..., 1:], chunk_size=0)
     assert rel_err(loss, loss_stock) < 1e-2  # bf16 model, fp32 loss math in both
+
+
+class SFTModule(L.LightningModule):
+    """A Trainer over litgpt's SFT collate (input_ids / labels / token_counts), litgpt's finetune loss."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.model = model
+        self.losses, self.token_counts = [], []
+
+    def training_step(self, batch, batch_idx):
+        from lit_liger import chunked_cross_entropy
+
+        counts = batch["token_counts"]["raw_plus_prompt_template"]
+        self.token_counts.append((counts.device.type, int(counts.sum())))
+        out = self.model(batch["input_ids"], lm_head_chunk_size=128)
+        out[-1] = out[-1][..., :-1, :]
+        loss = chunked_cross_entropy(out, batch["labels"][..., 1:])
+        self.losses.append(loss.detach())
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _sft_loader(vocab=150, n=8):
+    from litgpt.data.base import get_sft_collate_fn
+
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for L_ in torch.randint(4, 12, (n,), generator=g).tolist():
+        ids = torch.randint(1, vocab, (L_,), generator=g)
+        labels = ids.clone()
+        labels[: L_ // 3] = -100
+        samples.append({"input_ids": ids, "labels": labels, "token_counts": {"raw": L_ - 2, "raw_plus_prompt_template": L_}})
+    return torch.utils.data.DataLoader(samples, batch_size=2, collate_fn=get_sft_collate_fn())
+
+
+def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
+    """With litgpt's SFT collate the callback has the data loader lay each batch out packed (``lit_liger.batches``):
+    the forward plans nothing, the loss checks nothing on the device, the token counts reach ``training_step`` as
+    host tensors with their values, the losses equal stock's, and litgpt's collate is back after ``fit``."""
+    from lit_liger import adapter as adapter_mod
+    from lit_liger import loss as loss_mod
+    from lit_liger import packing
+
+    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    cfg = tiny_config("Llama-3.2-1B")
+    torch.manual_seed(0)
+    base = GPT(cfg)
+    _randomize(base)
+    stock, ours = SFTModule(copy.deepcopy(base)), SFTModule(copy.deepcopy(base))
+    _trainer(tmp_path / "a", None).fit(stock, _sft_loader())
+    planned, plan = [], packing.plan
+    monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
+    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    loader = _sft_loader()
+    collate = loader.collate_fn
+    _trainer(tmp_path / "b", LigerCallback()).fit(ours, loader)
+    assert len(ours.losses) == len(stock.losses) == 3
+    for a, b in zip(ours.losses, stock.losses):
+        assert rel_err(a, b) <= 1e-4
+    assert all(p is None for p in planned)  # the forward planned nothing (a batch without padding: nothing to pack)
+    assert loss_mod.PACKED_LOSS_CHECKS["host"] - before["host"] == 3 - len(planned) >= 1
+    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    assert ours.token_counts == stock.token_counts and all(d == "cpu" for d, _ in ours.token_counts)
+    assert loader.collate_fn is collate

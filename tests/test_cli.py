@@ -922,7 +922,7 @@ def test_padding_report_counts():
 @pytest.mark.slow
 def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path, monkeypatch, capsys):
     """``--liger.packing true`` through the CLI: the data loader lays each batch out packed on the host
-    (``cli.LigerCollate``), so the forward reads no lengths back from the device and the loss checks the left-out
+    (``batches.LigerCollate``), so the forward reads no lengths back from the device and the loss checks the left-out
     targets from the loader's finding; litgpt's token counts stay on the host. Losses equal stock's, and so does
     every token count litgpt reports."""
     from lit_liger import adapter as adapter_mod
@@ -940,7 +940,7 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "off", "false"), *longer])
     off = capsys.readouterr().out
     planned, plan = [], packing.plan
-    monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
     before = dict(loss_mod.PACKED_LOSS_CHECKS)
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "on", "true"), *longer,
                           "--liger.packing", "true"])
@@ -948,7 +948,7 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
     assert "lay each batch out packed, so that the step reads nothing back from the GPU" in on
     assert "lit-liger packed the batches of" in on  # (the padding line: packing happened)
-    assert not planned  # every training batch came planned by the loader
+    assert all(p is None for p in planned)  # every batch with padding came planned by the loader
     assert loss_mod.PACKED_LOSS_CHECKS["host"] > before["host"]
     assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
     counts = [re.findall(r"(Tokens w/ Prompt|Total Tokens \(w/ Padding\)|Raw Tokens)\s*:\s*(\d+)", out)
@@ -961,7 +961,8 @@ def test_batches_off_the_host_puts_litgpt_collate_back():
     from litgpt.data.base import get_sft_collate_fn
     from torch.utils.data import DataLoader
 
-    from lit_liger.cli import LigerCollate, _AfterMove, _batches_off_the_host
+    from lit_liger.batches import AfterMove, LigerCollate
+    from lit_liger.cli import _batches_off_the_host
 
     gpt = torch.nn.Linear(2, 2)
     gpt._liger_packing, gpt._liger_pack_why, gpt._liger_seq_buckets = True, None, True
@@ -969,7 +970,7 @@ def test_batches_off_the_host_puts_litgpt_collate_back():
     loader = DataLoader([{"input_ids": torch.arange(1, 4), "labels": torch.arange(1, 4),
                           "token_counts": {"raw": 3, "raw_plus_prompt_template": 3}}], collate_fn=collate)
     wrapped, restore = _batches_off_the_host(gpt, loader, rank0=False)
-    assert isinstance(wrapped, _AfterMove) and isinstance(loader.collate_fn, LigerCollate) and len(wrapped) == 1
+    assert isinstance(wrapped, AfterMove) and isinstance(loader.collate_fn, LigerCollate) and len(wrapped) == 1
     (batch,) = list(wrapped)
     assert torch.is_tensor(batch["token_counts"]["raw"])
     restore()
@@ -980,10 +981,10 @@ def test_batches_off_the_host_puts_litgpt_collate_back():
 
 def test_liger_collate_travels_to_workers_and_back():
     """``LigerCollate`` pickles (data loader workers started with spawn / forkserver), keeps litgpt's batch, adds the
-    packed layout, and the token counts come back as host tensors after the move (``_AfterMove``)."""
+    packed layout, and the token counts come back as host tensors after the move (``AfterMove``)."""
     from litgpt.data.base import get_sft_collate_fn
 
-    from lit_liger.cli import LigerCollate, _AfterMove
+    from lit_liger.batches import AfterMove, LigerCollate
     from lit_liger.packing import BATCH_KEY, ready_plan
 
     samples = [{"input_ids": torch.arange(1, L + 1), "labels": torch.arange(1, L + 1),
@@ -994,7 +995,7 @@ def test_liger_collate_travels_to_workers_and_back():
     stock = get_sft_collate_fn(ignore_index=-7)(samples)
     assert torch.equal(batch["input_ids"], stock["input_ids"]) and torch.equal(batch["labels"], stock["labels"])
     assert BATCH_KEY in batch
-    (out,) = list(_AfterMove([batch]))
+    (out,) = list(AfterMove([batch]))
     assert BATCH_KEY not in out and out["token_counts"].keys() == stock["token_counts"].keys()
     for k, v in stock["token_counts"].items():
         assert torch.equal(out["token_counts"][k], v) and out["token_counts"][k].device.type == "cpu"

@@ -1,0 +1,146 @@
+"""Training batches prepared on the host by the data loader's workers (litgpt's SFT collate), for both front-ends.
+
+Two things a training step would otherwise ask of the GPU are known on the host while a batch is still a CPU tensor:
+
+* the packed layout of the batch (``LigerConfig.packing``; :func:`lit_liger.packing.host_plan`): the rows' lengths, and
+  whether a trained target sits where packing leaves positions out. The forward then reads nothing back from the
+  device and the loss checks nothing there;
+* litgpt's per-sample token counts, which its training loops sum with ``.item()`` twice per iteration: kept on the
+  host they cost no device sync, and their values are the same.
+
+:class:`HostPrep` does both on a collated batch. The ``lit-liger`` command puts it into the training DataLoader's collate
+(:class:`LigerCollate`, :func:`install`: the work runs in the loader's worker processes) for litgpt's ``fit``;
+``LigerCallback`` runs it in the LightningModule's ``on_before_batch_transfer`` (the Trainer's loader iterator exists
+before any callback hook could change its collate). After the batch reaches the device :func:`after_move` unboxes the
+token counts and hands the packed layout to the forward of that batch's ``input_ids``
+(:func:`lit_liger.packing.register`). One process only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["AfterMove", "HostPrep", "LigerCollate", "after_move", "install", "prep_for"]
+
+
+class _HostOnly:
+    """A value a batch carries past the move to the device untouched (it has no ``.to``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __getstate__(self) -> Any:  # (to and from the data loader's worker processes)
+        return self.value
+
+    def __setstate__(self, value: Any) -> None:
+        self.value = value
+
+
+class HostPrep:
+    """What :class:`LigerCollate` adds to a collated batch of litgpt's SFT collate while it is on the host: with
+    ``pack``, its packed layout; its per-sample token counts boxed so that they stay on the host."""
+
+    def __init__(self, pack: bool, bucketed: bool, ignore_index: int = -100) -> None:
+        self.pack, self.bucketed, self.ignore_index = pack, bucketed, ignore_index
+
+    def __call__(self, batch: Any) -> Any:
+        if not isinstance(batch, dict):
+            return batch
+        if isinstance(batch.get("token_counts"), dict):
+            batch["token_counts"] = _HostOnly(batch["token_counts"])
+        idx, labels = batch.get("input_ids"), batch.get("labels")
+        if self.pack and isinstance(idx, torch.Tensor):
+            from .buckets import packed_bucket_length
+            from .packing import BATCH_KEY, host_plan
+
+            entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None,
+                              packed_bucket_length if self.bucketed else None, self.ignore_index)
+            if entry is not None:
+                batch[BATCH_KEY] = entry
+        return batch
+
+
+class LigerCollate:
+    """litgpt's collate function, then :class:`HostPrep` (in the data loader's worker processes).
+    :func:`after_move` undoes the token counts' box once the batch is on the device."""
+
+    def __init__(self, inner: Callable, pack: bool, bucketed: bool) -> None:
+        keywords = getattr(inner, "keywords", None) or {}  # (litgpt's collate is a functools.partial)
+        self.inner, self.prep = inner, HostPrep(pack, bucketed, int(keywords.get("ignore_index", -100)))
+
+    @property
+    def ignore_index(self) -> int:
+        return self.prep.ignore_index
+
+    def __call__(self, samples: Any) -> Any:
+        return self.prep(self.inner(samples))
+
+
+def after_move(batch: Any) -> None:
+    """A batch that :class:`LigerCollate` made, now on the device: its token counts back to their (host) tensors, its
+    packed layout kept for the forward of its ``input_ids``."""
+    from .packing import register
+
+    if isinstance(batch, dict):
+        if isinstance(batch.get("token_counts"), _HostOnly):
+            batch["token_counts"] = batch["token_counts"].value
+        register(batch)
+
+
+class AfterMove:
+    """A training loop's data loader (Fabric's: it moves each batch to the device), each batch then passed to
+    :func:`after_move`. Everything else is the loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self._loader:
+            after_move(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def prep_for(model: torch.nn.Module, loader: Any) -> HostPrep | None:
+    """The :class:`HostPrep` for batches of ``loader`` (Fabric's wrapper or a DataLoader) trained by the swapped GPT
+    inside ``model``, or None where it does not apply: no swapped GPT, not a DataLoader, a collate other than litgpt's
+    SFT collate (its batch layout is the one known here), or one already wrapped."""
+    from torch.utils.data import DataLoader
+
+    gpt = next((m for m in model.modules() if hasattr(m, "_liger_packing")), None)
+    inner = getattr(loader, "_dataloader", loader)
+    if gpt is None or not isinstance(inner, DataLoader) or isinstance(inner.collate_fn, LigerCollate):
+        return None
+    func = getattr(inner.collate_fn, "func", None)
+    if func is None or "sft_collate" not in getattr(func, "__name__", ""):
+        return None
+    keywords = getattr(inner.collate_fn, "keywords", None) or {}
+    return HostPrep(bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None,
+                    bool(getattr(gpt, "_liger_seq_buckets", False)), int(keywords.get("ignore_index", -100)))
+
+
+def install(model: torch.nn.Module, loader: Any) -> tuple[bool, Callable[[], None]] | None:
+    """Put :class:`LigerCollate` into ``loader``'s DataLoader (before its iterator exists: an iterator keeps the
+    collate it started with) for the swapped GPT inside ``model`` (see :func:`prep_for`): ``(packs, restore)``, whether
+    batches are laid out packed and what puts litgpt's collate back; None where it does not apply."""
+    prep = prep_for(model, loader)
+    if prep is None:
+        return None
+    inner = getattr(loader, "_dataloader", loader)
+    original = inner.collate_fn
+    inner.collate_fn = LigerCollate(original, prep.pack, prep.bucketed)
+
+    def restore() -> None:
+        inner.collate_fn = original
+
+    return prep.pack, restore
