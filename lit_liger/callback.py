@@ -10,7 +10,10 @@ Swaps after the model exists and before the strategy wraps it:
 Idempotent across fit/validate/test/predict (``apply_liger`` restores, then re-applies). The
 report is logged once, on rank zero. Under ``ModelParallelStrategy`` a model swapped before ``configure_model`` shards
 gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all_gather``), and the callback computes
-the float8 weights' scales once after each optimizer step. Optional metrics: tokens/s and peak GPU memory through
+the float8 weights' scales once after each optimizer step. In one process, with litgpt's SFT collate in the training
+DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
+``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
+hook runs first and is put back after fitting. Optional metrics: tokens/s and peak GPU memory through
 Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
 """
 
