@@ -103,8 +103,8 @@ class LigerCallback(Callback):
         # one process, litgpt's SFT collate in the training DataLoader: each batch is laid out packed and its token
         # counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the loader's iterator,
         # and with it its collate, exists by now); on_train_batch_start unboxes each batch on the device
-        loader = trainer.train_dataloader
-        if self._restore_collate is None and trainer.world_size == 1 and isinstance(loader, torch.utils.data.DataLoader):
+        loader = getattr(trainer, "train_dataloader", None)
+        if self._restore_collate is None and isinstance(loader, torch.utils.data.DataLoader) and trainer.world_size == 1:
             prep = prep_for(pl_module, loader)
             if prep is not None:
                 self._restore_collate = _prepare_before_transfer(pl_module, prep)
