@@ -42,6 +42,18 @@ def _float8_gemms():
     return _Float8Gemms()
 
 
+def _step(model, opt, x, y, losses: list, grads: list) -> None:
+    """One training step of the sharded ``model``: its loss and every parameter's full gradient kept."""
+    from lit_liger import chunked_cross_entropy
+
+    loss = chunked_cross_entropy(model(x), y)
+    loss.backward()
+    losses.append(loss.detach())
+    grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+    opt.step()
+    opt.zero_grad()
+
+
 def _train(rank: int, variant: str, base, cfg):
     """``STEPS`` AdamW steps of a copy of ``base`` (bf16) under FSDP2 on 2 processes; what they computed, and how."""
     import copy
@@ -96,16 +108,10 @@ def _train(rank: int, variant: str, base, cfg):
             y = torch.randint(0, cfg.vocab_size, (2, 16))
             if step == 0:
                 with _float8_gemms() as gemms:
-                    loss = chunked_cross_entropy(model(x), y)
-                    loss.backward()
+                    _step(model, opt, x, y, losses, grads)
                 n_float8_gemms = gemms.n
             else:
-                loss = chunked_cross_entropy(model(x), y)
-                loss.backward()
-            losses.append(loss.detach())
-            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
-            opt.step()
-            opt.zero_grad()
+                _step(model, opt, x, y, losses, grads)
             if variant == "float8_gather_precomputed":
                 assert adapter_mod.precompute_fp8_scales(model) == 5 * cfg.n_layer
         step_gathers = list(gathers)
@@ -357,8 +363,6 @@ def _gpu_run(rank: int):
 
     from torch.distributed.fsdp import fully_shard
 
-    from lit_liger import chunked_cross_entropy
-
     cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512,
                       block_size=64)
     _, base = _pair(cfg)
@@ -376,12 +380,7 @@ def _gpu_run(rank: int):
         for _ in range(STEPS):
             x = torch.randint(1, cfg.vocab_size, (4, 64), device="cuda")
             y = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
-            loss = chunked_cross_entropy(model(x), y)
-            loss.backward()
-            losses.append(loss.detach())
-            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
-            opt.step()
-            opt.zero_grad()
+            _step(model, opt, x, y, losses, grads)
             adapter_mod.precompute_fp8_scales(model)
         w = model.transformer.h[0].attn.qkv.weight
         runs[ag] = (losses, grads, (type(w).__name__, type(w._local_tensor).__name__))

@@ -40,16 +40,17 @@ def _batch(cfg, lengths=LENGTHS, seed=3):
     return x, y
 
 
-def _lora_step_loss(model, x, y):
-    """litgpt/finetune/lora.py's loss: lm_head chunks, the last one shifted, litgpt's chunked_cross_entropy."""
+def _lora_step_loss(model, x, y, ce=litgpt_ce):
+    """litgpt/finetune/lora.py's loss: lm_head chunks, the last one shifted, litgpt's chunked_cross_entropy (``ce``:
+    lit-liger's, as lit-liger's CLI patches it into the script)."""
     out = model(x, lm_head_chunk_size=128)
     out[-1] = out[-1][..., :-1, :]
-    return litgpt_ce(out, y[..., 1:])
+    return ce(out, y[..., 1:])
 
 
-def _full_step_loss(model, x, y):
+def _full_step_loss(model, x, y, ce=litgpt_ce):
     """litgpt/finetune/full.py's loss."""
-    return litgpt_ce(model(x)[..., :-1, :], y[..., 1:])
+    return ce(model(x)[..., :-1, :], y[..., 1:])
 
 
 def _compare(ref, ours, loss_fn, x, y, tol=1e-4):
@@ -327,14 +328,11 @@ def test_left_out_verdict_answers_only_for_the_labels_it_saw():
 
 
 def _cli_lora_step_loss(model, x, y):
-    """litgpt/finetune/lora.py's loss as lit-liger's CLI runs it (its ``chunked_cross_entropy`` is lit-liger's)."""
-    out = model(x, lm_head_chunk_size=128)
-    out[-1] = out[-1][..., :-1, :]
-    return chunked_cross_entropy(out, y[..., 1:])
+    return _lora_step_loss(model, x, y, ce=chunked_cross_entropy)
 
 
 def _cli_full_step_loss(model, x, y):
-    return chunked_cross_entropy(model(x)[..., :-1, :], y[..., 1:])
+    return _full_step_loss(model, x, y, ce=chunked_cross_entropy)
 
 
 @pytest.mark.parametrize("loss_fn", [_cli_lora_step_loss, _cli_full_step_loss])
