@@ -201,6 +201,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = direct == "1"
+    if os.environ.get("LIT_LIGER_BENCH_GEMM_INTO_GRAD") == "0":  # the recipe's liger-grads-after-gemm variant
+        from lit_liger import graphs
+
+        graphs.GEMM_INTO_GRAD = False
     _run_and_record(stats_path, argv)
 
 

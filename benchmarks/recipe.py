@@ -70,6 +70,10 @@ VARIANTS = {
     "liger-packed-direct": ["--liger.packing", "true"],
     "liger-padded": ["--liger.packing", "false"],
     "liger-no-direct": ["--liger.packing", "false"],
+    # issue 32, full fine-tuning: AdamW left as litgpt builds it (foreach), and the captured backward's weight
+    # gradients added into .grad by a separate pass after their GEMMs (lit_liger.graphs.GEMM_INTO_GRAD off)
+    "liger-unfused-opt": ["--liger.fused_optimizer", "false"],
+    "liger-grads-after-gemm": ["--liger", "true"],
     # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
     "liger-replicated": ["--liger.replicate_frozen_base", "true"],
 }
@@ -77,7 +81,8 @@ VARIANTS = {
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
 _NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
 VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
-               "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT}
+               "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
+               "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

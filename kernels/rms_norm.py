@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
+from ._grad_into import target_for, weight_grad
 from ._launch import fast_launch, partial_rows, row_plan, use_triton
 
 __all__ = ["rms_norm", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
@@ -290,6 +291,7 @@ def _rnl_setup_context(ctx, inputs, output):
     x, residual, weight, eps, offset, w0, b0, w1, b1 = inputs
     ctx.has_residual = residual is not None
     ctx.norm = (eps, offset)
+    ctx.into = (target_for(w0), target_for(w1))  # (lit_liger.graphs: weight gradients added into .grad)
     ctx.save_for_backward(output[0] if residual is not None else x, weight, output[1], w0, b0, w1, b1)
 
 
@@ -312,7 +314,7 @@ def _rnl_backward(ctx, ds, drstd, dout0, dout1, norm_fwd=_rms_norm_fwd, norm_bwd
         if dout is None:
             continue
         d2 = dout.reshape(-1, dout.shape[-1])  # (N, out_i)
-        grads_wb[2 * i] = d2.t().mm(n2) if needs[5 + 2 * i] else None  # (out_i, C)
+        grads_wb[2 * i] = weight_grad(ctx.into[i], d2.t(), n2) if needs[5 + 2 * i] else None  # (out_i, C)
         grads_wb[2 * i + 1] = d2.sum(0) if b_lin is not None and needs[6 + 2 * i] else None  # (out_i,)
         if need_in:
             dn = d2.mm(w_lin) if dn is None else dn.addmm_(d2, w_lin)  # (N, C)

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._checks import as_rows, check_float, check_same_device, check_same_dtype, owns_storage
 from . import _launch
+from ._grad_into import target_for, weight_grad
 from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
 from .rms_norm import _rms_norm_bwd_impl, _rms_norm_fwd_impl, _rms_norm_linear_impl, rms_norm_linear
 
@@ -387,6 +388,7 @@ def _gl_setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b, weight)  # not the GLU product: recomputed for the weight gradient
     ctx.activation = activation
     ctx.has_bias = bias is not None
+    ctx.into = target_for(weight)  # (lit_liger.graphs: the weight gradient added into .grad)
 
 
 def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd, glu_bwd_h=_glu_bwd_h):
@@ -408,11 +410,11 @@ def _gl_backward(ctx, dy, glu_fwd=_glu_fwd, glu_bwd=_glu_bwd, glu_bwd_h=_glu_bwd
             da, db = _glu_bwd_into_inputs(dh, a, b, ctx.activation, need_da, need_db, write_h=True)
         else:
             da, db = glu_bwd_h(dh, a, b, ctx.activation, need_da, need_db)
-        dw = dy2.t().mm(dh.reshape(-1, dh.shape[-1]))  # (C, I), from the product now in dh
+        dw = weight_grad(ctx.into, dy2.t(), dh.reshape(-1, dh.shape[-1]))  # (C, I), from the product now in dh
         del dh
     elif need_dw:
         h = glu_fwd(a, b, ctx.activation)  # recomputed (..., I)
-        dw = dy2.t().mm(h.reshape(-1, h.shape[-1]))  # (C, I)
+        dw = weight_grad(ctx.into, dy2.t(), h.reshape(-1, h.shape[-1]))  # (C, I)
         del h
     elif need_da or need_db:
         dh = dy.matmul(weight)  # (..., I)

@@ -41,6 +41,7 @@ from .config import LigerConfig
 from . import graphs as _graphs
 from . import tied as _tied
 from .graphs import runner_for
+from .kernels import _grad_into
 from .kernels._launch import use_triton
 from .kernels.attention import softcap_attention, supported_head_size
 from .kernels.embedding import embedding
@@ -402,6 +403,14 @@ class _AttentionMixin:
 
         return _packing.attend(q, k, v, pack, scale, window, per_sample)
 
+    def _liger_proj(self, y: torch.Tensor) -> torch.Tensor:
+        """``self.proj(y)``; a plain Linear whose weight gradient ``lit_liger.graphs`` adds straight into ``.grad``
+        (``kernels._grad_into``, while a backward is captured) runs as the op that does."""
+        proj = self.proj
+        if type(proj) is nn.Linear and _grad_into.target_for(proj.weight) is not None:
+            return _grad_into.linear(y, proj.weight, proj.bias)
+        return proj(y)
+
     def _liger_qk_norm(self) -> dict | None:
         """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head
         (swapped by lit-liger or not) with one eps and offset; else None (the modules run)."""
@@ -463,18 +472,18 @@ class _AttentionMixin:
         scale = 1.0 / math.sqrt(cfg.attention_scores_scalar or hs) * self.mscale * self.mscale  # LitGPT's
         if isinstance(mask, _packing.Pack):  # LigerConfig.packing: B = 1, the samples end to end
             y = self._liger_attend_packed(q, k, v, mask, scale)  # (1, N, nh, hs)
-            return self.proj(y.reshape(B, T, hs * n_head))
+            return self._liger_proj(y.reshape(B, T, hs * n_head))
         if window is not None or cfg.attention_logit_softcapping is not None:
             if (window is not None or mask is None) and self._liger_softcap_kernel_here(q, T):
                 # causal + softcap in lit-liger's kernel; its output is a (B, nh, T, hs) view of (B, T, nh, hs)
                 y = softcap_attention(q, k, v, scale, cfg.attention_logit_softcapping)
-                return self.proj(y.transpose(1, 2).reshape(B, T, hs * n_head))  # a view, no copy
+                return self._liger_proj(y.transpose(1, 2).reshape(B, T, hs * n_head))  # a view, no copy
             if (window is not None or mask is None) and self._liger_flex_here(q):
                 # softcap as score_mod, LitGPT's causal / window mask as a block mask, GQA without copies
                 y = _attention.flex_attend(q, k, v, scale=scale, softcap=cfg.attention_logit_softcapping,
                                            window=window)  # (B, nh, T, hs)
                 y = y.transpose(1, 2).reshape(B, T, hs * n_head)  # (B, T, C*)
-                return self.proj(y)  # (B, T, C)
+                return self._liger_proj(y)  # (B, T, C)
             if window is not None:  # LitGPT's math below, with its window mask built without a loop
                 mask = _attention.dense_mask(T, window, q.device, q.dtype)  # (1, 1, T, T)
         with _attention.sdpa_flags(self._liger_sdpa_flags(q)):  # LigerConfig.sdpa_backend (eager, CUDA)
@@ -491,7 +500,7 @@ class _AttentionMixin:
                     v = v.repeat_interleave(q_per_kv, dim=1)  # (B, nh, T, hs)
                 y = self.scaled_dot_product_attention(q, k, v, mask)  # (B, T, nh, hs)
         y = y.reshape(B, T, hs * n_head)  # (B, T, C*)
-        return self.proj(y)  # (B, T, C)
+        return self._liger_proj(y)  # (B, T, C)
 
 
 class _BlockMixin:

@@ -13,7 +13,8 @@ gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all
 the float8 weights' scales once after each optimizer step. In one process, with litgpt's SFT collate in the training
 DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
 ``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
-hook runs first and is put back after fitting. Optional metrics: tokens/s and peak GPU memory through
+hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
+kernel (``LigerConfig.fused_optimizer``). Optional metrics: tokens/s and peak GPU memory through
 Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
 """
 
@@ -33,6 +34,7 @@ from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_s
 from .batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
+from . import optim as _optim
 
 __all__ = ["LigerCallback"]
 
@@ -96,6 +98,19 @@ class LigerCallback(Callback):
 
             configure_model._liger_wrapped = True
             pl_module.configure_model = configure_model
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The optimizers exist by now (before a checkpoint's state is loaded into them): a plain Adam / AdamW steps
+        with PyTorch's fused kernel (``LigerConfig.fused_optimizer``)."""
+        if self.report is None or not self.config.enabled or not self.config.fused_optimizer:
+            return
+        for optimizer in trainer.optimizers:
+            if isinstance(optimizer, torch.optim.Adam):  # (AdamW is an Adam)
+                why = _optim.fuse_optimizer(optimizer)
+                name = type(optimizer).__name__
+                rank_zero_info(f"lit-liger: {name} steps with PyTorch's fused kernel (fused=True; "
+                               "LigerConfig(fused_optimizer=False) keeps it)" if why is None else
+                               f"lit-liger: {name} keeps its implementation: {why}")
 
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -169,6 +169,8 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"])
     if config.enabled and callable(vars(module).get("validate")):
         patches["validate"] = _validate_with_fused_loss(vars(module)["validate"])
+    if config.enabled and config.fused_optimizer and callable(vars(module).get("instantiate_torch_optimizer")):
+        patches["instantiate_torch_optimizer"] = _fusing_optimizer(vars(module)["instantiate_torch_optimizer"])
     if missing:
         raise RuntimeError(
             f"lit-liger expected {missing} in {module.__name__} (litgpt {_litgpt_version()}); this litgpt "
@@ -212,6 +214,26 @@ def _replicating_strategy(module_name: str, class_name: str) -> Callable:
         return ReplicatedDDPStrategy()
 
     return make
+
+
+def _fusing_optimizer(make: Callable) -> Callable:
+    """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to PyTorch's fused kernel
+    (``LigerConfig.fused_optimizer``, :func:`lit_liger.optim.fuse_optimizer`; said on rank 0)."""
+    from .optim import fuse_optimizer
+
+    @functools.wraps(make)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        optimizer = make(*args, **kwargs)
+        if isinstance(optimizer, torch.optim.Adam):  # (AdamW is an Adam)
+            why = fuse_optimizer(optimizer)
+            name = type(optimizer).__name__
+            _print_rank_zero(
+                f"lit-liger: {name} steps with PyTorch's fused kernel (fused=True: one pass over each parameter and its "
+                "state, in fp32; litgpt leaves PyTorch's default, foreach); --liger.fused_optimizer false keeps it"
+                if why is None else f"lit-liger: {name} keeps its implementation: {why}")
+        return optimizer
+
+    return run
 
 
 def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:

@@ -10,7 +10,7 @@ from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command l
 
 # LigerConfig fields that are settings, not on/off switches
 _SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
-             "activation_checkpointing", "recompute_mlp")
+             "activation_checkpointing", "recompute_mlp", "fused_optimizer")
 
 
 @dataclass
@@ -185,6 +185,14 @@ class LigerConfig:
             weights. Checked at the swapped model's forward (eager mode; the comparison runs once per state of the
             two weights), undone when either starts to train and before a ``load_state_dict``
             (``lit_liger.tied``). Single process, unsharded weights, a plain Linear head (no LoRA on it).
+        fused_optimizer: the ``lit-liger`` command and ``LigerCallback`` switch a ``torch.optim.Adam`` / ``AdamW``
+            built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to PyTorch's fused kernel
+            (``lit_liger.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one
+            pass over each parameter, its gradient and moments per step, computed in fp32, instead of the ``foreach``
+            default's dozen passes, each rounded to the parameters' dtype. Plain CUDA parameters only; an optimizer
+            the user configured (``fused``/``foreach`` set, ``differentiable``, DTensor or FSDP flat parameters) is
+            left as it is, and the log says why. The step count then lives on the device (PyTorch's fused optimizers
+            keep it there; a checkpoint's CPU count is moved). ``apply_liger`` alone does not touch optimizers.
     """
 
     rms_norm: bool = True
@@ -213,6 +221,7 @@ class LigerConfig:
     activation_checkpointing: bool = False
     recompute_mlp: bool = False
     tied_weights: bool = True
+    fused_optimizer: bool = True
 
     @classmethod
     def choices(cls) -> dict[str, tuple]:

@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.modules import module as _nn_module
 
 from ._dist import several_processes, sharded_processes
+from .kernels import _grad_into
 from .quant import is_4bit
 
 __all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "runner_for"]
@@ -132,6 +133,13 @@ def checkpointed_capture_why() -> str | None:
 #: (15.1 GB), 1.8-2.0x its tokens/s
 DIRECT_GRADS = True
 
+#: with :data:`DIRECT_GRADS`, the captured backward's GEMMs that make a weight's gradient add it into ``.grad`` themselves
+#: (``kernels._grad_into``: the fused norm -> Linear, the GLU MLP's proj, the attention's proj), instead of writing it
+#: to a new tensor that one ``_foreach_add_`` then adds to ``.grad``: two reads and a write of every such gradient
+#: less per micro-batch. False: every gradient through the ``_foreach_add_`` (``python -m benchmarks recipe``'s
+#: ``liger-grads-after-gemm`` variant)
+GEMM_INTO_GRAD = True
+
 #: ``cuda_graphs=None`` (automatic) captures full fine-tuning and pretraining too, not only runs that train at most 1/8
 #: of the parameters (LoRA, adapters). It used to leave them uncaptured: the replayed backward's gradient buffers sat
 #: beside autograd's ``.grad`` copies, a second copy of every trained parameter (measured on an H100, Llama-3.2-1B,
@@ -212,6 +220,24 @@ class _Graphs:
         torch.cuda.current_stream().wait_stream(stream)
         t1 = time.perf_counter()
         out_buf = runner.shared_view("out", *out_spec)  # (outside the pool: a plain allocation)
+        # with DIRECT_GRADS the buffers are the parameters' .grad (see _Replay.backward): the ops that can (the fused
+        # norm -> Linear, the GLU's proj, the attention's proj: kernels._grad_into) add their weight gradients into them
+        # inside their GEMM; the others' gradients are added below, in one pass
+        into = [(p, b) for p, b in zip(params, bufs) if p.dim() == 2 and b.shape == p.shape and b.dtype == p.dtype]
+        with _grad_into.grads_into(into if DIRECT_GRADS and GEMM_INTO_GRAD else []) as written:
+            self._capture_graphs(params, bufs, stream, out_buf, out_spec, written)
+        self.added_by_gemm = len(written)  # gradients a GEMM adds into .grad itself (the rest: one _foreach_add_)
+        t3 = time.perf_counter()
+        CAPTURE_STATS["warmup"] += t1 - t0
+        CAPTURE_STATS["forward"] += self._t2 - t1
+        CAPTURE_STATS["backward"] += t3 - self._t2
+        self.static_hidden = self.static_out.detach()
+        self.grads = [b if u else None for b, u in zip(bufs, self.used)]
+        self.params = params
+
+    def _capture_graphs(self, params: list[nn.Parameter], bufs: list[torch.Tensor], stream: torch.cuda.Stream,
+                        out_buf: torch.Tensor, out_spec: tuple, written: set[int]) -> None:
+        runner, gpt = self.runner, self.runner.gpt
         self.fwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             # kept for the graphs' lifetime, autograd graph included. Measured on an H100 (torch 2.11): when
@@ -223,12 +249,12 @@ class _Graphs:
             # It is a view of one buffer that every shape's output shares (the final norm's own output is a
             # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
             self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx, self.static_plan), out_buf)
-        t2 = time.perf_counter()
+        self._t2 = time.perf_counter()
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
             grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
-            self.used = [g is not None for g in grads]
+            self.used = [g is not None or id(b) in written for g, b in zip(grads, bufs)]
             pairs = [(b, g) for b, g in zip(bufs, grads) if g is not None]
             self.direct = DIRECT_GRADS
             if pairs and self.direct:
@@ -238,13 +264,6 @@ class _Graphs:
             elif pairs:
                 torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
             del grads, pairs
-        t3 = time.perf_counter()
-        CAPTURE_STATS["warmup"] += t1 - t0
-        CAPTURE_STATS["forward"] += t2 - t1
-        CAPTURE_STATS["backward"] += t3 - t2
-        self.static_hidden = self.static_out.detach()
-        self.grads = [b if u else None for b, u in zip(bufs, self.used)]
-        self.params = params
 
 
 class _IntoBuffer(torch.autograd.Function):

@@ -423,6 +423,9 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
             opt.zero_grad()
     runner = runner_for(graphed)
     assert runner.captures == 2 and runner.replays == 6 and not runner.disabled
+    # every Block's qkv, attention proj, fc_1, fc_2 and MLP proj weight gradient is added into .grad by its GEMM
+    assert all(g.added_by_gemm == 5 * cfg.n_layer for g in runner.graphs.values()), \
+        [g.added_by_gemm for g in runner.graphs.values()]
     for (n, a), b in zip(graphed.named_parameters(), plain.parameters()):
         assert rel_err(a, b) <= 2e-2, n
         sa, sb = opts[0].state[a], opts[1].state[b]

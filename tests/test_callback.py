@@ -11,7 +11,7 @@ from litgpt import GPT
 from litgpt.api import LLM
 from test_adapter import _randomize, tiny_config
 
-from lit_liger import LigerCallback, LigerLogits
+from lit_liger import LigerCallback, LigerConfig, LigerLogits
 from lit_liger.adapter import is_swapped
 
 
@@ -101,6 +101,34 @@ def test_fit_with_llm_matches_stock(tmp_path):
 
     rows = [r for f in glob.glob(str(tmp_path / "b" / "**" / "metrics.csv"), recursive=True) for r in csv.DictReader(open(f))]
     assert any(r.get("liger/tokens_per_sec") for r in rows)
+
+
+class AdamWModule(LLMModule):
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fit_switches_adamw_to_the_fused_kernel(tmp_path, monkeypatch, fused):
+    """LigerConfig.fused_optimizer: the module's AdamW steps fused (CPU parameters let in here, as CUDA ones are); the
+    losses are stock's."""
+    from lit_liger import optim
+
+    monkeypatch.setattr(optim, "DEVICES", ("cuda", "cpu"))
+    cfg = tiny_config("Llama-3.2-1B")
+    torch.manual_seed(0)
+    base = GPT(cfg)
+    _randomize(base)
+    stock, ours = AdamWModule(copy.deepcopy(base)), AdamWModule(copy.deepcopy(base))
+    _trainer(tmp_path / "a", None, steps=4).fit(stock, _data())
+    _trainer(tmp_path / "b", LigerCallback(LigerConfig(fused_optimizer=fused), log_metrics=False), steps=4).fit(ours, _data())
+    opt = ours.trainer.optimizers[0]
+    assert opt.param_groups[0]["fused"] is (True if fused else None)
+    assert stock.trainer.optimizers[0].param_groups[0]["fused"] is None
+    assert len(ours.losses) == len(stock.losses) == 4
+    assert rel_err(ours.losses[-1], ours.losses[0]) > 1e-3  # it trained
+    for a, b in zip(ours.losses, stock.losses):
+        assert rel_err(a, b) <= 1e-4
 
 
 def test_fit_with_configure_model(tmp_path):

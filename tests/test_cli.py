@@ -218,8 +218,18 @@ def stock_generates(monkeypatch, capsys, args: list) -> str:
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path, monkeypatch, capsys):
+    from lit_liger import optim
+
+    monkeypatch.setattr(optim, "DEVICES", ("cuda", "cpu"))  # (the fused AdamW on CPU too, as on a GPU)
+    made = []
+    real = optim.fuse_optimizer
+    monkeypatch.setattr(optim, "fuse_optimizer", lambda opt, *a, **k: made.append(opt) or real(opt, *a, **k))
+    capsys.readouterr()
     run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "on", "true"))
+    assert "AdamW steps with PyTorch's fused kernel" in capsys.readouterr().out
+    assert len(made) == 1 and made[0].param_groups[0]["fused"] is True
     run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "off", "false"))
+    assert len(made) == 1  # (--liger false: litgpt's own)
     assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))
     final = tmp_path / "on" / "final"
     stock_loads_hparams(monkeypatch, capsys, "finetune_full", final / "hyperparameters.yaml")

@@ -1,0 +1,57 @@
+"""Adam / AdamW stepped by PyTorch's fused kernel (``LigerConfig.fused_optimizer``).
+
+``torch.optim.AdamW(params)`` on CUDA tensors defaults to its ``foreach`` implementation: a dozen passes over the
+parameters and their state per step, each an op over lists of tensors (lerp, mul, addcmul, sqrt, div, add, addcdiv,
+...), every intermediate rounded to the parameters' dtype. ``fused=True`` is the same algorithm in one kernel that
+reads each parameter, gradient and moment once and writes them once, computing in fp32. litgpt's recipes build the
+optimizer with neither option set, so at a 1B model's full fine-tuning the step is a memory-bound pass of
+tens of GB, once every ``gradient_accumulation_iters`` iterations.
+
+:func:`fuse_optimizer` switches such an optimizer to the fused kernel in place: the same class, param groups,
+hyperparameters and ``state_dict`` keys; the step count lives on the parameter's device as a float32 tensor, as
+PyTorch's fused and capturable optimizers keep it (existing state is moved there). Only where the user chose nothing:
+an optimizer built with ``fused`` or ``foreach`` set, ``differentiable``, or holding parameters that are not plain
+floating tensors on a supported device is left as it is, with the reason returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DEVICES", "fuse_optimizer"]
+
+#: the device types whose parameters :func:`fuse_optimizer` switches by default (the fused kernel also runs on CPU,
+#: where lit-liger's speed does not matter; the CPU tests add it)
+DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def fuse_optimizer(optimizer: object, devices: tuple[str, ...] | None = None) -> str | None:
+    """Switch ``optimizer`` (``torch.optim.Adam`` or ``AdamW``, built with ``fused`` and ``foreach`` unset) to
+    PyTorch's fused kernel, in place. Returns None where it did, else why not (nothing changed). ``devices``: the
+    device types whose parameters qualify (default :data:`DEVICES`)."""
+    devices = DEVICES if devices is None else devices
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"{type(optimizer).__name__} is not torch.optim.Adam or AdamW"
+    groups = optimizer.param_groups
+    for g in groups:
+        if g.get("fused"):
+            return "the optimizer is fused already"
+        if g.get("foreach") is not None:
+            return f"the optimizer was built with foreach={g['foreach']}"
+        if g.get("differentiable"):
+            return "the optimizer is differentiable (the fused kernel is not)"
+        for p in g["params"]:
+            if type(p) not in (torch.Tensor, torch.nn.Parameter) or not torch.is_floating_point(p):
+                return f"a parameter is a {type(p).__name__} of {p.dtype} (the fused kernel takes plain floating tensors)"
+            if p.device.type not in devices:
+                return f"a parameter is on {p.device.type}"
+    if not any(g["params"] for g in groups):
+        return "the optimizer has no parameters"
+    for g in groups:
+        g["fused"] = True
+        for p in g["params"]:
+            state = optimizer.state.get(p)
+            if state and "step" in state:  # (resumed: the fused kernel reads the step count on the device)
+                state["step"] = torch.as_tensor(float(state["step"]), dtype=torch.float32, device=p.device)
+    optimizer.defaults["fused"] = True
+    return None
