@@ -74,6 +74,8 @@ VARIANTS = {
     # gradients added into .grad by a separate pass after their GEMMs (lit_liger.graphs.GEMM_INTO_GRAD off)
     "liger-unfused-opt": ["--liger.fused_optimizer", "false"],
     "liger-grads-after-gemm": ["--liger", "true"],
+    # ... and litgpt's loop waiting for the GPU at each iteration's log (LigerConfig.defer_loss_sync off)
+    "liger-sync": ["--liger.defer_loss_sync", "false"],
     # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
     "liger-replicated": ["--liger.replicate_frozen_base", "true"],
 }

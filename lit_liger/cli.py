@@ -166,7 +166,11 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         else:
             patches[name] = _replicating_strategy(module.__name__, name)
     if config.enabled and callable(vars(module).get("fit")):
-        patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"])
+        patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"], config)
+    if config.enabled and config.defer_loss_sync and callable(vars(module).get("RunningMean")):
+        from .lazylog import running_mean_factory
+
+        patches["RunningMean"] = running_mean_factory(vars(module)["RunningMean"])
     if config.enabled and callable(vars(module).get("validate")):
         patches["validate"] = _validate_with_fused_loss(vars(module)["validate"])
     if config.enabled and config.fused_optimizer and callable(vars(module).get("instantiate_torch_optimizer")):
@@ -261,8 +265,9 @@ def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:
     return frozen
 
 
-def _fit_freezing_unoptimized(fit: Callable) -> Callable:
-    """litgpt's ``fit(fabric, model, optimizer, ...)``, after :func:`freeze_unoptimized` (said on rank 0)."""
+def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) -> Callable:
+    """litgpt's ``fit(fabric, model, optimizer, ...)``, after :func:`freeze_unoptimized` (said on rank 0); in one
+    process with ``config.defer_loss_sync``, its log read one iteration late (:func:`_deferred_log`)."""
 
     @functools.wraps(fit)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -289,9 +294,12 @@ def _fit_freezing_unoptimized(fit: Callable) -> Callable:
                 bound["train_dataloader"], restore = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
+        defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
+                 and not several_processes() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
-            out = fit(*args, **kwargs)
+            with defer:
+                out = fit(*args, **kwargs)
         finally:
             if restore is not None:
                 restore()
@@ -306,6 +314,32 @@ def _fit_freezing_unoptimized(fit: Callable) -> Callable:
         return out
 
     return run
+
+
+@contextlib.contextmanager
+def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
+    """During litgpt's ``fit``: ``fabric.print`` / ``fabric.log_dict`` through ``lit_liger.lazylog.DeferredLog``, which
+    the recipe's ``RunningMean`` (``lazylog.running_mean_factory``) feeds: the loop's per-iteration loss, token counts
+    and their log line read one iteration later, without a device sync (said in the log)."""
+    from . import lazylog
+
+    if fabric is None or not callable(getattr(fabric, "print", None)) or not callable(getattr(fabric, "log_dict", None)):
+        yield
+        return
+    log = lazylog.DeferredLog(fabric.print, fabric.log_dict)
+    if rank0:
+        print("lit-liger: litgpt's loop reads each logged loss and token count one iteration later (no device sync "
+              "per iteration; the same values, each log line printed when the next iteration logs; iter_time is then "
+              "the loop's period); --liger.defer_loss_sync false keeps litgpt's", flush=True)
+    fabric.print, fabric.log_dict = log.print, log.log_dict  # (instance attributes over Fabric's methods)
+    lazylog.ACTIVE[0] = log
+    try:
+        yield
+    finally:
+        lazylog.ACTIVE[0] = None
+        fabric.__dict__.pop("print", None)
+        fabric.__dict__.pop("log_dict", None)
+        log.close()
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:

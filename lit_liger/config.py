@@ -10,7 +10,7 @@ from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command l
 
 # LigerConfig fields that are settings, not on/off switches
 _SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
-             "activation_checkpointing", "recompute_mlp", "fused_optimizer")
+             "activation_checkpointing", "recompute_mlp", "fused_optimizer", "defer_loss_sync")
 
 
 @dataclass
@@ -193,6 +193,12 @@ class LigerConfig:
             the user configured (``fused``/``foreach`` set, ``differentiable``, DTensor or FSDP flat parameters) is
             left as it is, and the log says why. The step count then lives on the device (PyTorch's fused optimizers
             keep it there; a checkpoint's CPU count is moved). ``apply_liger`` alone does not touch optimizers.
+        defer_loss_sync: the ``lit-liger`` command, one process: litgpt's loop reads the loss and token counts it logs
+            one iteration later (``lit_liger.lazylog``), so that no iteration waits for the GPU (at
+            ``--train.log_interval 1`` litgpt's loop waited three times per iteration: its running loss's NaN check,
+            ``.item()``, and the CSV logger's reading of the token counts) and the host prepares the next iteration
+            while the GPU runs this one. The values printed and logged are the same; each line appears when the next
+            iteration logs, and ``iter_time`` is then the loop's period, not one iteration's latency.
     """
 
     rms_norm: bool = True
@@ -222,6 +228,7 @@ class LigerConfig:
     recompute_mlp: bool = False
     tied_weights: bool = True
     fused_optimizer: bool = True
+    defer_loss_sync: bool = True
 
     @classmethod
     def choices(cls) -> dict[str, tuple]:

@@ -1013,3 +1013,48 @@ def test_liger_collate_travels_to_workers_and_back():
     assert plan is not None and plan.real == 21 and plan.check.ignore_index == -7
     no_pack = LigerCollate(get_sft_collate_fn(), pack=False, bucketed=False)(samples)
     assert BATCH_KEY not in no_pack
+
+
+def _csv_rows(out_dir: Path) -> list[dict]:
+    import csv
+
+    rows = []
+    for f in sorted(out_dir.rglob("metrics.csv")):
+        rows += list(csv.DictReader(open(f)))
+    return rows
+
+
+_TIMED = re.compile(r"(iter|val) time: [0-9.]+ ms")
+
+
+@pytest.mark.slow
+def test_deferred_loss_sync_logs_the_same_values(assets, tmp_path, monkeypatch, capsys):
+    """``defer_loss_sync`` (lit_liger.lazylog): litgpt's LoRA loop with gradient accumulation (a running-loss window
+    of 2), validation and its log lines in between; every value in metrics.csv and every printed line equal those of
+    the run without it, timings aside, in the same order."""
+    from lit_liger import lazylog
+
+    made = []
+    real = lazylog.RunningMean.__init__
+    monkeypatch.setattr(lazylog.RunningMean, "__init__", lambda self, *a, **k: made.append(self) or real(self, *a, **k))
+    extra = ["--train.global_batch_size", 2 * MICRO_BATCH, "--train.max_steps", 3, "--eval.interval", 2]
+    outs = {}
+    for name, flag in (("sync", "false"), ("deferred", "true")):
+        capsys.readouterr()
+        run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / name, "true"), *extra,
+                              "--liger.defer_loss_sync", flag])
+        outs[name] = capsys.readouterr().out
+    assert len(made) == 1  # (the deferred run's, window 2)
+    assert made[0].window == 2 and made[0].seen == 6
+    assert "reads each logged loss and token count one iteration later" in outs["deferred"]
+    lines = {k: [_TIMED.sub(r"\1 time: - ms", line) for line in v.splitlines()
+                 if line.startswith(("Epoch", "iter ")) or "val loss" in line] for k, v in outs.items()}
+    assert len(lines["sync"]) == 6 + 1 and lines["deferred"] == lines["sync"], lines
+    rows = {k: _csv_rows(tmp_path / k) for k in outs}
+    timed = ("iter_time", "time", "/sec", "_per_sec", "throughput", "val_time")
+    assert len(rows["sync"]) >= 6 and len(rows["deferred"]) == len(rows["sync"])
+    for a, b in zip(rows["deferred"], rows["sync"]):
+        assert a.keys() == b.keys()
+        assert {k: v for k, v in a.items() if not any(t in k for t in timed)} == \
+               {k: v for k, v in b.items() if not any(t in k for t in timed)}
+    assert any(r.get("loss") for r in rows["deferred"]) and any(r.get("val_loss") for r in rows["deferred"])

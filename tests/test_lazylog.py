@@ -1,0 +1,91 @@
+"""lit_liger.lazylog: the device-side running mean against torchmetrics', and the deferred log's order and values."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from torchmetrics import RunningMean as TMRunningMean
+
+from lit_liger import lazylog
+
+
+@pytest.mark.parametrize("window", [1, 3, 4])
+def test_running_mean_equals_torchmetrics_bit_for_bit(window):
+    torch.manual_seed(0)
+    log = lazylog.DeferredLog(print, lambda *a, **k: None)
+    ours = lazylog.RunningMean(window, log).to("cpu")
+    ref = TMRunningMean(window=window, sync_on_compute=False)
+    values = (torch.rand(11) * 10).to(torch.bfloat16)
+    values[5] = float("nan")
+    for i, v in enumerate(values):
+        with warnings.catch_warnings(record=True) as ref_warned:
+            warnings.simplefilter("always")
+            ref.update(v)
+        ours.update(v)
+        with warnings.catch_warnings(record=True) as our_warned:
+            warnings.simplefilter("always")
+            got = float(ours.compute().item())
+        want = ref.compute().item()
+        assert (math.isnan(got) and math.isnan(want)) or got == want, (i, got, want)
+        if i == 5:  # torchmetrics warns at the update, ours when the value is read
+            assert any("nan" in str(w.message) for w in ref_warned) and any("nan" in str(w.message) for w in our_warned)
+        elif i > 5:
+            assert not any("nan" in str(w.message) for w in our_warned)
+
+
+def test_deferred_log_keeps_order_and_fills_values():
+    printed, logged = [], []
+    log = lazylog.DeferredLog(lambda *a, **k: printed.append(a[0]), lambda m, step=None: logged.append((step, m)))
+    mean = lazylog.RunningMean(2, log).to("cpu")
+    for it in range(3):
+        mean.update(torch.tensor(float(it + 1)))
+        loss = mean.compute().item()
+        log.print(f"iter {it} loss {loss:.3f}")
+        log.log_dict({"loss": loss, "iter": it}, step=it)
+        if it == 0:
+            assert printed == [] and logged == []  # kept until the next log
+        if it == 1:
+            log.print("validation")  # anything else emitted flushes what waits, in order
+            assert printed == ["iter 0 loss 1.000", "iter 1 loss 1.500", "validation"]
+    assert printed[-1] == "validation"  # iteration 2's line waits
+    log.close()
+    assert printed == ["iter 0 loss 1.000", "iter 1 loss 1.500", "validation", "iter 2 loss 2.500"]
+    assert logged == [(0, {"loss": 1.0, "iter": 0}), (1, {"loss": 1.5, "iter": 1}), (2, {"loss": 2.5, "iter": 2})]
+    assert all(type(m["loss"]) is float for _, m in logged)
+
+
+def test_factory_falls_back_to_torchmetrics_without_an_active_log():
+    make = lazylog.running_mean_factory(TMRunningMean)
+    assert isinstance(make(window=2, sync_on_compute=False), TMRunningMean)
+    lazylog.ACTIVE[0] = lazylog.DeferredLog(print, print)
+    try:
+        assert isinstance(make(window=2, sync_on_compute=False), lazylog.RunningMean)
+        assert isinstance(make(window=2, nan_strategy="error"), TMRunningMean)  # not litgpt's arguments
+    finally:
+        lazylog.ACTIVE[0] = None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_logged_tensors_keep_their_value_at_log_time(device):
+    """litgpt adds to its token-count tensors in place after logging them: the deferred entry holds the logged value."""
+    logged = []
+    log = lazylog.DeferredLog(print, lambda m, step=None: logged.append(m))
+    mean = lazylog.RunningMean(1, log).to(device)
+    tokens = torch.tensor(5, device=device)
+    mean.update(torch.tensor(2.0, device=device))
+    log.log_dict({"loss": mean.compute().item(), "tokens": tokens})
+    tokens += 100
+    mean.update(torch.tensor(3.0, device=device))
+    log.log_dict({"loss": mean.compute().item(), "tokens": tokens})
+    tokens += 100
+    log.close()
+    assert [(m["loss"], int(m["tokens"])) for m in logged] == [(2.0, 5), (3.0, 105)]
+    if device == "cuda":  # the GPU path: device running mean equal to torchmetrics' there too
+        ref = TMRunningMean(window=3, sync_on_compute=False).to(device)
+        ours = lazylog.RunningMean(3, log).to(device)
+        for v in torch.rand(7, device=device):
+            ref.update(v)
+            ours.update(v)
+            assert float(ours.compute().item()) == ref.compute().item()
+        log.close()
