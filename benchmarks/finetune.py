@@ -187,6 +187,35 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
 _STATS_ENV = "LIT_LIGER_BENCH_STATS"
 
 
+def _count_syncs(path: str) -> None:
+    """``torch.cuda.set_sync_debug_mode("warn")`` for the whole run: each synchronizing call's Python stack (its last
+    frames) counted, written to ``path`` at exit, most frequent first."""
+    import atexit
+    import traceback
+    import warnings
+
+    import torch
+
+    counts: dict[str, int] = {}
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return
+        stack = "".join(traceback.format_stack(limit=10)[:-2])
+        counts[stack] = counts.get(stack, 0) + 1
+
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+
+    def dump() -> None:
+        with open(path, "w") as f:
+            for stack, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+                f.write(f"=== {n} syncs\n{stack}\n")
+
+    atexit.register(dump)
+
+
 def _child(stats_path: str, argv: list[str]) -> None:
     """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory of the training steps and of
     the whole run, wall time; the peak counter is reset after each validation pass)."""
@@ -201,6 +230,8 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = direct == "1"
+    if os.environ.get("LIT_LIGER_BENCH_SYNC_DEBUG"):  # a file: every device sync's Python stack, counted (diagnosis)
+        _count_syncs(os.environ["LIT_LIGER_BENCH_SYNC_DEBUG"])
     if os.environ.get("LIT_LIGER_BENCH_GEMM_INTO_GRAD") == "0":  # the recipe's liger-grads-after-gemm variant
         from lit_liger import graphs
 

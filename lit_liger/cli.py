@@ -276,6 +276,9 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         except TypeError:
             return fit(*args, **kwargs)  # not the signature we know: litgpt's own call, unchanged
         model, optimizer, fabric = bound.get("model"), bound.get("optimizer"), bound.get("fabric")
+        state = bound.get("state")
+        if model is None and isinstance(state, dict):  # (finetune_full's and pretrain's fit take them in `state`)
+            model, optimizer = state.get("model"), state.get("optimizer")
         rank0 = getattr(fabric, "global_rank", 0) == 0
         if isinstance(model, torch.nn.Module) and optimizer is not None:
             frozen = freeze_unoptimized(model, optimizer)
