@@ -15,13 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: (family, layers run, folder under benchmarks/results/, the lit-liger variant). The variant is what
-#: `--liger true` did for LoRA when the folder was measured (graphs were an explicit switch before 2026-11-24; packing
-#: is on by default since 2026-11-26, after these runs: gemma-2 cannot pack, the other two ran padded).
+#: (family, layers run, folder under benchmarks/results/, the lit-liger variant): what `--liger true` does, defaults
+#: as of 2026-11-26 (packing, fused AdamW, the deferred log sync; gemma-2 cannot pack and runs padded)
 SOURCES = [
-    ("Llama-3.2-1B", "all 16 layers", "h100-2026-11-24f/recipe-b4", "liger"),
-    ("Qwen2.5-1.5B", "all 28 layers", "h100-2026-11-26/qwen-lora4-padded", "liger-padded"),  # (packing off)
-    ("gemma-2-2b", "all 26 layers", "h100-2026-11-26/gemma2-lora4-full-depth", "liger"),
+    ("Llama-3.2-1B", "all 16 layers", "h100-2026-11-26b/c3-lora4-300-defer", "liger"),
+    ("Qwen2.5-1.5B", "all 28 layers", "h100-2026-11-26b/c8-qwen-lora4", "liger"),
+    ("gemma-2-2b", "all 26 layers", "h100-2026-11-26b/c8-gemma2-lora4", "liger"),
 ]
 MICRO_BATCH = 4
 DEFAULT_PNG = C.REPO_ROOT / "docs" / "recipe_lora.png"
