@@ -336,13 +336,21 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
               "the loop's period); --liger.defer_loss_sync false keeps litgpt's", flush=True)
     fabric.print, fabric.log_dict = log.print, log.log_dict  # (instance attributes over Fabric's methods)
     lazylog.ACTIVE[0] = log
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         lazylog.ACTIVE[0] = None
         fabric.__dict__.pop("print", None)
         fabric.__dict__.pop("log_dict", None)
-        log.close()
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        with contextlib.suppress(Exception):  # (what is kept is printed if it can be; fit's own error goes on)
+            log.close()
+        raise
+    restore()
+    log.close()
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:

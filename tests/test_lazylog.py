@@ -89,3 +89,32 @@ def test_logged_tensors_keep_their_value_at_log_time(device):
             ours.update(v)
             assert float(ours.compute().item()) == ref.compute().item()
         log.close()
+
+
+def test_cli_deferred_log_restores_fabric_and_keeps_fit_errors(capsys):
+    """lit_liger.cli._deferred_log around litgpt's fit: Fabric's print / log_dict are its own again afterwards, what was
+    kept is emitted, and an error inside fit is the one raised."""
+    from lit_liger.cli import _deferred_log
+
+    class Fabric:
+        def __init__(self):
+            self.logged = []
+
+        def print(self, *a, **k):
+            print(*a, **k)
+
+        def log_dict(self, m, step=None):
+            self.logged.append((step, dict(m)))
+
+    fabric = Fabric()
+    with pytest.raises(ValueError, match="in fit"):
+        with _deferred_log(fabric, rank0=True):
+            assert lazylog.ACTIVE[0] is not None and "print" in fabric.__dict__
+            mean = lazylog.RunningMean(1, lazylog.ACTIVE[0]).to("cpu")
+            mean.update(torch.tensor(4.0))
+            loss = mean.compute().item()
+            fabric.print(f"loss {loss:.2f}")
+            fabric.log_dict({"loss": loss}, step=1)
+            raise ValueError("in fit")
+    assert lazylog.ACTIVE[0] is None and "print" not in fabric.__dict__ and "log_dict" not in fabric.__dict__
+    assert "loss 4.00" in capsys.readouterr().out and fabric.logged == [(1, {"loss": 4.0})]
