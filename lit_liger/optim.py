@@ -9,7 +9,8 @@ tens of GB, once every ``gradient_accumulation_iters`` iterations.
 
 :func:`fuse_optimizer` switches such an optimizer to the fused kernel in place: the same class, param groups,
 hyperparameters and ``state_dict`` keys; the step count lives on the parameter's device as a float32 tensor, as
-PyTorch's fused and capturable optimizers keep it (existing state is moved there). Only where the user chose nothing:
+PyTorch's fused and capturable optimizers keep it (existing state is moved there), and ``state_dict()`` hands it out
+on the host, as the default implementation keeps it, so that a checkpoint is the same as stock's. Only where the user chose nothing:
 an optimizer built with ``fused`` or ``foreach`` set, ``differentiable``, or holding parameters that are not plain
 floating tensors on a supported device is left as it is, with the reason returned.
 """
@@ -54,4 +55,18 @@ def fuse_optimizer(optimizer: object, devices: tuple[str, ...] | None = None) ->
             if state and "step" in state:  # (resumed: the fused kernel reads the step count on the device)
                 state["step"] = torch.as_tensor(float(state["step"]), dtype=torch.float32, device=p.device)
     optimizer.defaults["fused"] = True
+    if not getattr(optimizer, "_liger_steps_on_host", False):
+        optimizer.register_state_dict_post_hook(_steps_on_host)
+        optimizer._liger_steps_on_host = True
     return None
+
+
+def _steps_on_host(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """``state_dict()`` of a fused optimizer with its step counts as the default implementation keeps them (float32
+    tensors on the host): a checkpoint as stock's, which a foreach optimizer resumes without reading each count back
+    from the device at every step. The optimizer's own state is not touched (each parameter's entry is copied)."""
+    for key, entry in state_dict.get("state", {}).items():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if isinstance(step, torch.Tensor) and step.device.type != "cpu":
+            state_dict["state"][key] = {**entry, "step": step.detach().to("cpu", torch.float32)}
+    return state_dict

@@ -167,3 +167,22 @@ def test_fuse_optimizer_moves_a_resumed_step_count_and_leaves_user_choices():
     assert "differentiable" in fuse_optimizer(torch.optim.Adam(_params(), differentiable=True), devices=("cpu",))
     half = [torch.nn.Parameter(torch.zeros(3, dtype=torch.long), requires_grad=False)]
     assert "plain floating" in fuse_optimizer(torch.optim.Adam(half), devices=("cpu",))
+
+
+def test_fused_state_dict_hands_out_host_step_counts_without_touching_the_state():
+    """The checkpoint keeps stock's layout (a float32 step on the host); the live state is not the one handed out."""
+    ps = _params()
+    opt = torch.optim.AdamW(ps, lr=1e-3)
+    assert fuse_optimizer(opt, devices=("cpu",)) is None
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    sd = opt.state_dict()
+    for i, p in enumerate(ps):
+        assert sd["state"][i]["step"].device.type == "cpu" and sd["state"][i]["step"].dtype == torch.float32
+        assert sd["state"][i]["exp_avg"] is opt.state[p]["exp_avg"]  # (the rest as state_dict() gives it)
+    fuse_optimizer(opt, devices=("cpu",))  # (already fused: no second hook)
+    assert len(opt._optimizer_state_dict_post_hooks) == 1
+    stock = torch.optim.AdamW(_params(), lr=1e-3)
+    stock.load_state_dict(sd)  # a foreach optimizer resumes from it
+    assert float(stock.state[stock.param_groups[0]["params"][0]]["step"]) == 1.0
