@@ -321,13 +321,19 @@ def test_deepspeed_fused_loss_matches_stock(stage, name):
     ctx = mp.get_context("spawn")
     # Stock against stock first: the two ways of calling stock LitGPT must agree, or the run measured DeepSpeed, not
     # the loss path. Under ZeRO-3 on CPU they did not, three times in CI (an lm_head gradient 10-100% off at one
-    # step, every loss equal; see _deepspeed_run), never in reruns. Such a run is repeated once; lit-liger's
-    # variants are held to the unchanged bounds below on a run where stock agrees with itself.
-    for attempt in range(2):
+    # step, every loss equal; see _deepspeed_run), and once more (2026-11-26, CI of 0f0036c: the 4th step's loss of
+    # stock called directly 2e-4 off stock called inside a module, earlier steps equal), never in reruns. Such a run
+    # is repeated (up to twice); lit-liger's variants are held to the unchanged bounds below on a run where stock
+    # agrees with itself.
+    def stock_agrees(r: dict) -> bool:
+        losses, ref = r["stock-top"][0], r["stock-around"][0]
+        return max(r["stock-top"][4]) <= 1e-4 and all(abs(a - b) / abs(b) <= 1e-5 for a, b in zip(losses, ref))
+
+    for attempt in range(3):
         queue = ctx.Queue()
         spawn_ranks(_deepspeed_worker, (2, _free_port(), stage, name, queue))
         r = queue.get(timeout=60)
-        if max(r["stock-top"][4]) <= 1e-4:
+        if stock_agrees(r):
             break
     stock_losses = r["stock-around"][0]
     for variant in ("liger-around", "liger-top", "stock-top"):
