@@ -105,12 +105,9 @@ class LigerCallback(Callback):
         if self.report is None or not self.config.enabled or not self.config.fused_optimizer:
             return
         for optimizer in trainer.optimizers:
-            if isinstance(optimizer, torch.optim.Adam):  # (AdamW is an Adam)
-                why = _optim.fuse_optimizer(optimizer)
-                name = type(optimizer).__name__
-                rank_zero_info(f"lit-liger: {name} steps with PyTorch's fused kernel (fused=True; "
-                               "LigerConfig(fused_optimizer=False) keeps it)" if why is None else
-                               f"lit-liger: {name} keeps its implementation: {why}")
+            line = _optim.fuse_and_report(optimizer, "LigerConfig(fused_optimizer=False)")
+            if line:
+                rank_zero_info(line)
 
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

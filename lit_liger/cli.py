@@ -223,18 +223,14 @@ def _replicating_strategy(module_name: str, class_name: str) -> Callable:
 def _fusing_optimizer(make: Callable) -> Callable:
     """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to PyTorch's fused kernel
     (``LigerConfig.fused_optimizer``, :func:`lit_liger.optim.fuse_optimizer`; said on rank 0)."""
-    from .optim import fuse_optimizer
+    from . import optim
 
     @functools.wraps(make)
     def run(*args: Any, **kwargs: Any) -> Any:
         optimizer = make(*args, **kwargs)
-        if isinstance(optimizer, torch.optim.Adam):  # (AdamW is an Adam)
-            why = fuse_optimizer(optimizer)
-            name = type(optimizer).__name__
-            _print_rank_zero(
-                f"lit-liger: {name} steps with PyTorch's fused kernel (fused=True: one pass over each parameter and its "
-                "state, in fp32; litgpt leaves PyTorch's default, foreach); --liger.fused_optimizer false keeps it"
-                if why is None else f"lit-liger: {name} keeps its implementation: {why}")
+        line = optim.fuse_and_report(optimizer, "--liger.fused_optimizer false")
+        if line:
+            _print_rank_zero(line)
         return optimizer
 
     return run

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEVICES", "fuse_optimizer"]
+__all__ = ["DEVICES", "fuse_and_report", "fuse_optimizer"]
 
 #: the device types whose parameters :func:`fuse_optimizer` switches by default (the fused kernel also runs on CPU,
 #: where lit-liger's speed does not matter; the CPU tests add it)
@@ -59,6 +59,18 @@ def fuse_optimizer(optimizer: object, devices: tuple[str, ...] | None = None) ->
         optimizer.register_state_dict_post_hook(_steps_on_host)
         optimizer._liger_steps_on_host = True
     return None
+
+
+def fuse_and_report(optimizer: object, keep_it: str) -> str | None:
+    """:func:`fuse_optimizer` on an Adam / AdamW (AdamW is an Adam), and the log line that says what happened
+    (``keep_it``: how the user turns it off there); None for any other optimizer (nothing done)."""
+    if not isinstance(optimizer, torch.optim.Adam):
+        return None
+    why, name = fuse_optimizer(optimizer), type(optimizer).__name__
+    if why is not None:
+        return f"lit-liger: {name} keeps its implementation: {why}"
+    return (f"lit-liger: {name} steps with PyTorch's fused kernel (fused=True: one pass over each parameter and its "
+            f"state, in fp32, instead of PyTorch's default foreach); {keep_it} keeps it")
 
 
 def _steps_on_host(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:

@@ -78,12 +78,16 @@ def _trainer(tmp_path, cb, steps=3, **kw):
     )
 
 
-def test_fit_with_llm_matches_stock(tmp_path):
-    cfg = tiny_config("Llama-3.2-1B")
+def _stock_and_ours(module_cls):
+    """Two modules of ``module_cls`` around equal copies of one random-init tiny Llama: stock's and lit-liger's."""
     torch.manual_seed(0)
-    base = GPT(cfg)
+    base = GPT(tiny_config("Llama-3.2-1B"))
     _randomize(base)
-    stock, ours = LLMModule(copy.deepcopy(base)), LLMModule(copy.deepcopy(base))
+    return module_cls(copy.deepcopy(base)), module_cls(copy.deepcopy(base))
+
+
+def test_fit_with_llm_matches_stock(tmp_path):
+    stock, ours = _stock_and_ours(LLMModule)
     _trainer(tmp_path / "a", None).fit(stock, _data())
     cb = LigerCallback()
     _trainer(tmp_path / "b", cb, limit_val_batches=1, val_check_interval=2).fit(ours, _data(), _data())
@@ -115,11 +119,7 @@ def test_fit_switches_adamw_to_the_fused_kernel(tmp_path, monkeypatch, fused):
     from lit_liger import optim
 
     monkeypatch.setattr(optim, "DEVICES", ("cuda", "cpu"))
-    cfg = tiny_config("Llama-3.2-1B")
-    torch.manual_seed(0)
-    base = GPT(cfg)
-    _randomize(base)
-    stock, ours = AdamWModule(copy.deepcopy(base)), AdamWModule(copy.deepcopy(base))
+    stock, ours = _stock_and_ours(AdamWModule)
     _trainer(tmp_path / "a", None, steps=4).fit(stock, _data())
     _trainer(tmp_path / "b", LigerCallback(LigerConfig(fused_optimizer=fused), log_metrics=False), steps=4).fit(ours, _data())
     opt = ours.trainer.optimizers[0]
@@ -239,11 +239,7 @@ def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
     from lit_liger import packing
 
     monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
-    cfg = tiny_config("Llama-3.2-1B")
-    torch.manual_seed(0)
-    base = GPT(cfg)
-    _randomize(base)
-    stock, ours = SFTModule(copy.deepcopy(base)), SFTModule(copy.deepcopy(base))
+    stock, ours = _stock_and_ours(SFTModule)
     _trainer(tmp_path / "a", None).fit(stock, _sft_loader())
     planned, plan = [], packing.plan
     monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
