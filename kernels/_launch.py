@@ -39,6 +39,7 @@ __all__ = [
     "FastKernel",
     "fast_launch",
     "fast_launch_enabled",
+    "fp8_tile_plan",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
@@ -215,6 +216,16 @@ def partial_rows(n_rows: int, device: torch.device) -> int:
     lim = device_limits(device)
     per_sm = 1 if device.type != "cuda" else 4
     return max(1, min(n_rows, lim.sm_count * per_sm))
+
+
+def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:
+    """``(block_rows, block_cols, num_warps)`` of ``kernels.float8``'s tile kernels (bandwidth bound: read a 16-bit
+    tile, write it as float8 row-major and/or transposed): 64 x 64 tiles, 4 warps (32 elements per thread with warps
+    of 32). The transposed store goes through shared memory (Triton's layout conversion) in 64-byte rows. The
+    interpreter gets small tiles: CPU tests use small shapes."""
+    if device.type != "cuda":
+        return 16, 16, 1
+    return 64, 64, _clamp_warps(4, device_limits(device))
 
 
 #: ``glu_mlp``: the MLP's rows run in this many chunks (at least MLP_MIN_ROWS rows each, tests lower it)

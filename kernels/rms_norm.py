@@ -52,10 +52,11 @@ def _rms_fwd_kernel(
     X, R, S, Y, W, RSTD,
     stride_x, stride_r, stride_s, stride_y,
     n_cols, eps, offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, Y_AMAX: tl.constexpr = False,
 ):
     """One program per row. Reads x[row] (and residual[row]) and w; writes y[row], rstd[row]
-    (fp32) and, with a residual, s[row] = x + residual rounded to the input dtype."""
+    (fp32) and, with a residual, s[row] = x + residual rounded to the input dtype. With Y_AMAX it writes
+    not y[row] but max |y[row]| (y rounded to the input dtype) to Y[row], fp32 (``kernels.float8``)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -69,7 +70,10 @@ def _rms_fwd_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
     y = x * rstd * w
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if Y_AMAX:
+        tl.store(Y + row, tl.max(tl.abs(y.to(X.dtype.element_ty).to(tl.float32)), axis=0))
+    else:
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + row, rstd)
 
 
@@ -111,11 +115,14 @@ def _rms_bwd_kernel(
 # Custom ops (opaque to torch.compile, traced through their fake implementations)
 # ----------------------------------------------------------------------------------------------
 def _rms_norm_fwd_impl(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
+    y_amax: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, s, rstd)``; with ``y_amax`` y is not written: the first output is each row's max |y| (fp32, ``(N,)``)."""
     x2 = as_rows(x)  # (N, H)
     n_rows, n_cols = x2.shape
-    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    y = torch.empty((n_rows,) if y_amax else (n_rows, n_cols), dtype=torch.float32 if y_amax else x.dtype,
+                    device=x.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if residual is not None:
         r2 = as_rows(residual)
@@ -129,20 +136,21 @@ def _rms_norm_fwd_impl(
             x2, r2, s if residual is not None else y, y, weight, rstd,
             x2.stride(0), r2.stride(0), n_cols, y.stride(0),
             n_cols, eps, offset,
-            HAS_RESIDUAL=residual is not None, BLOCK=plan.block, num_warps=plan.num_warps,
+            HAS_RESIDUAL=residual is not None, BLOCK=plan.block, Y_AMAX=y_amax, num_warps=plan.num_warps,
         )
     shape = x.shape
-    return y.view(shape), (s.view(shape) if residual is not None else s), rstd
+    return (y if y_amax else y.view(shape)), (s.view(shape) if residual is not None else s), rstd
 
 
 _rms_norm_fwd = torch.library.custom_op("lit_liger::rms_norm_fwd", _rms_norm_fwd_impl, mutates_args=())
 
 
 @_rms_norm_fwd.register_fake
-def _(x, residual, weight, eps, offset):
+def _(x, residual, weight, eps, offset, y_amax=False):
     n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    return x.new_empty(x.shape), s, x.new_empty(n_rows, dtype=torch.float32)
+    y = x.new_empty(n_rows, dtype=torch.float32) if y_amax else x.new_empty(x.shape)
+    return y, s, x.new_empty(n_rows, dtype=torch.float32)
 
 
 def _rms_norm_bwd_impl(
