@@ -26,10 +26,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .kernels import float8 as _f8
+from .kernels._checks import as_rows
+from .kernels._launch import use_triton
 from .kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
 from .kernels.swiglu import _glu_bwd, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
 
-__all__ = ["glu_linear_fp8", "is_float8_linear", "norm_linear_fp8"]
+__all__ = ["glu_linear_fp8", "is_float8_linear", "linear_fp8", "liger_float8_linear_class", "norm_linear_fp8",
+           "tensorwise_fusable"]
 
 
 def is_float8_linear(m: nn.Module) -> bool:
@@ -135,6 +139,9 @@ def norm_linear_fp8(x: torch.Tensor, norm: nn.Module, linears: list[nn.Module], 
     is not kept for backward (see the module docstring)."""
     wb = [t for m in linears for t in (m.weight, m.bias)]
     offset = 1.0 if norm.add_unit_offset else 0.0
+    if tensorwise_fusable(x, *linears):
+        s, *outs = _NormLinearTW.apply(x, residual, norm.weight, float(norm.eps), offset, *wb)
+        return (s if residual is not None else None), outs
     s, *outs = _NormLinearFp8.apply(x, residual, norm.weight, float(norm.eps), offset, _configs(linears), *wb)
     return (s if residual is not None else None), outs
 
@@ -164,4 +171,199 @@ class _GluLinearFp8(torch.autograd.Function):
 
 def glu_linear_fp8(a: torch.Tensor, b: torch.Tensor, proj: nn.Module, activation: str) -> torch.Tensor:
     """``proj(act(a) * b)`` for a float8 ``proj`` (:func:`is_float8_linear`), the product not kept for backward."""
+    if tensorwise_fusable(a, proj):
+        return _GluLinearTW.apply(a, b, proj.weight, proj.bias, activation)
     return _GluLinearFp8.apply(a, b, proj.weight, proj.bias, activation, proj.linear_mm_config, proj.config)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensorwise: lit-liger's own casts (``kernels.float8``) and torch._scaled_mm, torchao's arithmetic
+# ----------------------------------------------------------------------------------------------
+def _is_tensorwise(config) -> bool:
+    """``config`` is torchao's ``tensorwise`` recipe (its float8 all-gather switch aside): the one the kernels of
+    ``kernels.float8`` and the GEMM calls below reproduce (e4m3 inputs and weights, e5m2 output gradients, dynamic
+    tensorwise scales not rounded to powers of 2, fast accumulation in the output GEMM only, no padding)."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(config, enable_fsdp_float8_all_gather=False) == Float8LinearConfig()
+
+
+def tensorwise_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
+    """These float8 Linears (:func:`is_float8_linear`) run on lit-liger's own tensorwise casts: torchao's
+    ``tensorwise`` recipe, plain 16-bit weights in ``x``'s dtype (not torchao's FSDP2 float8 all-gather wrapper, whose
+    cast torchao does), ``x`` on the Triton path (a GPU, or the interpreter)."""
+    return (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16)
+            and all(type(m.weight) is nn.Parameter and m.weight.dtype == x.dtype and _is_tensorwise(m.config)
+                    for m in linears))
+
+
+def _pad16(n_rows: int) -> int:
+    """Zero columns after the tokens in a transposed float8 operand: the weight gradient's GEMM sums over the tokens,
+    and ``torch._scaled_mm`` needs its inner size a multiple of 16."""
+    return -n_rows % 16
+
+
+def _mm(a8, b8_t, sa, sb, dtype, fast):
+    """``a @ b`` from float8 ``a8`` (row-major) and ``b8_t`` (``b`` transposed, row-major), torchao's GEMM call."""
+    return torch._scaled_mm(a8, b8_t.t(), scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=dtype,
+                            use_fast_accum=fast)
+
+
+def _weights8(weights, need_t: bool):
+    """``[(w8, w8_t or None, scale)]`` for the weights of a forward: cast once, row-major; transposed on request."""
+    return [_f8.fp8_cast(w, _f8.E4M3, write=True, write_t=need_t) for w in weights]
+
+
+def _grad_gemms(dout: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, x8_t, x_scale, need_dx: bool,
+                need_dw: bool, pad: int):
+    """``(dx, dw)`` of ``out = x @ weight.t()`` (float8 tensorwise): ``dout`` cast once to e5m2 in both layouts, the
+    weight's transposed float8 from its forward scale, ``x8_t`` (``(in, tokens + pad)``) for the weight gradient."""
+    g2 = as_rows(dout)
+    g8, g8_t, g_scale = _f8.fp8_cast(g2, _f8.E5M2, write=need_dx, write_t=need_dw, t_pad=pad)
+    dx = dw = None
+    if need_dx:
+        w8_t = _f8.fp8_cast(weight, _f8.E4M3, write=False, write_t=True, scale=w_scale)[1]
+        dx = _mm(g8, w8_t, g_scale, w_scale, dout.dtype, False)
+    if need_dw:
+        dw = _mm(g8_t, x8_t, g_scale, x_scale, weight.dtype, False)
+    return dx, dw
+
+
+def _bias_grad(dout: torch.Tensor, b: torch.Tensor | None, need: bool):
+    return dout.reshape(-1, dout.shape[-1]).sum(0).to(b.dtype) if b is not None and need else None
+
+
+def _out(out2: torch.Tensor, lead: torch.Size, bias: torch.Tensor | None) -> torch.Tensor:
+    out = out2.view(*lead, out2.shape[-1])
+    return out + bias.to(out.dtype) if bias is not None else out
+
+
+class _NormLinearTW(torch.autograd.Function):
+    """:func:`norm_linear_fp8` on lit-liger's casts: the normalized tensor is written once, as float8, by the norm's
+    own arithmetic (``kernels.float8.norm_fp8``), and again in backward, transposed, from the saved input and
+    ``rstd`` with the forward's scale (``norm_fp8_t``): never in 16 bits."""
+
+    @staticmethod
+    def forward(ctx, x, residual, norm_w, eps, offset, *wb):
+        x2 = as_rows(x)
+        s2, rstd, y8, y_scale = _f8.norm_fp8(x2, as_rows(residual) if residual is not None else None, norm_w, eps,
+                                             offset)
+        weights, biases = wb[0::2], wb[1::2]
+        casts = _weights8(weights, False)
+        outs = [_out(_mm(y8, w8, y_scale, w_scale, x.dtype, True), x.shape[:-1], b)
+                for (w8, _, w_scale), b in zip(casts, biases)]
+        saved = s2 if residual is not None else x2
+        ctx.save_for_backward(saved, norm_w, rstd, y_scale, *weights, *(c[2] for c in casts), *biases)
+        ctx.has_residual, ctx.norm, ctx.n, ctx.x_shape = residual is not None, (eps, offset), len(weights), x.shape
+        s = s2.view(x.shape) if residual is not None else x.new_empty(0)
+        if residual is None:
+            ctx.mark_non_differentiable(s)
+        return s, *outs
+
+    @staticmethod
+    def backward(ctx, ds, *douts):
+        compiling = torch.compiler.is_compiling()
+        saved, norm_w, rstd, y_scale, *rest = ctx.saved_tensors
+        n = ctx.n
+        weights, w_scales, biases = rest[:n], rest[n:2 * n], rest[2 * n:]
+        eps, offset = ctx.norm
+        needs = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, w0, b0, (w1, b1)
+        pad = _pad16(saved.shape[0])
+        need_dw = [douts[i] is not None and needs[5 + 2 * i] for i in range(n)]
+        y8_t = _f8.norm_fp8_t(saved, rstd, norm_w, offset, y_scale, t_pad=pad) if any(need_dw) else None
+        dy, grads_wb = None, []
+        for i in range(n):
+            if douts[i] is None:
+                grads_wb += [None, None]
+                continue
+            dx_i, dw = _grad_gemms(douts[i], weights[i], w_scales[i], y8_t, y_scale, True, need_dw[i], pad)
+            dy = dx_i if dy is None else (dy + dx_i if compiling else dy.add_(dx_i))
+            grads_wb += [dw, _bias_grad(douts[i], biases[i], needs[6 + 2 * i])]
+        del y8_t
+        if dy is None:
+            dy = torch.zeros_like(saved)
+        bwd = _rms_norm_bwd if compiling else _rms_norm_bwd_impl
+        dx, dnorm_w = bwd(dy, as_rows(ds) if ctx.has_residual else None, saved, norm_w, rstd, offset, needs[2])
+        dx = dx.view(ctx.x_shape)
+        return (dx, dx if ctx.has_residual else None, dnorm_w if needs[2] else None, None, None, *grads_wb)
+
+
+class _GluLinearTW(torch.autograd.Function):
+    """:func:`glu_linear_fp8` on lit-liger's casts: the GLU product written as float8 by the GLU's arithmetic
+    (``kernels.float8.glu_fp8``) in forward, and transposed in backward from ``a`` and ``b``: never in 16 bits."""
+
+    @staticmethod
+    def forward(ctx, a, b, weight, bias, activation):
+        a2, b2 = as_rows(a), as_rows(b)
+        h8, _, h_scale = _f8.glu_fp8(a2, b2, activation)
+        ((w8, _, w_scale),) = _weights8([weight], False)
+        ctx.save_for_backward(a2, b2, weight, h_scale, w_scale, bias)
+        ctx.activation, ctx.shape = activation, a.shape
+        return _out(_mm(h8, w8, h_scale, w_scale, a.dtype, True), a.shape[:-1], bias)
+
+    @staticmethod
+    def backward(ctx, dout):
+        compiling = torch.compiler.is_compiling()
+        a2, b2, weight, h_scale, w_scale, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        pad = _pad16(a2.shape[0])
+        h8_t = _f8.glu_fp8(a2, b2, ctx.activation, write=False, write_t=True, scale=h_scale, t_pad=pad)[1] \
+            if needs[2] else None
+        dh, dw = _grad_gemms(dout, weight, w_scale, h8_t, h_scale, True, needs[2], pad)
+        del h8_t
+        da, db = (_glu_bwd if compiling else _glu_bwd_impl)(dh, a2, b2, ctx.activation, needs[0], needs[1])
+        shape = ctx.shape
+        return (da.view(shape) if needs[0] else None), (db.view(shape) if needs[1] else None), dw, \
+            _bias_grad(dout, bias, needs[3]), None
+
+
+class _LinearTW(torch.autograd.Function):
+    """A float8 Linear's ``x @ w.t() + b`` on lit-liger's casts (the attention's ``proj``, a LoRA layer's frozen base,
+    a projection outside the fused paths): ``x`` cast once, row-major for the forward GEMM and, where the weight
+    needs a gradient, transposed; that float8 copy is what backward keeps of ``x`` (half of ``x``'s bytes)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x2 = as_rows(x)
+        need_dw = ctx.needs_input_grad[1]
+        pad = _pad16(x2.shape[0])
+        x8, x8_t, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True, write_t=need_dw, t_pad=pad)
+        ((w8, _, w_scale),) = _weights8([weight], False)
+        ctx.save_for_backward(x8_t, x_scale, weight, w_scale, bias)
+        ctx.pad, ctx.x_shape = pad, x.shape
+        return _out(_mm(x8, w8, x_scale, w_scale, x.dtype, True), x.shape[:-1], bias)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x8_t, x_scale, weight, w_scale, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        dx, dw = _grad_gemms(dout, weight, w_scale, x8_t, x_scale, needs[0], needs[1], ctx.pad)
+        return (dx.view(ctx.x_shape) if needs[0] else None), dw, _bias_grad(dout, bias, needs[2])
+
+
+def linear_fp8(x: torch.Tensor, m: nn.Module) -> torch.Tensor:
+    """``m(x)`` for a float8 Linear ``m`` that :func:`tensorwise_fusable` takes, on lit-liger's casts."""
+    return _LinearTW.apply(x, m.weight, m.bias)
+
+
+_LIGER_FLOAT8_LINEAR = []
+
+
+def liger_float8_linear_class() -> type:
+    """torchao's ``Float8Linear`` whose forward runs on lit-liger's casts (:func:`linear_fp8`) where
+    :func:`tensorwise_fusable` takes it (the ``tensorwise`` recipe on a GPU), and is torchao's forward elsewhere (the
+    rowwise recipes, torchao's FSDP2 float8 all-gather weights, CPU tensors): the class ``LigerConfig.fp8`` gives the
+    projections it converts."""
+    if not _LIGER_FLOAT8_LINEAR:
+        from torchao.float8.float8_linear import Float8Linear
+
+        class LigerFloat8Linear(Float8Linear):
+            def forward(self, input: torch.Tensor) -> torch.Tensor:
+                if tensorwise_fusable(input, self) and not torch.is_autocast_enabled(input.device.type):
+                    return linear_fp8(input, self)
+                return super().forward(input)
+
+        _LIGER_FLOAT8_LINEAR.append(LigerFloat8Linear)
+    return _LIGER_FLOAT8_LINEAR[0]

@@ -180,7 +180,7 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
         assert r["float8_gemms"] == 3 * n_proj, v  # every projection's forward and two gradient GEMMs in float8
         assert r["n_fp8"] == n_proj and r["reapplied_equal"] and r["stock_checkpoint"], v
         assert "float8 GEMMs, torchao's 'tensorwise' recipe (fp8): 10 projections" in r["report"], v
-    gathered_in_float8 = ("Float8Linear", "DTensor", "WeightWithDynamicFloat8CastTensor")
+    gathered_in_float8 = ("LigerFloat8Linear", "DTensor", "WeightWithDynamicFloat8CastTensor")
     for v in ("float8_gather", "float8_gather_precomputed", "meta"):
         r = out[v]
         assert r["weight_types"] == gathered_in_float8, (v, r["weight_types"])
@@ -193,7 +193,7 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
     assert out["float8_gather_precomputed"]["gathers"] == [False] * 2 * n_proj + [True] * 2 * n_proj * (STEPS - 1)
     assert not any(out["float8_gather"]["gathers"])
     for v in ("bf16_gather", "converted_after_fully_shard"):
-        assert out[v]["weight_types"] == ("Float8Linear", "DTensor", "Tensor"), (v, out[v]["weight_types"])
+        assert out[v]["weight_types"] == ("LigerFloat8Linear", "DTensor", "Tensor"), (v, out[v]["weight_types"])
         assert not out[v]["gathers"], v
     assert "FSDP2 float8 all-gather off: fp8_all_gather false" in out["bf16_gather"]["report"]
     assert ("FSDP2 float8 all-gather off: the weights were sharded before apply_liger"
