@@ -13,7 +13,7 @@ reduces them to per-tile max |t| (``AMAX``) or writes them as float8, row-major 
 * ``OP_COPY``: ``t`` is a 16-bit tensor (a weight, an output gradient);
 * ``OP_NORM``: ``t = rms_norm(x)`` from ``x``, the norm's saved ``rstd`` and weight (the same arithmetic as
   :mod:`.rms_norm`'s forward kernel, so the same bits); the norm's forward kernel gives each row's max |t|
-  while it computes ``rstd`` (``rms_norm._rms_norm_fwd_impl(..., y_amax=True)``), so ``t`` is never written in 16 bits;
+  while it computes ``rstd`` (``rms_norm._rms_norm_amax_impl``), so ``t`` is never written in 16 bits;
 * ``OP_GLU``: ``t = act(a) * b`` from ``a`` and ``b`` (:mod:`.swiglu`'s arithmetic).
 
 The values are rounded to the 16-bit dtype before they are scaled, as the 16-bit tensor would hold them, so a cast
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv, fast_launch, fp8_tile_plan, interpret_mode
-from .rms_norm import _rms_norm_fwd, _rms_norm_fwd_impl
+from .rms_norm import _rms_norm_amax, _rms_norm_amax_impl
 from .swiglu import ACTIVATIONS, _act_and_grad
 
 __all__ = ["E4M3", "E5M2", "fp8_scale", "fp8_cast", "norm_fp8", "norm_fp8_t", "glu_fp8", "cast_reference"]
@@ -234,8 +234,8 @@ def norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     residual) without writing ``y`` in 16 bits: the norm kernel reduces max |y| while it computes ``rstd``, then
     ``y`` is recomputed tile by tile and written as float8 (row-major)."""
     _check(dtype, x)
-    fwd = _rms_norm_fwd if torch.compiler.is_compiling() else _rms_norm_fwd_impl
-    row_amax, s, rstd = fwd(x, residual, weight, eps, offset, True)
+    fwd = _rms_norm_amax if torch.compiler.is_compiling() else _rms_norm_amax_impl
+    row_amax, s, rstd = fwd(x, residual, weight, eps, offset)
     src = s if residual is not None else x
     scale = fp8_scale(row_amax.max() if row_amax.numel() else row_amax.new_zeros(()), dtype)
     y8, _, _ = _run(OP_NORM, src, None, rstd, weight, offset, "silu", dtype, scale, True, False, 0)

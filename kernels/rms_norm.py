@@ -114,9 +114,8 @@ def _rms_bwd_kernel(
 # ----------------------------------------------------------------------------------------------
 # Custom ops (opaque to torch.compile, traced through their fake implementations)
 # ----------------------------------------------------------------------------------------------
-def _rms_norm_fwd_impl(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
-    y_amax: bool = False,
+def _rms_norm_fwd_launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float, y_amax: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(y, s, rstd)``; with ``y_amax`` y is not written: the first output is each row's max |y| (fp32, ``(N,)``)."""
     x2 = as_rows(x)  # (N, H)
@@ -142,15 +141,37 @@ def _rms_norm_fwd_impl(
     return (y if y_amax else y.view(shape)), (s.view(shape) if residual is not None else s), rstd
 
 
+def _rms_norm_fwd_impl(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _rms_norm_fwd_launch(x, residual, weight, eps, offset, False)
+
+
 _rms_norm_fwd = torch.library.custom_op("lit_liger::rms_norm_fwd", _rms_norm_fwd_impl, mutates_args=())
 
 
 @_rms_norm_fwd.register_fake
-def _(x, residual, weight, eps, offset, y_amax=False):
+def _(x, residual, weight, eps, offset):
     n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    y = x.new_empty(n_rows, dtype=torch.float32) if y_amax else x.new_empty(x.shape)
-    return y, s, x.new_empty(n_rows, dtype=torch.float32)
+    return x.new_empty(x.shape), s, x.new_empty(n_rows, dtype=torch.float32)
+
+
+def _rms_norm_amax_impl(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(max |y| of each row, s, rstd)`` (``kernels.float8.norm_fp8``: y itself is not written)."""
+    return _rms_norm_fwd_launch(x, residual, weight, eps, offset, True)
+
+
+_rms_norm_amax = torch.library.custom_op("lit_liger::rms_norm_amax", _rms_norm_amax_impl, mutates_args=())
+
+
+@_rms_norm_amax.register_fake
+def _(x, residual, weight, eps, offset):
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    return x.new_empty(n_rows, dtype=torch.float32), s, x.new_empty(n_rows, dtype=torch.float32)
 
 
 def _rms_norm_bwd_impl(

@@ -49,7 +49,7 @@ from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
-from .fp8 import glu_linear_fp8, is_float8_linear, liger_float8_linear_class, norm_linear_fp8
+from .fp8 import glu_linear_fp8, is_float8_linear, is_tensorwise, liger_float8_linear_class, norm_linear_fp8
 from .lora import lora_linear, lora_parts
 from .quant import is_4bit, is_quantized, linear_4bit
 from .loss import (
@@ -1043,7 +1043,8 @@ def _to_float8(m: nn.Linear, template: nn.Module) -> None:
     added = tuple(k for k in vars(template) if k not in vars(m))  # (its config, scaling types, GEMM configs)
     for k in added:
         m.__dict__[k] = template.__dict__[k]
-    m.__dict__["_liger_fp8_orig"] = (type(m), added)  # (what _restore_fp8 undoes)
+    m.__dict__["_liger_fp8_orig"] = (type(m), (*added, "_liger_tensorwise"))  # (what _restore_fp8 undoes)
+    m.__dict__["_liger_tensorwise"] = is_tensorwise(template.config)  # (read by fp8.tensorwise_fusable)
     m.__class__ = liger_float8_linear_class()  # torchao's Float8Linear, on lit-liger's casts where they apply
     if template.weight is not m.weight:
         m.weight = template.weight  # torchao's float8 all-gather wrapper around it

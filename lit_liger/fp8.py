@@ -32,7 +32,7 @@ from .kernels._launch import use_triton
 from .kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
 from .kernels.swiglu import _glu_bwd, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
 
-__all__ = ["glu_linear_fp8", "is_float8_linear", "linear_fp8", "liger_float8_linear_class", "norm_linear_fp8",
+__all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class", "norm_linear_fp8",
            "tensorwise_fusable"]
 
 
@@ -179,7 +179,7 @@ def glu_linear_fp8(a: torch.Tensor, b: torch.Tensor, proj: nn.Module, activation
 # ----------------------------------------------------------------------------------------------
 # Tensorwise: lit-liger's own casts (``kernels.float8``) and torch._scaled_mm, torchao's arithmetic
 # ----------------------------------------------------------------------------------------------
-def _is_tensorwise(config) -> bool:
+def is_tensorwise(config) -> bool:
     """``config`` is torchao's ``tensorwise`` recipe (its float8 all-gather switch aside): the one the kernels of
     ``kernels.float8`` and the GEMM calls below reproduce (e4m3 inputs and weights, e5m2 output gradients, dynamic
     tensorwise scales not rounded to powers of 2, fast accumulation in the output GEMM only, no padding)."""
@@ -192,11 +192,11 @@ def _is_tensorwise(config) -> bool:
 
 def tensorwise_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
     """These float8 Linears (:func:`is_float8_linear`) run on lit-liger's own tensorwise casts: torchao's
-    ``tensorwise`` recipe, plain 16-bit weights in ``x``'s dtype (not torchao's FSDP2 float8 all-gather wrapper, whose
+    ``tensorwise`` recipe (:func:`is_tensorwise`, recorded at conversion), plain 16-bit weights in ``x``'s dtype (not torchao's FSDP2 float8 all-gather wrapper, whose
     cast torchao does), ``x`` on the Triton path (a GPU, or the interpreter)."""
     return (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16)
-            and all(type(m.weight) is nn.Parameter and m.weight.dtype == x.dtype and _is_tensorwise(m.config)
-                    for m in linears))
+            and all(type(m.weight) is nn.Parameter and m.weight.dtype == x.dtype
+                    and m.__dict__.get("_liger_tensorwise", False) for m in linears))
 
 
 def _pad16(n_rows: int) -> int:
