@@ -77,7 +77,8 @@ def _round_to_fp8_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     bits = (bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)) & (-(1 << DROP))
     normal = bits.to(tl.float32, bitcast=True)
     magic: tl.constexpr = 1.5 * 2.0 ** (MIN_EXP - MANT + 23)
-    sub = (v + magic) - magic
+    sub = (tl.abs(v) + magic) - magic
+    sub = tl.where(v.to(tl.int32, bitcast=True) < 0, -sub, sub)  # (the sign bit: -0.0 stays -0.0)
     return tl.where(tl.abs(v) < 2.0 ** MIN_EXP, sub, normal)
 
 

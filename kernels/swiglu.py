@@ -118,16 +118,18 @@ def _glu_fwd_kernel(
 @fast_launch
 @triton.jit
 def _glu_bwd_kernel(
-    DY, A, B, DA, DB,
+    DY, A, B, DA, DB, PARTIAL,
     stride_dy, stride_a, stride_b,
     n_cols, n_col_blocks,
     ACTIVATION: tl.constexpr, NEED_DA: tl.constexpr, NEED_DB: tl.constexpr, WRITE_H: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, AMAX: tl.constexpr = False,
 ):
     """Same tiling as the forward. Reads dy, a (and b only if NEED_DA or WRITE_H); recomputes act(a) in
     fp32; writes da = dy * b * act'(a) (if NEED_DA) and db = dy * act(a) (if NEED_DB) to contiguous
     outputs and, with WRITE_H, the forward's product act(a) * b over dy (every load comes before the
-    program's first store, so outputs may alias the inputs they replace)."""
+    program's first store, so outputs may alias the inputs they replace). With AMAX (NEED_DA and NEED_DB) the
+    program also writes max |da| and max |db| of its tile (as stored) to PARTIAL[2 pid], PARTIAL[2 pid + 1]
+    (``kernels.float8``'s tensorwise scales of the two gradients)."""
     row, col0, offs, mask = _tile(tl.program_id(0), n_cols, n_col_blocks, BLOCK)
     dy = tl.load(DY + (row * stride_dy + col0) + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(A + (row * stride_a + col0) + offs, mask=mask, other=0.0).to(tl.float32)
@@ -136,9 +138,14 @@ def _glu_bwd_kernel(
     if NEED_DA or WRITE_H:
         b = tl.load(B + (row * stride_b + col0) + offs, mask=mask, other=0.0).to(tl.float32)
     if NEED_DA:
-        tl.store(DA + out + offs, (dy * b * dact).to(DA.dtype.element_ty), mask=mask)
+        da = (dy * b * dact).to(DA.dtype.element_ty)
+        tl.store(DA + out + offs, da, mask=mask)
     if NEED_DB:
-        tl.store(DB + out + offs, (dy * act).to(DB.dtype.element_ty), mask=mask)
+        db = (dy * act).to(DB.dtype.element_ty)
+        tl.store(DB + out + offs, db, mask=mask)
+    if AMAX:  # masked lanes are 0 (dy = 0 there)
+        tl.store(PARTIAL + 2 * tl.program_id(0), tl.max(tl.abs(da.to(tl.float32)), axis=0))
+        tl.store(PARTIAL + 2 * tl.program_id(0) + 1, tl.max(tl.abs(db.to(tl.float32)), axis=0))
     if WRITE_H:
         tl.store(DY + (row * stride_dy + col0) + offs, (act * b).to(DY.dtype.element_ty), mask=mask)
 
@@ -196,23 +203,30 @@ def _(a, b, activation):
 
 def _glu_bwd_launch(
     dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor, activation: str,
-    need_da: bool, need_db: bool, write_h: bool = False,
-) -> None:
+    need_da: bool, need_db: bool, write_h: bool = False, amax: bool = False,
+) -> torch.Tensor | None:
     """The backward kernel: ``da``/``db`` (contiguous, ``a``'s shape, or anything where not needed) written;
-    ``write_h``: the forward's product ``act(a) * b`` written over ``dy`` (contiguous, owned by the caller)."""
+    ``write_h``: the forward's product ``act(a) * b`` written over ``dy`` (contiguous, owned by the caller);
+    ``amax`` (both gradients needed): returns ``(max |da|, max |db|)``, fp32, ``(2,)``."""
+    if amax and a.numel() == 0:
+        return torch.zeros(2, dtype=torch.float32, device=a.device)
     if a.numel() > 0 and (need_da or need_db or write_h):
         dy2, a2, b2 = as_rows(dy), as_rows(a), as_rows(b)  # (N, I)
         if write_h and dy2.data_ptr() != dy.data_ptr():
             raise AssertionError("write_h needs dy's own rows (a view), not a copy")
         n_rows, n_cols, (s_dy, s_a, s_b) = _launch_shape([dy2, a2, b2])
         plan, n_col_blocks, grid = _plan(n_rows, n_cols, a.device)
+        partial = torch.empty((grid[0], 2) if amax else (0,), dtype=torch.float32, device=a.device)
         _glu_bwd_kernel[grid](
-            dy2, a2, b2, da if need_da else db, db if need_db else da,
+            dy2, a2, b2, da if need_da else db, db if need_db else da, partial,
             s_dy, s_a, s_b,
             n_cols, n_col_blocks,
             ACTIVATION=ACTIVATIONS[activation], NEED_DA=need_da, NEED_DB=need_db, WRITE_H=write_h,
-            BLOCK=plan.block, num_warps=plan.num_warps,
+            BLOCK=plan.block, AMAX=amax, num_warps=plan.num_warps,
         )
+        if amax:
+            return partial.amax(0)
+    return None
 
 
 def _glu_bwd_impl(
@@ -254,6 +268,23 @@ def _reusable(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 _glu_bwd = torch.library.custom_op("lit_liger::glu_bwd", _glu_bwd_impl, mutates_args=())
+
+
+def _glu_bwd_amax_impl(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(da, db, (max |da|, max |db|))``: the backward into new tensors, and the two gradients' maxima (float8)."""
+    da, db = torch.empty(a.shape, dtype=a.dtype, device=a.device), torch.empty(b.shape, dtype=b.dtype, device=b.device)
+    amax = _glu_bwd_launch(dy, a, b, da, db, activation, True, True, amax=True)
+    return da, db, amax
+
+
+_glu_bwd_amax = torch.library.custom_op("lit_liger::glu_bwd_amax", _glu_bwd_amax_impl, mutates_args=())
+
+
+@_glu_bwd_amax.register_fake
+def _(dy, a, b, activation):
+    return a.new_empty(a.shape), b.new_empty(b.shape), a.new_empty(2, dtype=torch.float32)
 
 
 @_glu_bwd.register_fake

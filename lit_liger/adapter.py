@@ -49,7 +49,8 @@ from .kernels.layer_norm import layer_norm
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
-from .fp8 import glu_linear_fp8, is_float8_linear, is_tensorwise, liger_float8_linear_class, norm_linear_fp8
+from .fp8 import (glu_linear_fp8, is_float8_linear, is_tensorwise, liger_float8_linear_class, norm_linear_fp8,
+                  norm_mlp_fp8, tensorwise_fusable)
 from .lora import lora_linear, lora_parts
 from .quant import is_4bit, is_quantized, linear_4bit
 from .loss import (
@@ -581,6 +582,10 @@ class _BlockMixin:
         if self._liger_fuse_norm_2(x=x):
             mlp = self.mlp
             if is_float8_linear(mlp.fc_1):  # LigerConfig.fp8 (see norm_1); a, b as below
+                if is_float8_linear(mlp.proj) and tensorwise_fusable(x, mlp.fc_1, mlp.fc_2, mlp.proj) \
+                        and _fp8_fusable(x, mlp.proj):  # the whole MLP on lit-liger's casts
+                    x, mlp_out = norm_mlp_fp8(attention_output, x, n2, mlp, mlp._liger_activation)
+                    return self.post_mlp_norm(mlp_out) + x
                 x, (a, b) = norm_linear_fp8(attention_output, n2, [mlp.fc_1, mlp.fc_2], residual=x)
                 mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=False)
                 return self.post_mlp_norm(mlp_out) + x
@@ -799,15 +804,18 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
 
 
 def _warn_fp8_eager(gpt: nn.Module) -> None:
-    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile``, where torchao's casts are slow."""
+    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile`` where torchao casts (a rowwise recipe, or
+    tensorwise with FSDP2's float8 all-gather), which is slow eagerly. The tensorwise recipe otherwise runs on
+    lit-liger's own casts, fast in eager mode too, and does not warn."""
     gpt._liger_fp8_eager_warning = False
     import warnings
 
     warnings.warn(
-        "lit-liger: fp8 is training without torch.compile. torchao's float8 casts run as several separate kernels "
-        "eagerly: on an H100 this measured 0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger "
-        "in bf16 (benchmarks/results/h100-2026-11-25e). Compile the model, or leave fp8 off (litgpt's recipes and "
-        "the lit-liger command do not compile).", stacklevel=3)
+        "lit-liger: fp8 is training without torch.compile. Here torchao's float8 casts run (a rowwise recipe, or "
+        "tensorwise with FSDP2's float8 all-gather), as several separate kernels eagerly: on an H100 this measured "
+        "0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger in bf16 "
+        "(benchmarks/results/h100-2026-11-25e). Compile the model, use fp8=tensorwise (lit-liger's own casts, fast "
+        "eagerly: benchmarks/results/h100-2026-11-26c), or leave fp8 off.", stacklevel=3)
 
 
 _ZERO3_WARNED = False
@@ -1028,7 +1036,8 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         for _, m in targets:
             if m is not None:
                 _to_float8(m, Float8Linear.from_float(m, config=config))
-        gpt._liger_fp8_eager_warning = True  # (see _warn_fp8_eager)
+        # eager is slow where torchao casts (rowwise; float8 all-gather weights); tensorwise runs on lit-liger's casts
+        gpt._liger_fp8_eager_warning = recipe != "tensorwise" or ag  # (see _warn_fp8_eager)
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",
             f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, fed by lit-liger's fused "

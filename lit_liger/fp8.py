@@ -30,10 +30,10 @@ from .kernels import float8 as _f8
 from .kernels._checks import as_rows
 from .kernels._launch import use_triton
 from .kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
-from .kernels.swiglu import _glu_bwd, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
+from .kernels.swiglu import _glu_bwd, _glu_bwd_amax, _glu_bwd_amax_impl, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
 
 __all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class", "norm_linear_fp8",
-           "tensorwise_fusable"]
+           "norm_mlp_fp8", "tensorwise_fusable"]
 
 
 def is_float8_linear(m: nn.Module) -> bool:
@@ -217,15 +217,17 @@ def _weights8(weights, need_t: bool):
 
 
 def _grad_gemms(dout: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, x8_t, x_scale, need_dx: bool,
-                need_dw: bool, pad: int):
-    """``(dx, dw)`` of ``out = x @ weight.t()`` (float8 tensorwise): ``dout`` cast once to e5m2 in both layouts, the
-    weight's transposed float8 from its forward scale, ``x8_t`` (``(in, tokens + pad)``) for the weight gradient."""
+                need_dw: bool, pad: int, g_scale: torch.Tensor | None = None):
+    """``(dx, dw)`` of ``out = x @ weight.t()`` (float8 tensorwise): ``dout`` cast once to e5m2 in both layouts (its
+    scale computed, unless ``g_scale`` is given), the weight's transposed float8 from its forward scale, ``x8_t``
+    (``(in, tokens + pad)``) for the weight gradient."""
     g2 = as_rows(dout)
-    g8, g8_t, g_scale = _f8.fp8_cast(g2, _f8.E5M2, write=need_dx, write_t=need_dw, t_pad=pad)
+    g8, g8_t, g_scale = _f8.fp8_cast(g2, _f8.E5M2, write=need_dx, write_t=need_dw, t_pad=pad, scale=g_scale)
     dx = dw = None
     if need_dx:
         w8_t = _f8.fp8_cast(weight, _f8.E4M3, write=False, write_t=True, scale=w_scale)[1]
         dx = _mm(g8, w8_t, g_scale, w_scale, dout.dtype, False)
+        del g8, w8_t  # (not held through the next GEMM)
     if need_dw:
         dw = _mm(g8_t, x8_t, g_scale, x_scale, weight.dtype, False)
     return dx, dw
@@ -341,6 +343,64 @@ class _LinearTW(torch.autograd.Function):
         needs = ctx.needs_input_grad
         dx, dw = _grad_gemms(dout, weight, w_scale, x8_t, x_scale, needs[0], needs[1], ctx.pad)
         return (dx.view(ctx.x_shape) if needs[0] else None), dw, _bias_grad(dout, bias, needs[2])
+
+
+class _NormMlpTW(torch.autograd.Function):
+    """``proj(act(fc_1(y)) * fc_2(y))`` with ``y = rms_norm(x + residual)``, all three float8 tensorwise, as one
+    function: :class:`_NormLinearTW` and :class:`_GluLinearTW` in one, whose backward also has the GLU backward
+    kernel reduce max |da| and max |db| while it writes them (``swiglu._glu_bwd_amax``), so that the two largest
+    gradients of the layer are cast to float8 without a pass of their own over them."""
+
+    @staticmethod
+    def forward(ctx, x, residual, norm_w, eps, offset, activation, w1, b1, w2, b2, w3, b3):
+        x2, r2 = as_rows(x), as_rows(residual)
+        s2, rstd, y8, y_scale = _f8.norm_fp8(x2, r2, norm_w, eps, offset)
+        (w1_8, _, s1), (w2_8, _, s2w), (w3_8, _, s3) = _weights8([w1, w2, w3], False)
+        lead = x.shape[:-1]
+        a = _out(_mm(y8, w1_8, y_scale, s1, x.dtype, True), lead, b1)
+        b = _out(_mm(y8, w2_8, y_scale, s2w, x.dtype, True), lead, b2)
+        del y8, w1_8, w2_8
+        a2, b2_ = as_rows(a), as_rows(b)
+        h8, _, h_scale = _f8.glu_fp8(a2, b2_, activation)
+        out = _out(_mm(h8, w3_8, h_scale, s3, x.dtype, True), lead, b3)
+        ctx.save_for_backward(s2, norm_w, rstd, y_scale, a2, b2_, h_scale, w1, w2, w3, s1, s2w, s3, b1, b2, b3)
+        ctx.norm, ctx.activation, ctx.x_shape = (eps, offset), activation, x.shape
+        return s2.view(x.shape), out
+
+    @staticmethod
+    def backward(ctx, ds, dout):
+        compiling = torch.compiler.is_compiling()
+        saved, norm_w, rstd, y_scale, a2, b2, h_scale, w1, w2, w3, s1, s2w, s3, b1, b2_bias, b3 = ctx.saved_tensors
+        eps, offset = ctx.norm
+        needs = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, activation, w1, b1, w2, b2, w3, b3
+        pad = _pad16(saved.shape[0])
+        h8_t = _f8.glu_fp8(a2, b2, ctx.activation, write=False, write_t=True, scale=h_scale, t_pad=pad)[1] \
+            if needs[10] else None
+        dh, dw3 = _grad_gemms(dout, w3, s3, h8_t, h_scale, True, needs[10], pad)
+        del h8_t
+        da, db, amax = (_glu_bwd_amax if compiling else _glu_bwd_amax_impl)(dh, a2, b2, ctx.activation)
+        del dh
+        g_scales = _f8.fp8_scale(amax, _f8.E5M2)
+        y8_t = _f8.norm_fp8_t(saved, rstd, norm_w, offset, y_scale, t_pad=pad) if needs[6] or needs[8] else None
+        dy, dw1 = _grad_gemms(da, w1, s1, y8_t, y_scale, True, needs[6], pad, g_scales[0])
+        dy_2, dw2 = _grad_gemms(db, w2, s2w, y8_t, y_scale, True, needs[8], pad, g_scales[1])
+        del y8_t
+        dy = dy + dy_2 if compiling else dy.add_(dy_2)
+        del dy_2
+        bwd = _rms_norm_bwd if compiling else _rms_norm_bwd_impl
+        dx, dnorm_w = bwd(dy, as_rows(ds), saved, norm_w, rstd, offset, needs[2])
+        dx = dx.view(ctx.x_shape)
+        return (dx, dx, dnorm_w if needs[2] else None, None, None, None, dw1, _bias_grad(da, b1, needs[7]), dw2,
+                _bias_grad(db, b2_bias, needs[9]), dw3, _bias_grad(dout, b3, needs[11]))
+
+
+def norm_mlp_fp8(x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, mlp: nn.Module, activation: str
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, mlp(rms_norm(s)))`` with ``s = x + residual`` for a GLU MLP whose three Linears :func:`tensorwise_fusable`
+    takes (the caller checks): :class:`_NormMlpTW`."""
+    fc_1, fc_2, proj = mlp.fc_1, mlp.fc_2, mlp.proj
+    return _NormMlpTW.apply(x, residual, norm.weight, float(norm.eps), 1.0 if norm.add_unit_offset else 0.0,
+                            activation, fc_1.weight, fc_1.bias, fc_2.weight, fc_2.bias, proj.weight, proj.bias)
 
 
 def linear_fp8(x: torch.Tensor, m: nn.Module) -> torch.Tensor:
