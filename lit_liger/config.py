@@ -95,12 +95,16 @@ class LigerConfig:
             they are. ``"off"`` (default). Where a GPU has no float8 tensor cores (below sm_89) or torchao is
             missing, the report says why and the model stays in 16 bits. The converted projections are torchao's
             ``Float8Linear`` modules: lit-liger's norm, RoPE, GLU and loss kernels run around them, and its fused
-            norm->Linear and GLU-product recompute call their float8 GEMMs (``lit_liger.fp8``: torchao's casts and
-            GEMMs, the normalized tensors and GLU products not kept for backward); ``apply_liger(model, False)``
-            puts the original Linears back. Use it with ``torch.compile``: measured on an H100 at Llama-3.1-8B's
-            widths (8 layers, B2 x T4096), ``tensorwise`` + compile runs 1.25x stock bf16 compile (torchao alone
-            1.24x, ``rowwise`` 1.04x); eagerly, torchao's casts make it 0.55x (``benchmarks/results/h100-2026-11-25e``).
-            300-step loss within 0.93% (tensorwise) / 0.60% (rowwise) of bf16.
+            norm->Linear and GLU-product recompute call their float8 GEMMs (``lit_liger.fp8``: the normalized tensors
+            and GLU products not kept for backward); ``apply_liger(model, False)`` puts the original Linears back.
+            ``"tensorwise"`` runs on lit-liger's own casts (``lit_liger.kernels.float8``: the norm and GLU kernels
+            write the float8 tensors, bit for bit torchao's numbers, and ``torch._scaled_mm`` is called as torchao
+            calls it), fast with or without ``torch.compile``: on an H100, Llama-3.2-1B (B4 x T2048) runs 1.15x
+            lit-liger + compile in bf16 with compile and 1.11x without; Llama-3.1-8B's widths (8 layers, B2 x
+            T4096) 1.24x stock bf16 compile (``benchmarks/results/h100-2026-11-26c``). The rowwise recipes run on
+            torchao's casts: use them with ``torch.compile`` (torchao's casts eagerly made tensorwise 0.4-0.55x bf16
+            compile before lit-liger had its own; the model warns once when it trains eagerly on them).
+            300-step loss within 1.1% (tensorwise) / 0.83% (rowwise) of bf16.
         fp8_all_gather: with ``fp8="tensorwise"``, give the float8 projections' weights torchao's FSDP2 float8
             all-gather (``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``: each weight a
             ``WeightWithDynamicFloat8CastTensor``, so ``fully_shard`` gathers it in float8, half the bytes of bf16, and

@@ -24,6 +24,19 @@ torchao_float8 = pytest.importorskip("torchao.float8")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
 
+def _cpu_scaled_mm_takes(recipe: str) -> bool:
+    """torch's CPU ``_scaled_mm`` takes this recipe's scales (rowwise: from torch 2.12 on; the GPU image's 2.11 does
+    not, and a GPU host runs these CPU-model tests without the interpreter)."""
+    if recipe == "tensorwise":
+        return True
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _torchao_reference(model, recipe):
     """Stock LitGPT with torchao's own conversion of the same projections (a LoRA layer's inner Linear)."""
     names = {f"transformer.h.{i}.{p}" for i in range(len(model.transformer.h)) for p in adapter_mod.FP8_PROJECTIONS}
@@ -72,6 +85,8 @@ def _grads(model):
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B"])
 def test_fp8_projections_equal_torchao_on_stock(recipe, name):
+    if not _cpu_scaled_mm_takes(recipe):
+        pytest.skip(f"this torch's CPU _scaled_mm has no {recipe} scaling")
     cfg = tiny_config(name)
     ref, ours = _pair(cfg)
     fp32 = copy.deepcopy(ref)
@@ -269,9 +284,10 @@ def test_fp8_warns_once_when_training_without_compile():
     ours = ours.to(torch.bfloat16)
     x = torch.randint(1, cfg.vocab_size, (1, 8))
     apply_liger(ours, LigerConfig(fp8="tensorwise"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         ours(x)
+    assert not [w for w in caught if "fp8 is training without torch.compile" in str(w.message)]
     apply_liger(ours, False)
     apply_liger(ours, LigerConfig(fp8="rowwise"))
     with pytest.warns(UserWarning, match="fp8 is training without torch.compile"):
