@@ -150,11 +150,16 @@ def _rms_norm_fwd_impl(
 _rms_norm_fwd = torch.library.custom_op("lit_liger::rms_norm_fwd", _rms_norm_fwd_impl, mutates_args=())
 
 
-@_rms_norm_fwd.register_fake
-def _(x, residual, weight, eps, offset):
+def _fwd_fake(x, residual, y_amax: bool):
     n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    return x.new_empty(x.shape), s, x.new_empty(n_rows, dtype=torch.float32)
+    y = x.new_empty(n_rows, dtype=torch.float32) if y_amax else x.new_empty(x.shape)
+    return y, s, x.new_empty(n_rows, dtype=torch.float32)
+
+
+@_rms_norm_fwd.register_fake
+def _(x, residual, weight, eps, offset):
+    return _fwd_fake(x, residual, False)
 
 
 def _rms_norm_amax_impl(
@@ -169,9 +174,7 @@ _rms_norm_amax = torch.library.custom_op("lit_liger::rms_norm_amax", _rms_norm_a
 
 @_rms_norm_amax.register_fake
 def _(x, residual, weight, eps, offset):
-    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    s = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    return x.new_empty(n_rows, dtype=torch.float32), s, x.new_empty(n_rows, dtype=torch.float32)
+    return _fwd_fake(x, residual, True)
 
 
 def _rms_norm_bwd_impl(
