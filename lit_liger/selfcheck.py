@@ -120,10 +120,33 @@ def main(argv: list[str] | None = None) -> int:
     tgt[::7] = -100
     check("fused_linear_cross_entropy", lambda x, W: fused_linear_cross_entropy(x, W, tgt), lambda x, W: F.cross_entropy(F.linear(x, W), tgt), [xs, W])
 
+    float8_ok = not cuda or torch.cuda.get_device_capability(dev) >= (8, 9)
+    if float8_ok:  # LigerConfig.fp8="tensorwise"'s casts: the bits of a tensorwise cast of the 16-bit kernels' output
+        from lit_liger.kernels import float8 as f8
+        from lit_liger.kernels.rms_norm import _rms_norm_fwd_impl
+        from lit_liger.kernels.swiglu import _glu_fwd_impl
+
+        t0 = time.perf_counter()
+        xh, rh, wh = (t.to(torch.bfloat16) for t in (x, torch.randn_like(x), w))
+        ah, bh = (torch.randn(N, I, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        y16 = _rms_norm_fwd_impl(xh, rh, wh, 1e-6, 0.0)[0]
+        s_, rstd, y8, ys = f8.norm_fp8(xh, rh, wh, 1e-6, 0.0)
+        h8, h8_t, hs = f8.glu_fp8(ah, bh, "silu", write_t=True)
+        pairs = [(y8, f8.cast_reference(y16, f8.E4M3)[0]),
+                 (f8.norm_fp8_t(s_, rstd, wh, 0.0, ys), f8.cast_reference(y16, f8.E4M3)[0].t()),
+                 (h8, f8.cast_reference(_glu_fwd_impl(ah, bh, "silu"), f8.E4M3)[0]),
+                 (h8_t, f8.cast_reference(_glu_fwd_impl(ah, bh, "silu"), f8.E4M3)[0].t()),
+                 (f8.fp8_cast(xh, f8.E5M2)[0], f8.cast_reference(xh, f8.E5M2)[0])]
+        # the share of float8 bytes that differ (0: bit for bit)
+        err = max((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8)).float().mean().item()
+                  for a, b in pairs)
+        rows.append(("float8 casts (tensorwise)", err, 0.0, err == 0.0, time.perf_counter() - t0))
     print(f"{'op':<28} {'fwd rel err':>12} {'grad rel err':>13}  {'ok':<4} {'s':>6}")
     for name, fe, ge, ok, s in rows:
         print(f"{name:<28} {fe:>12.2e} {ge:>13.2e}  {'ok' if ok else 'FAIL':<4} {s:>6.2f}")
     failed = [r[0] for r in rows if not r[3]]
+    if not float8_ok:
+        print("float8 casts: not checked (this GPU has no float8 support: sm_89 and newer)")
     print("all kernels match their references" if not failed else f"FAILED: {', '.join(failed)}")
     return 1 if failed else 0
 
