@@ -32,8 +32,8 @@ from .kernels._launch import use_triton
 from .kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
 from .kernels.swiglu import _glu_bwd, _glu_bwd_amax, _glu_bwd_amax_impl, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
 
-__all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class", "norm_linear_fp8",
-           "norm_mlp_fp8", "tensorwise_fusable"]
+__all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class",
+           "norm_linear_fp8", "norm_mlp_fp8", "tensorwise_fusable"]
 
 
 def is_float8_linear(m: nn.Module) -> bool:
@@ -192,8 +192,9 @@ def is_tensorwise(config) -> bool:
 
 def tensorwise_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
     """These float8 Linears (:func:`is_float8_linear`) run on lit-liger's own tensorwise casts: torchao's
-    ``tensorwise`` recipe (:func:`is_tensorwise`, recorded at conversion), plain 16-bit weights in ``x``'s dtype (not torchao's FSDP2 float8 all-gather wrapper, whose
-    cast torchao does), ``x`` on the Triton path (a GPU, or the interpreter)."""
+    ``tensorwise`` recipe (:func:`is_tensorwise`, recorded at conversion), plain 16-bit weights in ``x``'s dtype (not
+    torchao's FSDP2 float8 all-gather wrapper, whose cast torchao does), ``x`` on the Triton path (a GPU, or the
+    interpreter)."""
     return (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16)
             and all(type(m.weight) is nn.Parameter and m.weight.dtype == x.dtype
                     and m.__dict__.get("_liger_tensorwise", False) for m in linears))
@@ -352,27 +353,27 @@ class _NormMlpTW(torch.autograd.Function):
     gradients of the layer are cast to float8 without a pass of their own over them."""
 
     @staticmethod
-    def forward(ctx, x, residual, norm_w, eps, offset, activation, w1, b1, w2, b2, w3, b3):
+    def forward(ctx, x, residual, norm_w, eps, offset, activation, w1, bias1, w2, bias2, w3, bias3):
         x2, r2 = as_rows(x), as_rows(residual)
         s2, rstd, y8, y_scale = _f8.norm_fp8(x2, r2, norm_w, eps, offset)
         (w1_8, _, s1), (w2_8, _, s2w), (w3_8, _, s3) = _weights8([w1, w2, w3], False)
         lead = x.shape[:-1]
-        a = _out(_mm(y8, w1_8, y_scale, s1, x.dtype, True), lead, b1)
-        b = _out(_mm(y8, w2_8, y_scale, s2w, x.dtype, True), lead, b2)
+        a = _out(_mm(y8, w1_8, y_scale, s1, x.dtype, True), lead, bias1)
+        b = _out(_mm(y8, w2_8, y_scale, s2w, x.dtype, True), lead, bias2)
         del y8, w1_8, w2_8
-        a2, b2_ = as_rows(a), as_rows(b)
-        h8, _, h_scale = _f8.glu_fp8(a2, b2_, activation)
-        out = _out(_mm(h8, w3_8, h_scale, s3, x.dtype, True), lead, b3)
-        ctx.save_for_backward(s2, norm_w, rstd, y_scale, a2, b2_, h_scale, w1, w2, w3, s1, s2w, s3, b1, b2, b3)
+        a2, b2 = as_rows(a), as_rows(b)
+        h8, _, h_scale = _f8.glu_fp8(a2, b2, activation)
+        out = _out(_mm(h8, w3_8, h_scale, s3, x.dtype, True), lead, bias3)
+        ctx.save_for_backward(s2, norm_w, rstd, y_scale, a2, b2, h_scale, w1, w2, w3, s1, s2w, s3, bias1, bias2, bias3)
         ctx.norm, ctx.activation, ctx.x_shape = (eps, offset), activation, x.shape
         return s2.view(x.shape), out
 
     @staticmethod
     def backward(ctx, ds, dout):
         compiling = torch.compiler.is_compiling()
-        saved, norm_w, rstd, y_scale, a2, b2, h_scale, w1, w2, w3, s1, s2w, s3, b1, b2_bias, b3 = ctx.saved_tensors
+        saved, norm_w, rstd, y_scale, a2, b2, h_scale, w1, w2, w3, s1, s2w, s3, bias1, bias2, bias3 = ctx.saved_tensors
         eps, offset = ctx.norm
-        needs = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, activation, w1, b1, w2, b2, w3, b3
+        needs = ctx.needs_input_grad  # x, residual, norm_w, eps, offset, activation, w1, bias1, w2, bias2, w3, bias3
         pad = _pad16(saved.shape[0])
         h8_t = _f8.glu_fp8(a2, b2, ctx.activation, write=False, write_t=True, scale=h_scale, t_pad=pad)[1] \
             if needs[10] else None
@@ -390,8 +391,8 @@ class _NormMlpTW(torch.autograd.Function):
         bwd = _rms_norm_bwd if compiling else _rms_norm_bwd_impl
         dx, dnorm_w = bwd(dy, as_rows(ds), saved, norm_w, rstd, offset, needs[2])
         dx = dx.view(ctx.x_shape)
-        return (dx, dx, dnorm_w if needs[2] else None, None, None, None, dw1, _bias_grad(da, b1, needs[7]), dw2,
-                _bias_grad(db, b2_bias, needs[9]), dw3, _bias_grad(dout, b3, needs[11]))
+        return (dx, dx, dnorm_w if needs[2] else None, None, None, None, dw1, _bias_grad(da, bias1, needs[7]), dw2,
+                _bias_grad(db, bias2, needs[9]), dw3, _bias_grad(dout, bias3, needs[11]))
 
 
 def norm_mlp_fp8(x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, mlp: nn.Module, activation: str

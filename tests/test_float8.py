@@ -1,5 +1,5 @@
-"""kernels.float8: lit-liger's tensorwise float8 casts, fused into the norm and GLU arithmetic, against torchao's cast of
-the 16-bit tensor that lit-liger's own kernels write (bit for bit: the same values, scale and rounding); and the
+"""kernels.float8: lit-liger's tensorwise float8 casts, fused into the norm and GLU arithmetic, against torchao's
+cast of the 16-bit tensor that lit-liger's own kernels write (bit for bit: the same values, scale and rounding); and the
 tensorwise Linear paths of lit_liger.fp8 against torchao's Float8Linear.
 
 On CPU the kernels run under TRITON_INTERPRET=1; a GPU runs them natively (the same assertions)."""
