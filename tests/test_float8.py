@@ -95,8 +95,9 @@ def test_fp8_cast_rejects_bad_input():
         F8.glu_fp8(torch.zeros(4, 16, device=DEVICE), torch.zeros(4, 32, device=DEVICE), "silu")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_tensorwise_linear_equals_torchao_float8_linear(bias):
+def test_tensorwise_linear_equals_torchao_float8_linear(bias, dtype):
     """A Float8Linear converted by LigerConfig.fp8 (LigerFloat8Linear, lit-liger's casts) against torchao's own module:
     the same output and gradients, bit for bit (tokens a multiple of 16: torchao's weight-gradient GEMM needs it)."""
     from torchao.float8.float8_linear import Float8Linear
@@ -104,12 +105,12 @@ def test_tensorwise_linear_equals_torchao_float8_linear(bias):
     from lit_liger.fp8 import _LinearTW
 
     torch.manual_seed(4)
-    lin = torch.nn.Linear(64, 48, bias=bias, device=DEVICE, dtype=torch.bfloat16)
-    ref = Float8Linear.from_float(torch.nn.Linear(64, 48, bias=bias, device=DEVICE, dtype=torch.bfloat16),
+    lin = torch.nn.Linear(64, 48, bias=bias, device=DEVICE, dtype=dtype)
+    ref = Float8Linear.from_float(torch.nn.Linear(64, 48, bias=bias, device=DEVICE, dtype=dtype),
                                   config=torchao_float8.Float8LinearConfig())
     ref.load_state_dict(lin.state_dict())
-    x = torch.randn(2, 16, 64, device=DEVICE).bfloat16()
-    g = torch.randn(2, 16, 48, device=DEVICE).bfloat16()
+    x = torch.randn(2, 16, 64, device=DEVICE).to(dtype)
+    g = torch.randn(2, 16, 48, device=DEVICE).to(dtype)
     x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     out = _LinearTW.apply(x1, lin.weight, lin.bias)
     out.backward(g)
