@@ -95,9 +95,11 @@ def _train(rank: int, variant: str, base, cfg):
         return real_pre_all_gather(self, mesh)
 
     fused = []  # lit-liger's fused norm->Linear / GLU-product paths calling the float8 GEMMs themselves
-    real_norm, real_glu = adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8
+    real_norm, real_glu, real_mlp = adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8, adapter_mod.norm_mlp_fp8
     adapter_mod.norm_linear_fp8 = lambda *a, **k: fused.append("norm") or real_norm(*a, **k)
     adapter_mod.glu_linear_fp8 = lambda *a, **k: fused.append("glu") or real_glu(*a, **k)
+    # (tensorwise on plain weights: norm_2 -> fc_1/fc_2 and GLU -> proj as one function, lit-liger's casts)
+    adapter_mod.norm_mlp_fp8 = lambda *a, **k: fused.extend(("norm", "glu")) or real_mlp(*a, **k)
     WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = counted
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -123,6 +125,7 @@ def _train(rank: int, variant: str, base, cfg):
     finally:
         WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = real_pre_all_gather
         adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8 = real_norm, real_glu
+        adapter_mod.norm_mlp_fp8 = real_mlp
     n_fp8 = sum(isinstance(m, Float8Linear) for m in model.modules())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
