@@ -19,7 +19,17 @@ what lit-liger's 16-bit paths keep:
 In eager mode the kernels are called directly; under ``torch.compile`` they are lit-liger's custom ops (opaque) and
 torchao's casts are traced around them, so inductor fuses the casts as it does for a plain ``Float8Linear``. The
 backward's GEMM part is an ``allow_in_graph`` function: dynamo does not trace a foreign autograd function's
-``backward`` called with another context."""
+``backward`` called with another context.
+
+The ``tensorwise`` recipe on plain 16-bit weights (:func:`tensorwise_fusable`) takes another path: lit-liger's own
+casts (:mod:`lit_liger.kernels.float8`, torchao's tensorwise arithmetic bit for bit) and ``torch._scaled_mm`` called
+as torchao calls it. Three autograd functions:
+- ``_NormLinearTW``: norm_1 -> qkv;
+- ``_NormMlpTW``: the whole MLP;
+- ``_LinearTW``: any other converted Linear, through ``LigerFloat8Linear.forward``.
+
+In these the normalized tensor and the GLU product exist only as float8: written by the norm's and the GLU's
+arithmetic in forward, and transposed in backward with the forward's scale. See the "Tensorwise" section below."""
 
 from __future__ import annotations
 
