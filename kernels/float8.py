@@ -155,7 +155,9 @@ def _launch(op: int, src0: torch.Tensor, src1: torch.Tensor | None, rowv: torch.
     out = torch.empty((n_rows, n_cols) if write and not amax else (0,), dtype=dtype or E4M3, device=src0.device)
     ld_t = n_rows + t_pad
     if write_t and not amax:
-        out_t = (torch.zeros if t_pad else torch.empty)((n_cols, ld_t), dtype=dtype, device=src0.device)
+        out_t = torch.empty((n_cols, ld_t), dtype=dtype, device=src0.device)
+        if t_pad:
+            out_t[:, n_rows:].zero_()  # only the pad columns: the kernel writes the rest
     else:
         out_t = torch.empty(0, dtype=dtype or E4M3, device=src0.device)
     if n_rows * n_cols > 0:
