@@ -176,6 +176,16 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
 
 
+def graph_pool_idle_bytes() -> int:
+    """Bytes that CUDA graphs' private memory pools (lit-liger's ``cuda_graphs``) hold without an allocation in them
+    now: the activations of a replayed step live there. A replay allocates nothing, so ``max_memory_allocated`` over
+    replayed steps leaves them out; a peak of such steps is that maximum plus these bytes."""
+    if not CUDA:
+        return 0
+    return sum(s["total_size"] - s["allocated_size"] for s in torch.cuda.memory._snapshot()["segments"]
+               if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
 def free_memory() -> None:
     gc.collect()
     if CUDA:

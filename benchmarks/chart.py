@@ -21,6 +21,10 @@ SOURCES = [
     ("Llama-3.2-1B", "all 16 layers", "h100-2026-11-26b/c3-lora4-300-defer", "liger"),
     ("Qwen2.5-1.5B", "all 28 layers", "h100-2026-11-26b/c8-qwen-lora4", "liger"),
     ("gemma-2-2b", "all 26 layers", "h100-2026-11-26b/c8-gemma2-lora4", "liger"),
+    # float8 (issue 35): the frozen bases' GEMMs in float8. In the table, not the chart: its stock ran slower in its
+    # call (5,915 tok/s against 8,004), so its bar would stand beside the bf16 row's although float8 ran 0.78x
+    # lit-liger bf16 there (see its NOTES.md); a row with a setting after the layers is left out of the chart
+    ("Llama-3.2-1B", "all 16 layers, --liger.fp8 tensorwise", "h100-2026-11-26d/c6-lora4-fp8", "liger-fp8"),
 ]
 MICRO_BATCH = 4
 DEFAULT_PNG = C.REPO_ROOT / "docs" / "recipe_lora.png"
@@ -59,13 +63,16 @@ def markdown(table: list[dict[str, Any]]) -> str:
 
 
 def draw(table: list[dict[str, Any]], path: Path) -> bool:
-    """Three panels (tokens/s, allocated, reserved; each × stock), one bar per family, stock's 1.0 as a line."""
-    label = {r["family"]: r["family"] if r["layers"].startswith("all") else f"{r['family']} ({r['layers']})"
-             for r in table}
+    """Three panels (tokens/s, allocated, reserved; each × stock), one bar per family at lit-liger's defaults,
+    stock's 1.0 as a line."""
+    def label(r: dict[str, Any]) -> str:
+        return r["family"] if r["layers"].startswith("all") else f"{r['family']} ({r['layers']})"
+
+    table = [r for r in table if ", " not in r["layers"]]  # (the default settings only: see SOURCES)
     panels = {
-        "tokens/s, × stock (higher is better)": {label[r["family"]]: r["speedup"] for r in table},
-        "peak allocated memory, × stock (lower is better)": {label[r["family"]]: r["alloc_ratio"] for r in table},
-        "peak reserved memory, × stock (lower is better)": {label[r["family"]]: r["reserved_ratio"] for r in table},
+        "tokens/s, × stock (higher is better)": {label(r): r["speedup"] for r in table},
+        "peak allocated memory, × stock (lower is better)": {label(r): r["alloc_ratio"] for r in table},
+        "peak reserved memory, × stock (lower is better)": {label(r): r["reserved_ratio"] for r in table},
     }
     return C.bar_charts(path, panels, title=f"litgpt finetune_lora, micro-batch {MICRO_BATCH}, H100: "
                                             "lit-liger (--liger true) vs stock litgpt",

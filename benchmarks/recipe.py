@@ -78,6 +78,9 @@ VARIANTS = {
     "liger-sync": ["--liger.defer_loss_sync", "false"],
     # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
     "liger-replicated": ["--liger.replicate_frozen_base", "true"],
+    # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
+    "liger-fp8": ["--liger.fp8", "tensorwise"],
+    "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on

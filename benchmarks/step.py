@@ -327,7 +327,12 @@ def run_one(config, variant: str, B: int, T: int, opts, *, steps: int, warmup: i
         "notes": notes,
     }
     if C.CUDA:
-        res["peak_GiB"] = torch.cuda.max_memory_allocated() / C.GiB
+        # a step replayed as CUDA graphs keeps its activations in the graphs' pool, where nothing is allocated
+        # while it replays: counted in the peak (before 2026-11-26d, peak_GiB left it out)
+        pool = C.graph_pool_idle_bytes()
+        res["peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / C.GiB
+        res["graph_pool_GiB"] = pool / C.GiB
+        res["peak_GiB"] = (torch.cuda.max_memory_allocated() + pool) / C.GiB
         res["peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / C.GiB
     if getattr(opts, "profile", False):
         res["profile"] = profile_step(loss_fn, optimizer, x, y)
@@ -534,7 +539,8 @@ def render(result: dict, out_dir: Path) -> list[Path]:
         "12·n_layer·n_head·head_size·T·tokens.",
         "",
         "step ms = median of the timed steps (min/max beside it); tok/s = B·T / median; peak GiB = "
-        "max_memory_allocated over the timed steps; loss@1 = loss of the first step (same weights and tokens "
+        "max_memory_allocated over the timed steps plus what CUDA graphs' pools hold unallocated (a replayed step's "
+        "activations; lit-liger's cuda_graphs); loss@1 = loss of the first step (same weights and tokens "
         "for every variant).",
         "",
         C.markdown_table(COLUMNS, _table_rows(result)),

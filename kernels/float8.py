@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, fast_launch, fp8_tile_plan, interpret_mode
+from ._launch import cdiv, fast_launch, fp8_tile_plan, interpret_mode, use_triton
 from .rms_norm import _rms_norm_amax, _rms_norm_amax_impl
 from .swiglu import ACTIVATIONS, _act_and_grad
 
-__all__ = ["E4M3", "E5M2", "fp8_scale", "fp8_cast", "norm_fp8", "norm_fp8_t", "glu_fp8", "cast_reference"]
+__all__ = ["E4M3", "E5M2", "fp8_scale", "amax_scale", "fp8_cast", "norm_fp8", "norm_fp8_t", "glu_fp8", "cast_reference"]
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -45,6 +45,7 @@ _FORMAT = {E4M3: (448.0, 3, -6), E5M2: (57344.0, 2, -14)}
 OP_COPY, OP_NORM, OP_GLU = 0, 1, 2
 #: torchao's lower bound on a tensor's max |t| before the scale's division (``float8_utils.EPS``)
 AMAX_EPS = 1e-12
+AMAX_EPS_F64 = tl.constexpr(AMAX_EPS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,6 +127,31 @@ def _fp8_kernel(
             tl.store(OUT_T + cols[None, :] * ld_t + rows[:, None], q.to(OUT_T.dtype.element_ty), mask=mask)
 
 
+@fast_launch
+@triton.jit
+def _scale_kernel(PARTIAL, n, OUT, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT[0] = float32(FP8_MAX / max(max(PARTIAL[:n]), 1e-12)) with the division in float64: :func:`fp8_scale` of
+    the reduced maxima (``n`` may be 0: the maximum is then 0), one launch for what is otherwise five kernels."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.load(PARTIAL + offs, mask=offs < n, other=0.0))
+    amax = tl.max(acc, axis=0).to(tl.float64)
+    eps = tl.full((), AMAX_EPS_F64, tl.float64)
+    tl.store(OUT, (tl.full((), FP8_MAX, tl.float64) / tl.maximum(amax, eps)).to(tl.float32))
+
+
+def amax_scale(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`fp8_scale` of ``partial.max()`` (``partial``: maxima of |t| over parts of a tensor, float32,
+    contiguous, possibly empty). Eagerly on the Triton path one kernel (:func:`_scale_kernel`); under torch.compile
+    (where inductor fuses the reduction and the arithmetic) and on CPU without the interpreter, PyTorch ops."""
+    if torch.compiler.is_compiling() or not use_triton(partial) or not partial.is_contiguous():
+        return fp8_scale(partial.max() if partial.numel() else partial.new_zeros(()), dtype)
+    out = torch.empty((), dtype=torch.float32, device=partial.device)
+    _scale_kernel[(1,)](partial, partial.numel(), out, FP8_MAX=_FORMAT[dtype][0], BLOCK=1024, num_warps=4)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Launch wrapper
 # ----------------------------------------------------------------------------------------------
@@ -188,8 +214,7 @@ _interpreted = _Interpreted()
 
 def _run(op, src0, src1, rowv, colv, offset, activation, dtype, scale, write, write_t, t_pad):
     if scale is None:
-        scale = fp8_scale(_launch(op, src0, src1, rowv, colv, offset, activation, None, None, False, False, 0).max(),
-                          dtype)
+        scale = amax_scale(_launch(op, src0, src1, rowv, colv, offset, activation, None, None, False, False, 0), dtype)
     out, out_t = _launch(op, src0, src1, rowv, colv, offset, activation, scale, dtype, write, write_t, t_pad)
     return (out if write else None), (out_t if write_t else None), scale
 
@@ -225,7 +250,7 @@ def norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     fwd = _rms_norm_amax if torch.compiler.is_compiling() else _rms_norm_amax_impl
     row_amax, s, rstd = fwd(x, residual, weight, eps, offset)
     src = s if residual is not None else x
-    scale = fp8_scale(row_amax.max() if row_amax.numel() else row_amax.new_zeros(()), dtype)
+    scale = amax_scale(row_amax, dtype)
     y8, _, _ = _run(OP_NORM, src, None, rstd, weight, offset, "silu", dtype, scale, True, False, 0)
     return (s if residual is not None else None), rstd, y8, scale
 

@@ -243,7 +243,7 @@ class _LoRAMixin:
             not self.merged
             and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled(x.device.type)
-            and (_plain_linear(self.linear) or _4bit_linear(self.linear, x))
+            and (_plain_linear(self.linear) or _4bit_linear(self.linear, x) or self._liger_fp8_base(x))
             and not hasattr(a, "ds_id") and not _is_dtensor(a)
             and x.dtype == a.dtype == self.lora_B.dtype
             and (x.dtype == self.linear.weight.dtype or is_quantized(self.linear.weight))
@@ -251,13 +251,19 @@ class _LoRAMixin:
             and _called_plainly(self.linear)
         )
 
+    def _liger_fp8_base(self, x: torch.Tensor) -> bool:
+        """``LigerConfig.fp8`` tensorwise: a frozen float8 base Linear whose GEMMs the LoRA function runs itself."""
+        lin = self.linear
+        return is_float8_linear(lin) and not lin.weight.requires_grad and tensorwise_fusable(x, lin)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._liger_lora_here(x):
             return super().forward(x)
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
         xd = drop(x) if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else None  # (B, T, C)
         lin = self.linear
-        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd)
+        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
+                           fp8=is_float8_linear(lin))
 
 
 class _EmbeddingMixin:
@@ -662,6 +668,8 @@ class _GPTMixin:
             TRAINING_TOKENS["collated"] += idx.numel()
             if getattr(self, "_liger_fp8_eager_warning", False):
                 _warn_fp8_eager(self)
+            if getattr(self, "_liger_fp8_small_warning", False) and idx.numel() < FP8_SMALL_TOKENS:
+                _warn_fp8_small(self, idx.numel())
         plan = self._liger_plan(idx) if grad else None
         if plan is None:
             out = self._liger_output(idx, counted)
@@ -801,6 +809,27 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
                 "activation_checkpointing_policy).", stacklevel=3)
         return False
     return True
+
+
+#: below this many tokens in a training micro-batch ``LigerConfig.fp8`` warns (once) that float8 is likely slower than
+#: bf16 there. Measured on an H100 (Llama-3.2-1B): 1.16x lit-liger + compile in bf16 at 8,192 tokens per micro-batch
+#: (B4 x T2048); 0.60x lit-liger bf16 in litgpt's LoRA recipe and 0.75x in its full fine-tuning at ~800 tokens
+#: (micro-batch 4 of Alpaca-length samples), where the casts of every weight at each step and the scales' small
+#: kernels cost more than the smaller GEMMs save (``benchmarks/results/h100-2026-11-26d``). Between the two, not measured.
+FP8_SMALL_TOKENS = 4096
+
+
+def _warn_fp8_small(gpt: nn.Module, n_tokens: int) -> None:
+    """Once per model: a training micro-batch of ``n_tokens`` < :data:`FP8_SMALL_TOKENS` with ``LigerConfig.fp8``."""
+    gpt._liger_fp8_small_warning = False
+    import warnings
+
+    warnings.warn(
+        f"lit-liger: fp8 with {n_tokens} tokens in a training micro-batch. Float8 GEMMs pay off at large ones: on an "
+        "H100, Llama-3.2-1B ran 1.16x bf16 at 8,192 tokens per micro-batch, but 0.60x (LoRA) and 0.75x (full "
+        "fine-tuning) in litgpt's recipes at ~800, where casting every weight at each step costs more than the GEMMs "
+        "save (benchmarks/results/h100-2026-11-26d). Leave fp8 off for small micro-batches, or measure yours.",
+        stacklevel=3)
 
 
 def _warn_fp8_eager(gpt: nn.Module) -> None:
@@ -1038,6 +1067,7 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
                 _to_float8(m, Float8Linear.from_float(m, config=config))
         # eager is slow where torchao casts (rowwise; float8 all-gather weights); tensorwise runs on lit-liger's casts
         gpt._liger_fp8_eager_warning = recipe != "tensorwise" or ag  # (see _warn_fp8_eager)
+        gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",
             f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, fed by lit-liger's fused "
@@ -1086,6 +1116,7 @@ def _restore_fp8(model: nn.Module) -> int:
     n = 0
     for m in list(model.modules()):
         m.__dict__.pop("_liger_fp8_eager_warning", None)  # (a GPT whose class was not swapped keeps it)
+        m.__dict__.pop("_liger_fp8_small_warning", None)
         record = m.__dict__.get("_liger_fp8_orig")
         if record is None:
             continue

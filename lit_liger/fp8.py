@@ -332,19 +332,47 @@ class _GluLinearTW(torch.autograd.Function):
             _bias_grad(dout, bias, needs[3]), None
 
 
+def frozen_base_fp8(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x2 @ weight.t() + bias, weight's scale)`` for the frozen float8 tensorwise base Linear of a LoRA layer
+    (:func:`lit_liger.lora.lora_linear`), on lit-liger's casts: the output is a fresh ``(N, out)`` tensor, into which
+    the LoRA update is then accumulated; :func:`frozen_base_fp8_dx` is its input gradient."""
+    x8, _, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True)
+    ((w8, _, w_scale),) = _weights8([weight], False)
+    y = _mm(x8, w8, x_scale, w_scale, x2.dtype, True)
+    return (y.add_(bias.to(y.dtype)) if bias is not None else y), w_scale
+
+
+def frozen_base_fp8_dx(dy2: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """``dy2 @ weight`` of :func:`frozen_base_fp8` (``dy2`` cast to e5m2, the weight transposed with its forward
+    scale), as torchao's tensorwise recipe computes a Linear's input gradient."""
+    return _grad_gemms(dy2, weight, w_scale, None, None, True, False, 0)[0]
+
+
+def _keep_x() -> bool:
+    """:class:`_LinearTW` keeps its 16-bit input for backward (under ``torch.compile``), not a float8 copy."""
+    return torch.compiler.is_compiling()
+
+
 class _LinearTW(torch.autograd.Function):
     """A float8 Linear's ``x @ w.t() + b`` on lit-liger's casts (the attention's ``proj``, a LoRA layer's frozen base,
     a projection outside the fused paths): ``x`` cast once, row-major for the forward GEMM and, where the weight
-    needs a gradient, transposed; that float8 copy is what backward keeps of ``x`` (half of ``x``'s bytes)."""
+    needs a gradient, transposed; that float8 copy is what backward keeps of ``x`` (half of ``x``'s bytes).
+
+    Under ``torch.compile`` backward keeps ``x`` itself and casts it transposed there (with the forward's scale: the
+    same bits). The partitioner can then rebuild ``x`` from what it keeps anyway: the attention's ``proj`` input is a
+    transposed copy of the attention output, which the attention's backward keeps. Keeping the float8 copy there
+    cost 32 MiB per layer at Llama-3.1-8B widths, B2 x T4096 (``h100-2026-11-26d``)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
         x2 = as_rows(x)
         need_dw = ctx.needs_input_grad[1]
         pad = _pad16(x2.shape[0])
-        x8, x8_t, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True, write_t=need_dw, t_pad=pad)
+        ctx.x_later = _keep_x()  # x kept, its transposed cast made in backward
+        x8, x8_t, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True, write_t=need_dw and not ctx.x_later, t_pad=pad)
         ((w8, _, w_scale),) = _weights8([weight], False)
-        ctx.save_for_backward(x8_t, x_scale, weight, w_scale, bias)
+        ctx.save_for_backward(x2 if ctx.x_later and need_dw else x8_t, x_scale, weight, w_scale, bias)
         ctx.pad, ctx.x_shape = pad, x.shape
         return _out(_mm(x8, w8, x_scale, w_scale, x.dtype, True), x.shape[:-1], bias)
 
@@ -352,6 +380,8 @@ class _LinearTW(torch.autograd.Function):
     def backward(ctx, dout):
         x8_t, x_scale, weight, w_scale, bias = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        if ctx.x_later and needs[1]:
+            x8_t = _f8.fp8_cast(x8_t, _f8.E4M3, write=False, write_t=True, t_pad=ctx.pad, scale=x_scale)[1]
         dx, dw = _grad_gemms(dout, weight, w_scale, x8_t, x_scale, needs[0], needs[1], ctx.pad)
         return (dx.view(ctx.x_shape) if needs[0] else None), dw, _bias_grad(dout, bias, needs[2])
 
@@ -391,7 +421,8 @@ class _NormMlpTW(torch.autograd.Function):
         del h8_t
         da, db, amax = (_glu_bwd_amax if compiling else _glu_bwd_amax_impl)(dh, a2, b2, ctx.activation)
         del dh
-        g_scales = _f8.fp8_scale(amax, _f8.E5M2)
+        g_scales = _f8.fp8_scale(amax, _f8.E5M2) if compiling else \
+            [_f8.amax_scale(amax[i:i + 1], _f8.E5M2) for i in range(2)]
         y8_t = _f8.norm_fp8_t(saved, rstd, norm_w, offset, y_scale, t_pad=pad) if needs[6] or needs[8] else None
         dy, dw1 = _grad_gemms(da, w1, s1, y8_t, y_scale, True, needs[6], pad, g_scales[0])
         dy_2, dw2 = _grad_gemms(db, w2, s2w, y8_t, y_scale, True, needs[8], pad, g_scales[1])

@@ -52,12 +52,21 @@ class _LoRAFn(torch.autograd.Function):
     ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself."""
 
     @staticmethod
-    def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int):
+    def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
         xd2 = x2 if xd is None else xd.reshape(-1, C)
         ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
-        y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
+        ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.fp8)
+        w_scale = None
+        if fp8:
+            from .fp8 import frozen_base_fp8
+
+            if weight.requires_grad:
+                raise ValueError("lit-liger LoRA: a float8 base weight must be frozen (requires_grad=False)")
+            y, w_scale = frozen_base_fp8(x2, weight, bias)
+        else:
+            y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
         h = xd2 @ lora_a.t()  # (N, n·r)
         row = 0
         for i, (lo, hi) in enumerate(parts):
@@ -66,7 +75,8 @@ class _LoRAFn(torch.autograd.Function):
             row += hi - lo
         # x: for W's gradient, and for lora_A's where the LoRA branch reads x itself; xd: for lora_A's
         keep_x = weight.requires_grad or (xd is None and lora_a.requires_grad)
-        ctx.save_for_backward(x2 if keep_x else None, xd2 if xd is not None else None, h, weight, lora_a, lora_b)
+        ctx.save_for_backward(x2 if keep_x else None, xd2 if xd is not None else None, h, weight, lora_a, lora_b,
+                              w_scale)
         ctx.same_input = xd is None
         ctx.x_shape, ctx.scaling, ctx.parts, ctx.r = x.shape, scaling, parts, r
         ctx.has_bias = bias is not None
@@ -74,7 +84,7 @@ class _LoRAFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy):
-        x2, xd2, h, weight, lora_a, lora_b = ctx.saved_tensors
+        x2, xd2, h, weight, lora_a, lora_b, w_scale = ctx.saved_tensors
         if ctx.same_input:
             xd2 = x2
         need_x, need_xd, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:6]
@@ -92,7 +102,12 @@ class _LoRAFn(torch.autograd.Function):
                 row += hi - lo
         dx = dxd = da = dlb = dw = db = None
         if need_x:
-            dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
+            if ctx.fp8:
+                from .fp8 import frozen_base_fp8_dx
+
+                dx = frozen_base_fp8_dx(dy2, weight, w_scale)  # (N, C)
+            else:
+                dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
         if need_xd and not ctx.same_input:
@@ -111,16 +126,18 @@ class _LoRAFn(torch.autograd.Function):
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:
             db = dy2.sum(0)
-        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None)
+        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None)
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
                 lora_b: torch.Tensor, scaling: float, parts: tuple[tuple[int, int], ...],
-                xd: torch.Tensor | None = None) -> torch.Tensor:
+                xd: torch.Tensor | None = None, fp8: bool = False) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
-    for the forward's GEMM and again for the backward's, as bitsandbytes' own layer does."""
+    for the forward's GEMM and again for the backward's, as bitsandbytes' own layer does. ``fp8``: the frozen
+    ``weight`` is a float8 tensorwise Linear's (``LigerConfig.fp8``); its forward and input-gradient GEMMs run in
+    float8 on lit-liger's casts (:func:`lit_liger.fp8.frozen_base_fp8`), the LoRA update in 16 bits."""
     n = len(parts)
     if n == 0 or lora_a.shape[0] % n:
         raise ValueError(f"lora_A has {lora_a.shape[0]} rows, not a multiple of its {n} LoRA parts")
@@ -134,4 +151,4 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     dtypes |= set() if is_quantized(weight) else {weight.dtype}
     if len(dtypes) != 1:
         raise TypeError(f"lit-liger LoRA: x, the weight and lora_A/lora_B must share one dtype, got {sorted(map(str, dtypes))}")
-    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r)
+    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8))

@@ -31,6 +31,25 @@ def _torchao_cast(t, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F8.E4M3, F8.E5M2])
+def test_amax_scale_equals_torchao_amax_to_scale(dtype):
+    """The one-launch scale (a maximum over partial maxima, then fp8_max / max(amax, 1e-12) in float64, rounded to
+    float32) equals torchao's ``amax_to_scale`` of the maximum, bit for bit: ordinary, tiny (below the 1e-12
+    floor), huge and zero maxima, none at all, and more partials than one block of the kernel holds."""
+    from torchao.float8.float8_utils import amax_to_scale
+
+    torch.manual_seed(7)
+    cases = [torch.rand(5) * 3, torch.rand(3000) * 1e-3, torch.tensor([3e-13, 1e-14]), torch.tensor([6e4, 1.0]),
+             torch.zeros(4), torch.zeros(0), torch.rand(1) * 1e-30, torch.tensor([0.1, 2.5e-7, 7.0])]
+    for partial in cases:
+        partial = partial.to(DEVICE)
+        got = F8.amax_scale(partial, dtype)
+        amax = partial.max() if partial.numel() else partial.new_zeros(())
+        want = amax_to_scale(amax, dtype)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert torch.equal(got, want), (partial[:4], got, want)
+
+
+@pytest.mark.parametrize("dtype", [F8.E4M3, F8.E5M2])
 @pytest.mark.parametrize("shape", [(37, 48), (64, 96), (1, 16)])
 def test_cast_equals_torchao_row_major_and_transposed(dtype, shape):
     torch.manual_seed(0)
@@ -120,6 +139,33 @@ def test_tensorwise_linear_equals_torchao_float8_linear(bias, dtype):
     assert torch.equal(lin.weight.grad, ref.weight.grad)
     if bias:
         assert torch.allclose(lin.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("n_tokens", [32, 21])
+def test_tensorwise_linear_keeps_x_under_compile(monkeypatch, n_tokens):
+    """Under torch.compile (``fp8._keep_x``) the Linear keeps its 16-bit input and casts it transposed in backward,
+    so that the partitioner can rebuild it from what it keeps anyway: the same output and gradients, bit for bit, as
+    keeping the float8 copy, and the input (not a float8 tensor) among what backward keeps."""
+    from lit_liger import fp8
+
+    torch.manual_seed(6)
+    w = torch.nn.Parameter(torch.randn(48, 64, device=DEVICE).bfloat16())
+    x = torch.randn(n_tokens, 64, device=DEVICE).bfloat16()
+    g = torch.randn(n_tokens, 48, device=DEVICE).bfloat16()
+    results = []
+    for keep in (False, True):
+        monkeypatch.setattr(fp8, "_keep_x", lambda keep=keep: keep)
+        x1 = x.clone().requires_grad_(True)
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            out = fp8._LinearTW.apply(x1, w, None)
+        out.backward(g)
+        results.append((out, x1.grad, w.grad))
+        w.grad = None
+        assert any(t.dtype == fp8._f8.E4M3 for t in kept) != keep
+        assert any(t.data_ptr() == x1.data_ptr() and t.shape == x.shape for t in kept) == keep
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_tensorwise_linear_pads_odd_token_counts():

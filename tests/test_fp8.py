@@ -115,8 +115,10 @@ def test_fp8_projections_equal_torchao_on_stock(recipe, name):
 
 
 def test_fp8_lora_frozen_base_in_float8():
-    """A LoRA model: each LoRA layer's frozen base Linear runs in float8, its adapters in 16 bits (LitGPT's LoRA
-    forward around the converted Linear); the LoRA gradients are those of stock LitGPT + torchao."""
+    """A LoRA model: each LoRA layer's frozen base Linear runs in float8, its adapters in 16 bits. On the Triton path
+    lit-liger's LoRA function runs the base's forward and input-gradient GEMMs in float8 itself (no weight-gradient
+    GEMM for the frozen base); elsewhere LitGPT's LoRA forward runs around torchao's module. The LoRA gradients are as
+    accurate as stock LitGPT + torchao's."""
     from litgpt.lora import GPT as LoRAGPT
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
@@ -151,7 +153,49 @@ def test_fp8_lora_frozen_base_in_float8():
     assert grads and all("lora_" in n for n in grads)
     _step(fp32, x, y, False)
     float8_error = rel_err(_grads(ref), _grads(fp32))  # (see the module docstring)
-    assert rel_err(_grads(ours), _grads(ref)) <= float8_error, (rel_err(_grads(ours), _grads(ref)), float8_error)
+    # lit-liger's LoRA function adds the update inside the float8 base GEMM's output (one rounding) where LitGPT adds
+    # two rounded tensors: a last-bit difference that float8 turns into different roundings downstream. So the bar is
+    # accuracy: as close to fp32 as torchao-on-stock, within float8's own noise (seeds 2-7 measured 0.96-1.12x)
+    ours_error = rel_err(_grads(ours), _grads(fp32))
+    assert ours_error <= 1.25 * float8_error, (ours_error, float8_error)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_lora_function_adds_the_update_to_the_float8_base(bias):
+    """``lora_linear(..., fp8=True)``: the frozen base's float8 GEMM (``_LinearTW``, bit for bit torchao's:
+    test_float8) plus the LoRA update, output and input gradient, within bf16 rounding of the sum computed in fp32;
+    no gradient for the frozen weight."""
+    from lit_liger.fp8 import _LinearTW
+    from lit_liger.lora import lora_linear
+
+    if not adapter_mod.use_triton(torch.empty(0)):
+        pytest.skip("lit-liger's float8 casts need the Triton path")
+    torch.manual_seed(8)
+    n, c, o, r, scaling = 32, 64, 48, 4, 2.0
+    w = torch.randn(o, c).bfloat16()
+    bb = torch.randn(o).bfloat16() if bias else None
+    a = (torch.randn(r, c) * 0.3).bfloat16().requires_grad_(True)
+    b = (torch.randn(o, r) * 0.3).bfloat16().requires_grad_(True)
+    x = torch.randn(n, c).bfloat16().requires_grad_(True)
+    g = torch.randn(n, o).bfloat16()
+    y = lora_linear(x, w, bb, a, b, scaling, ((0, o),), fp8=True)
+    y.backward(g)
+    x_ref = x.detach().clone().requires_grad_(True)
+    base = _LinearTW.apply(x_ref, w, bb)
+    base.backward(g)
+    af, bf = a.detach().float(), b.detach().float()
+    u = scaling * (x.detach().float() @ af.t()) @ bf.t()
+    want = base.detach().float() + u
+    want_dx = x_ref.grad.float() + (scaling * g.float() @ bf) @ af
+    lora_dx = want_dx - x_ref.grad.float()
+    for got, ref, base_part, lora_part in ((y, want, base.detach().float(), u), (x.grad, want_dx, x_ref.grad.float(),
+                                                                               lora_dx)):
+        bound = 2 ** -6 * (base_part.abs() + lora_part.abs()) + 1e-2  # a few bf16 roundings (CPU: h, h B^T, the sum)
+        assert ((got.float() - ref).abs() <= bound).all(), (got.float() - ref).abs().max()
+        assert not ((base_part - ref).abs() <= bound).all()  # (the base alone, without the update, would fail)
+    assert w.grad is None and a.grad is not None and b.grad is not None
+    with pytest.raises(ValueError, match="must be frozen"):
+        lora_linear(x, w.clone().requires_grad_(True), bb, a, b, scaling, ((0, o),), fp8=True)
 
 
 def test_fp8_skips_sizes_float8_gemms_cannot_take():
@@ -274,10 +318,38 @@ def test_gpu_fp8_composition_under_compile(recipe, monkeypatch):
         assert rel_err(p.grad, q.grad) <= 2e-2, (n, rel_err(p.grad, q.grad))
 
 
+def test_fp8_warns_once_on_small_micro_batches(monkeypatch):
+    """A training micro-batch below ``FP8_SMALL_TOKENS`` says once that float8 is likely slower there (measured in
+    litgpt's recipes); at or above it, and without grad, nothing is said."""
+    import warnings
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    ours = ours.to(torch.bfloat16)
+    apply_liger(ours, LigerConfig(fp8="tensorwise"))
+    x = torch.randint(1, cfg.vocab_size, (2, 8))
+    monkeypatch.setattr(adapter_mod, "FP8_SMALL_TOKENS", 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours(x)  # 16 tokens: not below
+        with torch.no_grad():
+            ours(x[:, :4])  # no grad: not training
+    with pytest.warns(UserWarning, match="fp8 with 8 tokens in a training micro-batch"):
+        ours(x[:, :4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours(x[:, :4])  # once per model
+    apply_liger(ours, False)
+    assert not hasattr(ours, "_liger_fp8_small_warning")
+
+
 def test_fp8_warns_once_when_training_without_compile():
     """Eager float8 on torchao's casts (rowwise) is slower than bf16: the first eager training forward says so, once.
     The tensorwise recipe runs on lit-liger's casts and does not warn."""
     import warnings
+
+    if not _cpu_scaled_mm_takes("rowwise"):
+        pytest.skip("this torch's CPU _scaled_mm has no rowwise scaling")
 
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
