@@ -813,9 +813,9 @@ def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
 
 #: below this many tokens in a training micro-batch ``LigerConfig.fp8`` warns (once) that float8 is likely slower than
 #: bf16 there. Measured on an H100 (Llama-3.2-1B): 1.16x lit-liger + compile in bf16 at 8,192 tokens per micro-batch
-#: (B4 x T2048); 0.60x lit-liger bf16 in litgpt's LoRA recipe and 0.75x in its full fine-tuning at ~800 tokens
-#: (micro-batch 4 of Alpaca-length samples), where the casts of every weight at each step and the scales' small
-#: kernels cost more than the smaller GEMMs save (``benchmarks/results/h100-2026-11-26d``). Between the two, not measured.
+#: (B4 x T2048); against lit-liger bf16 in litgpt's recipes, 0.78x (LoRA) and 0.74x (full fine-tuning) at micro-batch
+#: 4 of Alpaca-length samples (~800 tokens), 0.71x (LoRA) at micro-batch 1, where casting every weight at each step
+#: costs more than the smaller GEMMs save (``benchmarks/results/h100-2026-11-26d``). Between the two, not measured.
 FP8_SMALL_TOKENS = 4096
 
 
@@ -826,7 +826,7 @@ def _warn_fp8_small(gpt: nn.Module, n_tokens: int) -> None:
 
     warnings.warn(
         f"lit-liger: fp8 with {n_tokens} tokens in a training micro-batch. Float8 GEMMs pay off at large ones: on an "
-        "H100, Llama-3.2-1B ran 1.16x bf16 at 8,192 tokens per micro-batch, but 0.60x (LoRA) and 0.75x (full "
+        "H100, Llama-3.2-1B ran 1.16x bf16 at 8,192 tokens per micro-batch, but 0.78x (LoRA) and 0.74x (full "
         "fine-tuning) in litgpt's recipes at ~800, where casting every weight at each step costs more than the GEMMs "
         "save (benchmarks/results/h100-2026-11-26d). Leave fp8 off for small micro-batches, or measure yours.",
         stacklevel=3)

@@ -99,9 +99,12 @@ class LigerConfig:
             and GLU products not kept for backward); ``apply_liger(model, False)`` puts the original Linears back.
             ``"tensorwise"`` runs on lit-liger's own casts (``lit_liger.kernels.float8``: the norm and GLU kernels
             write the float8 tensors, bit for bit torchao's numbers, and ``torch._scaled_mm`` is called as torchao
-            calls it), fast with or without ``torch.compile``: on an H100, Llama-3.2-1B (B4 x T2048) runs 1.15x
-            lit-liger + compile in bf16 with compile and 1.11x without; Llama-3.1-8B's widths (8 layers, B2 x
-            T4096) 1.24x stock bf16 compile (``benchmarks/results/h100-2026-11-26c``). The rowwise recipes run on
+            calls it; a LoRA layer's frozen base inside lit-liger's LoRA function), fast with or without
+            ``torch.compile`` at large micro-batches: on an H100, Llama-3.2-1B (B4 x T2048) runs 1.16x lit-liger +
+            compile in bf16 with compile and 1.15x without; Llama-3.1-8B's widths (8 layers, B2 x T4096) 1.26x stock
+            bf16 compile in lit-liger bf16's memory. At litgpt's recipe sizes (~800 tokens per micro-batch) it is
+            slower than bf16 (0.71-0.78x: every weight cast at every step) and a micro-batch below 4,096 tokens
+            warns once (``benchmarks/results/h100-2026-11-26d``). The rowwise recipes run on
             torchao's casts: use them with ``torch.compile`` (torchao's casts eagerly made tensorwise 0.4-0.55x bf16
             compile before lit-liger had its own; the model warns once when it trains eagerly on them).
             300-step loss within 1.1% (tensorwise) / 0.83% (rowwise) of bf16.
