@@ -72,7 +72,8 @@ for ev in live.values():
 rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
 # phase of the peak: which frame allocated the event at the peak
 peak_ev = tr[best_i]
-res = {"variant": variant, "notes": notes, "peak_GiB": peak / 2**30, "replayed_peak_GiB": best / 2**30,
+sizes = collections.Counter(ev["size"] for ev in live.values())
+res = {"size_histogram": sorted(sizes.items()), "variant": variant, "notes": notes, "peak_GiB": peak / 2**30, "replayed_peak_GiB": best / 2**30,
        "peak_event_where": where(peak_ev), "peak_event_index_in_step": best_i - n0, "step_events": len(tr) - n0,
        "live_at_peak": [{"where": k, "GiB": v[0] / 2**30, "n": v[1], "sizes_MiB": sorted({s / 2**20 for s in v[2]})[-4:]}
                         for k, v in rows[:60]]}
