@@ -228,6 +228,13 @@ def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:
     return 64, 64, _clamp_warps(4, device_limits(device))
 
 
+def fp8_scale_plan(device: torch.device) -> tuple[int, int]:
+    """``(block, num_warps)`` of ``kernels.float8._scale_kernel``: one program folds a tensor's per-tile maxima (a few
+    thousand floats) in blocks of 1024, then does the scale's float64 arithmetic. The block is fixed, not sized to the
+    count, so that token counts that vary between micro-batches do not compile it again."""
+    return 1024, _clamp_warps(4, device_limits(device))
+
+
 #: ``glu_mlp``: the MLP's rows run in this many chunks (at least MLP_MIN_ROWS rows each, tests lower it)
 MLP_CHUNKS = 4
 MLP_MIN_ROWS = 128

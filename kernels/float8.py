@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, fast_launch, fp8_tile_plan, interpret_mode, use_triton
+from ._launch import cdiv, fast_launch, fp8_scale_plan, fp8_tile_plan, interpret_mode, use_triton
 from .rms_norm import _rms_norm_amax, _rms_norm_amax_impl
 from .swiglu import ACTIVATIONS, _act_and_grad
 
@@ -148,7 +148,8 @@ def amax_scale(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if torch.compiler.is_compiling() or not use_triton(partial) or not partial.is_contiguous():
         return fp8_scale(partial.max() if partial.numel() else partial.new_zeros(()), dtype)
     out = torch.empty((), dtype=torch.float32, device=partial.device)
-    _scale_kernel[(1,)](partial, partial.numel(), out, FP8_MAX=_FORMAT[dtype][0], BLOCK=1024, num_warps=4)
+    block, warps = fp8_scale_plan(partial.device)
+    _scale_kernel[(1,)](partial, partial.numel(), out, FP8_MAX=_FORMAT[dtype][0], BLOCK=block, num_warps=warps)
     return out
 
 

@@ -378,10 +378,10 @@ class _LinearTW(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        x8_t, x_scale, weight, w_scale, bias = ctx.saved_tensors
+        kept, x_scale, weight, w_scale, bias = ctx.saved_tensors  # kept: x8_t, or x itself (ctx.x_later)
         needs = ctx.needs_input_grad
-        if ctx.x_later and needs[1]:
-            x8_t = _f8.fp8_cast(x8_t, _f8.E4M3, write=False, write_t=True, t_pad=ctx.pad, scale=x_scale)[1]
+        x8_t = _f8.fp8_cast(kept, _f8.E4M3, write=False, write_t=True, t_pad=ctx.pad, scale=x_scale)[1] \
+            if ctx.x_later and needs[1] else kept
         dx, dw = _grad_gemms(dout, weight, w_scale, x8_t, x_scale, needs[0], needs[1], ctx.pad)
         return (dx.view(ctx.x_shape) if needs[0] else None), dw, _bias_grad(dout, bias, needs[2])
 
