@@ -834,14 +834,14 @@ def _warn_fp8_small(gpt: nn.Module, n_tokens: int) -> None:
 
 def _warn_fp8_eager(gpt: nn.Module) -> None:
     """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile`` where torchao casts (a rowwise recipe, or
-    tensorwise with FSDP2's float8 all-gather), which is slow eagerly. The tensorwise recipe otherwise runs on
-    lit-liger's own casts, fast in eager mode too, and does not warn."""
+    tensorwise on DeepSpeed ZeRO-3 partitions), which is slow eagerly. The tensorwise recipe otherwise runs on
+    lit-liger's own casts (FSDP2's float8 all-gather included), fast in eager mode too, and does not warn."""
     gpt._liger_fp8_eager_warning = False
     import warnings
 
     warnings.warn(
         "lit-liger: fp8 is training without torch.compile. Here torchao's float8 casts run (a rowwise recipe, or "
-        "tensorwise with FSDP2's float8 all-gather), as several separate kernels eagerly: on an H100 this measured "
+        "tensorwise on DeepSpeed ZeRO-3 partitions), as several separate kernels eagerly: on an H100 this measured "
         "0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger in bf16 "
         "(benchmarks/results/h100-2026-11-25e). Compile the model, use fp8=tensorwise (lit-liger's own casts, fast "
         "eagerly: benchmarks/results/h100-2026-11-26c), or leave fp8 off.", stacklevel=3)
@@ -990,7 +990,10 @@ def fp8_all_gather_why(recipe: str, setting: bool | None, weight: torch.Tensor) 
         return False, "fp8_all_gather false"
     if recipe != "tensorwise":
         return False, f"torchao gathers float8 weights for the tensorwise recipe only, not {recipe!r}"
-    if _is_dtensor(weight) or hasattr(weight, "ds_id"):
+    if hasattr(weight, "ds_id"):
+        return False, ("DeepSpeed ZeRO-3 partitions: DeepSpeed gathers them in 16 bits, the GEMMs cast after (torchao "
+                       "gathers float8 weights under FSDP2 only)")
+    if _is_dtensor(weight):
         return False, ("the weights were sharded before apply_liger (it must run before fully_shard): FSDP gathers "
                        "them in 16 bits, the GEMMs cast after")
     if setting:
@@ -1065,8 +1068,9 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         for _, m in targets:
             if m is not None:
                 _to_float8(m, Float8Linear.from_float(m, config=config))
-        # eager is slow where torchao casts (rowwise; float8 all-gather weights); tensorwise runs on lit-liger's casts
-        gpt._liger_fp8_eager_warning = recipe != "tensorwise" or ag  # (see _warn_fp8_eager)
+        # eager is slow where torchao casts (rowwise; DeepSpeed ZeRO-3 partitions); tensorwise runs on lit-liger's
+        # casts, FSDP2's float8-gathered weights included (lit_liger.fp8._gathered8)
+        gpt._liger_fp8_eager_warning = recipe != "tensorwise" or (first is not None and hasattr(first.weight, "ds_id"))
         gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",

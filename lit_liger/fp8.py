@@ -50,9 +50,10 @@ def is_float8_linear(m: nn.Module) -> bool:
     """A torchao ``Float8Linear`` that ``LigerConfig.fp8`` made, whose weight its GEMMs can read as it is: a plain
     16-bit Parameter (FSDP2's gathered one included) or, in eager mode, one of torchao's FSDP2 float8 all-gather
     (``LigerConfig.fp8_all_gather``): the 16-bit weight in its wrapper before ``fully_shard``, the float8 weight that
-    FSDP2 gathered for this forward or backward (checked bit for bit against the module's own forward on CPU, one and
-    2 processes; not yet under ``torch.compile``, where the module's forward runs). Not a DTensor (a Linear sharded
-    or parallelized on its own) or a DeepSpeed partition: the module's own forward runs those."""
+    FSDP2 gathered for this forward or backward, which the tensorwise functions below take without casting it
+    (checked bit for bit against the 16-bit all-gather on CPU and on 2 GPUs; not under ``torch.compile``, where the
+    module's forward runs). Not a DTensor (a Linear sharded or parallelized on its own) or a DeepSpeed partition: the
+    module's own forward runs those."""
     if "_liger_fp8_orig" not in m.__dict__:
         return False
     w = m.weight
@@ -202,12 +203,23 @@ def is_tensorwise(config) -> bool:
 
 def tensorwise_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
     """These float8 Linears (:func:`is_float8_linear`) run on lit-liger's own tensorwise casts: torchao's
-    ``tensorwise`` recipe (:func:`is_tensorwise`, recorded at conversion), plain 16-bit weights in ``x``'s dtype (not
-    torchao's FSDP2 float8 all-gather wrapper, whose cast torchao does), ``x`` on the Triton path (a GPU, or the
-    interpreter)."""
+    ``tensorwise`` recipe (:func:`is_tensorwise`, recorded at conversion), weights in ``x``'s dtype that are plain
+    16-bit Parameters or, in eager mode, the float8 weights FSDP2 gathered (:func:`_gathered8`; not torchao's
+    float8 all-gather wrapper itself, before ``fully_shard`` or in one process, whose cast torchao does), ``x`` on the
+    Triton path (a GPU, or the interpreter)."""
     return (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16)
-            and all(type(m.weight) is nn.Parameter and m.weight.dtype == x.dtype
+            and all((type(m.weight) is nn.Parameter or _gathered8(m.weight)) and m.weight.dtype == x.dtype
                     and m.__dict__.get("_liger_tensorwise", False) for m in linears))
+
+
+def _gathered8(w: torch.Tensor) -> bool:
+    """``w`` is a float8 weight FSDP2 gathered with torchao's float8 all-gather (``LigerConfig.fp8_all_gather``), in
+    eager mode: torchao's ``Float8TrainingTensor`` whose e4m3 data is the whole weight cast with its tensorwise scale
+    on the shards (the same bits as casting the gathered 16-bit weight). The GEMMs below take its data and scale as
+    they are: no cast of the weight here, and its transpose for the input gradient is a copy of the data. Under
+    ``torch.compile`` torchao's own forward runs such weights (:func:`is_float8_linear`)."""
+    return (type(w).__name__ == "Float8TrainingTensor" and not torch.compiler.is_compiling()
+            and w._data.dtype == torch.float8_e4m3fn and w._data.dim() == 2 and w._scale.numel() == 1)
 
 
 def _pad16(n_rows: int) -> int:
@@ -223,8 +235,18 @@ def _mm(a8, b8_t, sa, sb, dtype, fast):
 
 
 def _weights8(weights, need_t: bool):
-    """``[(w8, w8_t or None, scale)]`` for the weights of a forward: cast once, row-major; transposed on request."""
-    return [_f8.fp8_cast(w, _f8.E4M3, write=True, write_t=need_t) for w in weights]
+    """``[(w8, w8_t or None, scale)]`` for the weights of a forward: cast once, row-major; transposed on request. A
+    weight FSDP2 gathered in float8 (:func:`_gathered8`) is taken as it is."""
+    return [(w._data, w._data.t().contiguous() if need_t else None, w._scale) if _gathered8(w) else
+            _f8.fp8_cast(w, _f8.E4M3, write=True, write_t=need_t) for w in weights]
+
+
+def _weight8_t(weight: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight transposed in float8, its scale)`` for an input gradient: cast with the forward's scale, or, for a
+    weight FSDP2 gathered in float8 (gathered again for the backward), its data transposed with its own scale."""
+    if _gathered8(weight):
+        return weight._data.t().contiguous(), weight._scale
+    return _f8.fp8_cast(weight, _f8.E4M3, write=False, write_t=True, scale=w_scale)[1], w_scale
 
 
 def _grad_gemms(dout: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, x8_t, x_scale, need_dx: bool,
@@ -236,7 +258,7 @@ def _grad_gemms(dout: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
     g8, g8_t, g_scale = _f8.fp8_cast(g2, _f8.E5M2, write=need_dx, write_t=need_dw, t_pad=pad, scale=g_scale)
     dx = dw = None
     if need_dx:
-        w8_t = _f8.fp8_cast(weight, _f8.E4M3, write=False, write_t=True, scale=w_scale)[1]
+        w8_t, w_scale = _weight8_t(weight, w_scale)
         dx = _mm(g8, w8_t, g_scale, w_scale, dout.dtype, False)
         del g8, w8_t  # (not held through the next GEMM)
     if need_dw:

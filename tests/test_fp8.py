@@ -62,10 +62,12 @@ class _Float8Gemms(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.n = 0
+        self.torchao = 0  # of them, on torchao's float8 tensors (torchao's own casts and GEMM call)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.mm.default and all(type(a).__name__ == "Float8TrainingTensor" for a in args[:2]):
             self.n += 1
+            self.torchao += 1
         elif func is torch.ops.aten._scaled_mm.default and all(
                 type(a) is torch.Tensor and a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for a in args[:2]):
             self.n += 1
