@@ -1,7 +1,7 @@
 """Lightning Trainer + ``LigerCallback`` under Lightning's distributed strategies, ``--liger`` on vs off.
 
     python -m benchmarks.strategies --strategy fsdp|modelparallel|deepspeed2|deepspeed3 --liger true|false
-                                    [--variant bf16|fp8|fp8-bf16-gather] [--init configure_model|meta]
+                                    [--variant bf16|fp8|fp8-float8-gather|fp8-bf16-gather] [--init configure_model|meta]
                                     [--devices 2] [--steps 20] [--model Llama-3.2-1B] [--n_layer N]
                                     [--micro_batch_size 2] [--seq 1024] --json RESULT.json
 
@@ -13,15 +13,16 @@ seeded generator, so a ``--liger true`` and a ``--liger false`` run see the same
 its per-step losses, step times and peak memory to ``--json``.
 
 ``python -m benchmarks strategies [--strategies fsdp,modelparallel,deepspeed2,deepspeed3] [--devices 2]
-[--steps 20] [--variants bf16,fp8,fp8-bf16-gather] [--init meta] [--out DIR]`` runs it for each strategy with
+[--steps 20] [--variants bf16,fp8,fp8-float8-gather,fp8-bf16-gather] [--init meta] [--out DIR]`` runs it for each strategy with
 ``--liger false`` (stock LitGPT in bf16) and then ``--liger true`` once per variant (fresh processes), and writes
 ``strategies.json`` / ``strategies.md``: per strategy and variant, whether both ran, the largest relative loss
 difference over the steps (target <= 1%), step time, tokens/s, MFU and peak memory per GPU.
 
 Variants of the lit-liger run (``LigerCallback``'s ``LigerConfig``): ``bf16`` (the default config), ``fp8``
-(``fp8="tensorwise"``: float8 GEMMs in the Block projections; under ``modelparallel`` FSDP2 gathers their weights in
-float8 where the callback swaps the model before ``configure_model`` shards it, i.e. with ``--init meta``) and
-``fp8-bf16-gather`` (the same with ``fp8_all_gather=False``: 16-bit all-gather, cast after). ``--init meta`` (FSDP2
+(``fp8="tensorwise"``: float8 GEMMs in the Block projections, ``fp8_all_gather`` automatic), ``fp8-float8-gather``
+(``fp8_all_gather=True``: under ``modelparallel`` FSDP2 gathers the projections' weights in float8, where the callback
+swaps the model before ``configure_model`` shards it, i.e. with ``--init meta``) and ``fp8-bf16-gather``
+(``fp8_all_gather=False``: 16-bit all-gather, cast after). ``--init meta`` (FSDP2
 only) builds the GPT on the meta device in the module's ``__init__``, as litgpt's FSDP2 recipe does: the callback
 swaps it in ``setup``, ``configure_model`` shards it and Lightning materializes it (``reset_parameters``); the
 default builds and shards it in ``configure_model`` (the callback swaps it after).
@@ -43,6 +44,7 @@ import torch
 STRATEGIES = ("fsdp", "modelparallel", "deepspeed2", "deepspeed3")
 #: the lit-liger run's LigerConfig per variant (the stock run is always LitGPT in bf16)
 VARIANTS = {"bf16": {}, "fp8": {"fp8": "tensorwise"},
+            "fp8-float8-gather": {"fp8": "tensorwise", "fp8_all_gather": True},
             "fp8-bf16-gather": {"fp8": "tensorwise", "fp8_all_gather": False}}
 
 

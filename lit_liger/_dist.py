@@ -1,17 +1,33 @@
 """The one test for "this run has several processes" (FSDP / DeepSpeed / DDP), which several features step aside for,
-and the one for "these processes replicate the model" (DDP), where they need not."""
+the one for "these processes replicate the model" (DDP), where they need not, and the one for "they all run on this
+host" (``LigerConfig.fp8_all_gather``'s automatic choice)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["replicated", "several_processes", "sharded_processes"]
+__all__ = ["one_host", "replicated", "several_processes", "sharded_processes"]
 
 
 def several_processes() -> bool:
     """A ``torch.distributed`` process group of more than one process is initialized."""
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
                 and torch.distributed.get_world_size() > 1)
+
+
+def one_host() -> bool:
+    """Every process of the initialized group runs on this host, as far as can be told without a collective:
+    torchrun's ``LOCAL_WORLD_SIZE`` covers the world or, without it, the world fits in this host's visible GPUs. A
+    launcher that shows each process only its own GPU makes a one-host run look like several hosts (``False``)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    world = torch.distributed.get_world_size()
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit():
+        return int(local) >= world
+    return world <= torch.cuda.device_count()
 
 
 def replicated() -> bool:

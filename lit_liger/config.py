@@ -115,16 +115,18 @@ class LigerConfig:
             2 CPU processes). torchao has it for FSDP2 and tensorwise scaling only: FSDP1 (``FSDPStrategy``),
             DeepSpeed, DDP and the rowwise recipes gather 16-bit weights and cast after, as before. It must be in
             place before ``fully_shard`` (projections converted after it gather in 16 bits; the report says so).
-            ``None`` (default, automatic): on in a multi-process run that FSDP2 shards next: ``LigerCallback`` under
-            the Trainer's ``ModelParallelStrategy`` (a model that exists before ``configure_model`` shards it), and a
-            model built on the meta device outside FSDP1's wrapping context (Fabric's ``ModelParallelStrategy``:
-            ``lit-liger finetune_lora --devices N``); off elsewhere. ``True``: on wherever the weights are not
+            ``None`` (default, automatic): on in a multi-process run that FSDP2 shards next across several hosts:
+            ``LigerCallback`` under the Trainer's ``ModelParallelStrategy`` (a model that exists before
+            ``configure_model`` shards it), and a model built on the meta device outside FSDP1's wrapping context
+            (Fabric's ``ModelParallelStrategy``: ``lit-liger finetune_lora --devices N``); off on one host
+            (``_dist.one_host``), where the 16-bit all-gather measured faster (2 x H200, 8B widths: 1.22x stock
+            against 1.11x; LoRA at 1B widths: 0.93x of it), and off elsewhere. ``True``: on wherever the weights are not
             sharded yet (your own ``fully_shard`` loop); ``False``: off. The report says which and why.
             ``LigerCallback`` computes the weights' scales after each optimizer step with one all-reduce
             (``adapter.precompute_fp8_scales``, torchao's ``precompute_float8_dynamic_scale_for_fsdp``); elsewhere each
             all-gather computes its weight's scale with an all-reduce of its own (the same numbers, more collectives).
-            On 2 x H200: bit-equal to the bf16 all-gather; no speed-up in litgpt's LoRA recipe at 1B widths
-            (``benchmarks/results/h200x2-2026-11-26``).
+            In eager mode the gathered float8 weights go into lit-liger's tensorwise GEMMs as they are. On 2 x H200:
+            bit-equal to the bf16 all-gather, and slower on that one host (``benchmarks/results/h200x2-2026-11-26b``).
         cuda_graphs: capture the swapped model's training forward and backward once per (batch, bucket)
             shape on a single CUDA device in eager mode and replay them, so that a small step costs its GPU
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
