@@ -437,11 +437,11 @@ DS_STEPS = 4
 
 def _deepspeed_fp8_run(rank: int, cuda: bool):
     """One process of :func:`test_deepspeed_fp8_tensorwise`: for ZeRO-2 and ZeRO-3, stock LitGPT, stock with torchao's
-    own float8 conversion (``convert_to_float8_training`` on the Block projections) and lit-liger's
-    ``fp8="tensorwise"``; each trains the same tiny Llama (built in ``deepspeed.zero.Init`` under ZeRO-3, so the
+    own float8 conversion (``convert_to_float8_training`` on the Block projections), lit-liger in bf16 and lit-liger
+    with ``fp8="tensorwise"``; each trains the same tiny Llama (built in ``deepspeed.zero.Init`` under ZeRO-3, so the
     projections' weights are partitions when ``apply_liger`` converts them) for ``DS_STEPS`` SGD steps on the same
-    batch on both ranks. Returns, on rank 0, each run's losses, its trained projection weights (gathered) and how many
-    float8 GEMMs its first step ran."""
+    batches on both ranks. Returns, on rank 0, each run's losses, how many float8 GEMMs its first step ran, whether
+    it warned about eager float8, and the distances between the runs' trained projection weights."""
     import deepspeed
     from litgpt import GPT
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -491,19 +491,17 @@ def _deepspeed_fp8_run(rank: int, cuda: bool):
                 init = _weights_view(projections, stage, cuda)
             g = torch.Generator().manual_seed(0)  # the same batches on both ranks
             losses, n_float8 = [], None
-            caught = warnings.catch_warnings(record=True)
-            seen = caught.__enter__()
-            warnings.simplefilter("always")
-            for step in range(DS_STEPS):
-                x = torch.randint(0, cfg.vocab_size, (2, 16 if not cuda else 64), generator=g).to(device)
-                y = torch.randint(0, cfg.vocab_size, x.shape, generator=g).to(device)
-                with _float8_gemms() as gemms:
-                    loss = engine(x, y)
-                    engine.backward(loss)
-                n_float8 = gemms.n if step == 0 else n_float8
-                engine.step()
-                losses.append(float(loss.detach()))
-            caught.__exit__(None, None, None)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                for step in range(DS_STEPS):
+                    x = torch.randint(0, cfg.vocab_size, (2, 16 if not cuda else 64), generator=g).to(device)
+                    y = torch.randint(0, cfg.vocab_size, x.shape, generator=g).to(device)
+                    with _float8_gemms() as gemms:
+                        loss = engine(x, y)
+                        engine.backward(loss)
+                    n_float8 = gemms.n if step == 0 else n_float8
+                    engine.step()
+                    losses.append(float(loss.detach()))
             out[(stage, variant)] = dict(losses=losses, weights=_weights_view(projections, stage, cuda),
                                          float8_gemms=n_float8,
                                          fp8_line=next((ln for ln in report.splitlines() if "float8" in ln), ""),
