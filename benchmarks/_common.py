@@ -186,6 +186,14 @@ def graph_pool_idle_bytes() -> int:
                if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
+def n_params(config) -> int:
+    """The parameter count of LitGPT's ``GPT(config)``, built on the meta device (no memory)."""
+    from litgpt import GPT
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(config).parameters())
+
+
 def free_memory() -> None:
     gc.collect()
     if CUDA:

@@ -551,10 +551,7 @@ def main(argv: list[str] | None = None) -> dict:
     if n_train < opts.steps * opts.batch_size:
         print(f"# note: {opts.steps * opts.batch_size} training blocks needed, {n_train} there: epochs repeat",
               flush=True)
-    with torch.device("meta"):
-        from litgpt import GPT
-
-        n_params = sum(p.numel() for p in GPT(config).parameters())
+    n_params = C.n_params(config)
     settings = {k: getattr(opts, k) for k in DEFAULTS} | {
         "model": opts.model, "dtype": str(dtype).replace("torch.", ""), "seed": opts.seed,
         "vocab_size": vocab, "padded_vocab_size": config.padded_vocab_size, "fp8": opts.fp8}

@@ -93,15 +93,8 @@ def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_sam
     info = {"checkpoint_dir": str(ckpt), "data_path": str(data_path),
             "n_samples": len(json.loads(data_path.read_text(encoding="utf-8"))), "n_layer": cfg.n_layer,
             "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size, "padded_vocab_size": cfg.padded_vocab_size,
-            "n_params": _n_params(cfg)}
+            "n_params": C.n_params(cfg)}
     return ckpt, data_path, info
-
-
-def _n_params(config) -> int:
-    from litgpt import GPT
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(config).parameters())
 
 
 def command(method: str, ckpt: Path, data_path: Path, run_dir: Path, precision: str, micro_batch_size: int,

@@ -126,14 +126,6 @@ def _median_ms(run: dict) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def _n_params(config) -> int:
-    """The GPT's parameter count from its config (built on the meta device: no memory)."""
-    from litgpt import GPT
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(config).parameters())
-
-
 def strategy_for(name: str, devices: int):
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
     from litgpt.model import Block
@@ -303,6 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise
     finally:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            from . import _common as C
             from .step import flops_per_step
 
             report = str(callbacks[0].report) if callbacks and callbacks[0].report is not None else ""
@@ -316,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 and type(module.model).__name__.startswith("Liger")),
                 "error": error, "traceback": tb,
                 "liger_report": next((ln.strip() for ln in report.splitlines() if "float8" in ln), None),
-                "flops_per_step": flops_per_step(config, _n_params(config), config.padded_vocab_size * config.n_embd,
+                "flops_per_step": flops_per_step(config, C.n_params(config), config.padded_vocab_size * config.n_embd,
                                                  a.micro_batch_size, a.seq),
             }
             a.json.parent.mkdir(parents=True, exist_ok=True)
