@@ -1035,13 +1035,17 @@ def _float8_all_gather_weight(w: torch.Tensor) -> bool:
     return type(w).__name__ == "WeightWithDynamicFloat8CastTensor"
 
 
-def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_gather: bool | None = None) -> None:
+def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_gather: bool | None = None,
+                 prior: dict[int, tuple] | None = None) -> None:
     """``LigerConfig.fp8``: the Block projections (a LoRA layer's frozen base Linear) become torchao ``Float8Linear``
     modules in place: each Linear's class changes to ``Float8Linear`` and it gains that class's attributes (its config),
     the same module object with the same Parameters, so that FSDP / DeepSpeed bookkeeping made before still points at
     it (:func:`remove_liger` changes them back). With ``fp8_all_gather`` (:func:`fp8_all_gather_why`) each weight
     becomes a new Parameter of torchao's ``WeightWithDynamicFloat8CastTensor`` around the old one (build the optimizer
-    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay."""
+    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay. ``prior``: a previous
+    ``apply_liger``'s all-gather decisions, by module (:func:`_fp8_decisions`): applied again after ``fully_shard``
+    sharded what the first application converted (``LigerCallback`` applies in ``setup`` and again after
+    ``configure_model``), the report gives the first decision's reason, not the order."""
     why = fp8_why(recipe)
     if why is not None:
         report.skip(pre.rstrip("."), gpt, f"fp8 off: {why}; the model stays in 16 bits")
@@ -1049,7 +1053,7 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear
 
-    targets, odd = [], []
+    targets, odd, kept = [], [], []
     for i, block in enumerate(gpt.transformer.h):
         for path in FP8_PROJECTIONS:
             parent_path, _, name = path.rpartition(".")
@@ -1059,6 +1063,7 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
             full = f"{pre}transformer.h.{i}.{path}" + (".linear" if name == "linear" else "")
             if isinstance(m, Float8Linear) and "_liger_fp8_orig" in m.__dict__:
                 targets.append((full, None))  # left converted by _restore_fp8: its float8 weights are sharded
+                kept.append(m)
             elif type(m) is not nn.Linear:
                 continue  # quantized (bitsandbytes), or no such projection (MoE experts)
             elif m.in_features % 16 or m.out_features % 16:
@@ -1069,6 +1074,12 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         first = next((m for _, m in targets if m is not None), None)
         ag, ag_why = (True, "its weights are already sharded in float8") if first is None else \
             fp8_all_gather_why(recipe, all_gather, first.weight)
+        before = (prior or {}).get(id(first if first is not None else kept[0]))
+        shown = ag_why
+        if before is not None and (before[0], before[2]) == (ag, all_gather) and \
+                (first is None or _is_dtensor(first.weight)):
+            ag_why = before[1]  # (what the first application decided, before fully_shard sharded it that way)
+            shown = f"{ag_why} (decided when apply_liger first ran, before fully_shard)"
         config = Float8LinearConfig.from_recipe_name(recipe)
         if ag and first is not None:
             import dataclasses
@@ -1077,6 +1088,8 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         for _, m in targets:
             if m is not None:
                 _to_float8(m, Float8Linear.from_float(m, config=config))
+        for m in [m for _, m in targets if m is not None] + kept:
+            m.__dict__["_liger_fp8_ag"] = (ag, ag_why, all_gather)  # (read by the next apply_liger: _fp8_decisions)
         # eager is slow where torchao casts (rowwise; DeepSpeed ZeRO-3 partitions); tensorwise runs on lit-liger's
         # casts, FSDP2's float8-gathered weights included (lit_liger.fp8._gathered8)
         gpt._liger_fp8_eager_warning = recipe != "tensorwise" or (first is not None and hasattr(first.weight, "ds_id"))
@@ -1085,7 +1098,7 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
             _abbrev([p for p, _ in targets]), "Linear",
             f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, fed by lit-liger's fused "
             f"norm->Linear and GLU-product recompute (lit_liger.fp8); FSDP2 float8 all-gather {'on' if ag else 'off'}: "
-            f"{ag_why}"))
+            f"{shown}"))
     if odd:
         report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
 
@@ -1095,7 +1108,7 @@ def _to_float8(m: nn.Linear, template: nn.Module) -> None:
     added = tuple(k for k in vars(template) if k not in vars(m))  # (its config, scaling types, GEMM configs)
     for k in added:
         m.__dict__[k] = template.__dict__[k]
-    m.__dict__["_liger_fp8_orig"] = (type(m), (*added, "_liger_tensorwise"))  # (what _restore_fp8 undoes)
+    m.__dict__["_liger_fp8_orig"] = (type(m), (*added, "_liger_tensorwise", "_liger_fp8_ag"))  # (_restore_fp8 undoes)
     m.__dict__["_liger_tensorwise"] = is_tensorwise(template.config)  # (read by fp8.tensorwise_fusable)
     m.__class__ = liger_float8_linear_class()  # torchao's Float8Linear, on lit-liger's casts where they apply
     if template.weight is not m.weight:
@@ -1146,6 +1159,12 @@ def _restore_fp8(model: nn.Module) -> int:
         m.__class__ = cls
         n += 1
     return n
+
+
+def _fp8_decisions(model: nn.Module) -> dict[int, tuple]:
+    """The FSDP2 float8 all-gather decision (on or off, why, the ``fp8_all_gather`` setting) that :func:`_convert_fp8` recorded on each projection it
+    converted, by ``id`` of the module (read before :func:`remove_liger` clears them)."""
+    return {id(m): m.__dict__["_liger_fp8_ag"] for m in model.modules() if "_liger_fp8_ag" in m.__dict__}
 
 
 def remove_liger(model: nn.Module) -> int:
@@ -1229,6 +1248,7 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
     applies ``config``; ``apply_liger(model, False)`` undoes everything.
     """
     cfg = LigerConfig.from_value(config)
+    prior = _fp8_decisions(model)
     remove_liger(model)
     report = LigerReport()
     gpts = [(n, m) for n, m in model.named_modules() if isinstance(m, lm.GPT)]
@@ -1241,7 +1261,7 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
         report.skip("", model, "lit-liger disabled by config")
         return report
     for gpt_path, gpt in gpts:
-        _apply_gpt(gpt_path, gpt, cfg, report)
+        _apply_gpt(gpt_path, gpt, cfg, report, prior)
     for path, m in model.named_modules():
         if isinstance(m, LLM) and cfg.fused_linear_cross_entropy:
             _swap_class(m, _LLMMixin)
@@ -1249,11 +1269,12 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
     return report
 
 
-def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport) -> None:
+def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
+               prior: dict[int, tuple] | None = None) -> None:
     c = gpt.config
     pre = f"{prefix}." if prefix else ""
     if cfg.fp8 != "off":
-        _convert_fp8(pre, gpt, cfg.fp8, report, cfg.fp8_all_gather)
+        _convert_fp8(pre, gpt, cfg.fp8, report, cfg.fp8_all_gather, prior)
     blocks = []
     flex = False  # some layer attends through FlexAttention (the compile_min_tokens line says so)
     sdpa = False  # some layer attends through SDPA (the sdpa_backend line)

@@ -169,6 +169,12 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     _finish(_fsdp2_run(rank), queue)
 
 
+DECIDED_BEFORE = "(decided when apply_liger first ran, before fully_shard)"
+FIRST_WHY = {"float8_gather": "fp8_all_gather true", "float8_gather_precomputed": "fp8_all_gather true",
+             "meta": "a multi-process model built on the meta device outside FSDP1: FSDP2 (Fabric's "
+                     "ModelParallelStrategy) shards it"}
+
+
 def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
     """2 processes, FSDP2 per Block and on the model, 3 AdamW steps of a bf16 tiny Llama with fp8="tensorwise":
     float8 all-gather (scales computed in each all-gather, or precomputed after each step), projections converted
@@ -192,7 +198,9 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
         assert r["weight_types"] == gathered_in_float8, (v, r["weight_types"])
         # each projection's weight gathered in float8 for the forward and again for the backward, every step
         assert len(r["gathers"]) == 2 * n_proj * STEPS, (v, len(r["gathers"]))
-        assert "FSDP2 float8 all-gather on: its weights are already sharded in float8" in r["again"], v
+        # applied again (LigerCallback: in setup, then after configure_model) with the float8 weights sharded: they
+        # stay as they are, and the report keeps the first application's reason
+        assert f"FSDP2 float8 all-gather on: {FIRST_WHY[v]} {DECIDED_BEFORE}" in r["again"], (v, r["again"])
     assert "FSDP2 float8 all-gather on: fp8_all_gather true" in out["float8_gather"]["report"]
     assert "FSDP2 float8 all-gather on: a multi-process model built on the meta device" in out["meta"]["report"]
     # precomputed after each optimizer step: every all-gather after the first step used them
@@ -202,6 +210,12 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
         assert out[v]["weight_types"] == ("LigerFloat8Linear", "DTensor", "Tensor"), (v, out[v]["weight_types"])
         assert not out[v]["gathers"], v
     assert "FSDP2 float8 all-gather off: fp8_all_gather false" in out["bf16_gather"]["report"]
+    # applied again after fully_shard sharded the 16-bit weights: the first decision's reason, not "sharded before
+    # apply_liger" (which is the reason only where the first application came after fully_shard)
+    assert f"FSDP2 float8 all-gather off: fp8_all_gather false {DECIDED_BEFORE}" in out["bf16_gather"]["again"], \
+        out["bf16_gather"]["again"]
+    assert ("FSDP2 float8 all-gather off: the weights were sharded before apply_liger"
+            in out["converted_after_fully_shard"]["again"])
     assert ("FSDP2 float8 all-gather off: the weights were sharded before apply_liger"
             in out["converted_after_fully_shard"]["report"])
     # lit-liger's fused norm->Linear and GLU-product paths took the float8 weights, 16-bit or gathered in float8:
