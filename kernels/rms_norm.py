@@ -120,12 +120,13 @@ def _rms_norm_fwd_launch(
     """``(y, s, rstd)``; with ``y_amax`` y is not written: the first output is each row's max |y| (fp32, ``(N,)``)."""
     x2 = as_rows(x)  # (N, H)
     n_rows, n_cols = x2.shape
-    y = torch.empty((n_rows,) if y_amax else (n_rows, n_cols), dtype=torch.float32 if y_amax else x.dtype,
-                    device=x.device)
+    # y and s are allocated in x's shape and returned as they are, not as views of 2-D tensors: a model's output
+    # that is a view makes FSDP2 warn about in-place ops on it (the swapped GPT's final norm output)
+    y = torch.empty((n_rows,) if y_amax else x.shape, dtype=torch.float32 if y_amax else x.dtype, device=x.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if residual is not None:
         r2 = as_rows(residual)
-        s = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+        s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
         r2 = x2
         s = torch.empty(0, dtype=x.dtype, device=x.device)
@@ -133,12 +134,11 @@ def _rms_norm_fwd_launch(
         plan = row_plan(n_cols, x.element_size(), x.device)
         _rms_fwd_kernel[(n_rows,)](
             x2, r2, s if residual is not None else y, y, weight, rstd,
-            x2.stride(0), r2.stride(0), n_cols, y.stride(0),
+            x2.stride(0), r2.stride(0), n_cols, 1 if y_amax else n_cols,
             n_cols, eps, offset,
             HAS_RESIDUAL=residual is not None, BLOCK=plan.block, Y_AMAX=y_amax, num_warps=plan.num_warps,
         )
-    shape = x.shape
-    return (y if y_amax else y.view(shape)), (s.view(shape) if residual is not None else s), rstd
+    return y, s, rstd
 
 
 def _rms_norm_fwd_impl(
