@@ -456,8 +456,8 @@ def render(result: dict, out_dir: Path) -> list[Path]:
             if fc.get("vs_lit_liger"):
                 r = fc["vs_lit_liger"]
                 parts.append(f"vs {FP8_REFERENCE}: trailing means largest {C.fmt(r['max_smoothed_rel_diff'])} (step "
-                             f"{r['max_smoothed_rel_diff_step']}), final {C.fmt(r['final_smoothed_rel_diff'])}; per step "
-                             f"largest {C.fmt(r['max_rel_diff'])} (step {r['max_rel_diff_step']}), mean "
+                             f"{r['max_smoothed_rel_diff_step']}), final {C.fmt(r['final_smoothed_rel_diff'])}; "
+                             f"per step largest {C.fmt(r['max_rel_diff'])} (step {r['max_rel_diff_step']}), mean "
                              f"{C.fmt(r['mean_rel_diff'])}, final {C.fmt(r['final_rel_diff'])}; validation perplexity "
                              f"{C.fmt(fc['val_ppl_rel_diff_vs_lit_liger'])}")
             if vs_eager:

@@ -1042,10 +1042,11 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
     the same module object with the same Parameters, so that FSDP / DeepSpeed bookkeeping made before still points at
     it (:func:`remove_liger` changes them back). With ``fp8_all_gather`` (:func:`fp8_all_gather_why`) each weight
     becomes a new Parameter of torchao's ``WeightWithDynamicFloat8CastTensor`` around the old one (build the optimizer
-    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay. ``prior``: a previous
-    ``apply_liger``'s all-gather decisions, by module (:func:`_fp8_decisions`): applied again after ``fully_shard``
-    sharded what the first application converted (``LigerCallback`` applies in ``setup`` and again after
-    ``configure_model``), the report gives the first decision's reason, not the order."""
+    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay.
+
+    ``prior``: a previous ``apply_liger``'s all-gather decisions, by module (:func:`_fp8_decisions`). Applied again
+    after ``fully_shard`` sharded what the first application converted (``LigerCallback`` applies in ``setup`` and
+    again after ``configure_model``), the report gives the first decision's reason, not the order."""
     why = fp8_why(recipe)
     if why is not None:
         report.skip(pre.rstrip("."), gpt, f"fp8 off: {why}; the model stays in 16 bits")
@@ -1162,8 +1163,9 @@ def _restore_fp8(model: nn.Module) -> int:
 
 
 def _fp8_decisions(model: nn.Module) -> dict[int, tuple]:
-    """The FSDP2 float8 all-gather decision (on or off, why, the ``fp8_all_gather`` setting) that :func:`_convert_fp8` recorded on each projection it
-    converted, by ``id`` of the module (read before :func:`remove_liger` clears them)."""
+    """The FSDP2 float8 all-gather decision (on or off, why, the ``fp8_all_gather`` setting) that
+    :func:`_convert_fp8` recorded on each projection it converted, by ``id`` of the module (read before
+    :func:`remove_liger` clears them)."""
     return {id(m): m.__dict__["_liger_fp8_ag"] for m in model.modules() if "_liger_fp8_ag" in m.__dict__}
 
 
