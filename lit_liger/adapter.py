@@ -833,15 +833,15 @@ def _warn_fp8_small(gpt: nn.Module, n_tokens: int) -> None:
 
 
 def _warn_fp8_eager(gpt: nn.Module) -> None:
-    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile`` where torchao casts (a rowwise recipe, or
-    tensorwise on DeepSpeed ZeRO-3 partitions), which is slow eagerly. The tensorwise recipe otherwise runs on
-    lit-liger's own casts (FSDP2's float8 all-gather included), fast in eager mode too, and does not warn."""
+    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile`` where torchao casts (a rowwise recipe),
+    which is slow eagerly. The tensorwise recipe runs on lit-liger's own casts (FSDP2's float8 all-gather and DeepSpeed
+    ZeRO-3 partitions included), fast in eager mode too, and does not warn."""
     gpt._liger_fp8_eager_warning = False
     import warnings
 
     warnings.warn(
-        "lit-liger: fp8 is training without torch.compile. Here torchao's float8 casts run (a rowwise recipe, or "
-        "tensorwise on DeepSpeed ZeRO-3 partitions), as several separate kernels eagerly: on an H100 this measured "
+        "lit-liger: fp8 is training without torch.compile. Here torchao's float8 casts run (a rowwise recipe), as "
+        "several separate kernels eagerly: on an H100 this measured "
         "0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger in bf16 "
         "(benchmarks/results/h100-2026-11-25e). Compile the model, use fp8=tensorwise (lit-liger's own casts, fast "
         "eagerly: benchmarks/results/h100-2026-11-26c), or leave fp8 off.", stacklevel=3)
@@ -1091,9 +1091,10 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
                 _to_float8(m, Float8Linear.from_float(m, config=config))
         for m in [m for _, m in targets if m is not None] + kept:
             m.__dict__["_liger_fp8_ag"] = (ag, ag_why, all_gather)  # (read by the next apply_liger: _fp8_decisions)
-        # eager is slow where torchao casts (rowwise; DeepSpeed ZeRO-3 partitions); tensorwise runs on lit-liger's
-        # casts, FSDP2's float8-gathered weights included (lit_liger.fp8._gathered8)
-        gpt._liger_fp8_eager_warning = recipe != "tensorwise" or (first is not None and hasattr(first.weight, "ds_id"))
+        # eager is slow where torchao casts (the rowwise recipes); tensorwise runs on lit-liger's casts: FSDP2's
+        # float8-gathered weights (lit_liger.fp8._gathered8) and DeepSpeed ZeRO-3 partitions (each projection's own
+        # forward, its weight gathered by DeepSpeed's module hook) included: on 2 GPUs none of their GEMMs is torchao's
+        gpt._liger_fp8_eager_warning = recipe != "tensorwise"
         gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",
