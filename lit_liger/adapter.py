@@ -1096,11 +1096,13 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         # forward, its weight gathered by DeepSpeed's module hook) included: on 2 GPUs none of their GEMMs is torchao's
         gpt._liger_fp8_eager_warning = recipe != "tensorwise"
         gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
+        fed = ("each in its own forward (DeepSpeed ZeRO-3 partitions, gathered in their modules' hooks: the fused "
+               "norm->Linear and GLU paths do not take them)" if first is not None and hasattr(first.weight, "ds_id")
+               else "fed by lit-liger's fused norm->Linear and GLU-product recompute (lit_liger.fp8)")
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",
-            f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, fed by lit-liger's fused "
-            f"norm->Linear and GLU-product recompute (lit_liger.fp8); FSDP2 float8 all-gather {'on' if ag else 'off'}: "
-            f"{shown}"))
+            f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, {fed}; FSDP2 float8 "
+            f"all-gather {'on' if ag else 'off'}: {shown}"))
     if odd:
         report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
 

@@ -608,6 +608,8 @@ def _check_deepspeed_fp8(out: dict, tight: bool) -> None:
         assert e["lit-liger fp8 vs bf16"] <= (1.01 if tight else 1.5) * e["torchao vs stock"], (s, e)
     assert "FSDP2 float8 all-gather off: DeepSpeed ZeRO-3 partitions: DeepSpeed gathers them in 16 bits" in \
         out["fp8_lines"][3], out["fp8_lines"]
+    assert "each in its own forward (DeepSpeed ZeRO-3 partitions" in out["fp8_lines"][3], out["fp8_lines"]
+    assert "fed by lit-liger's fused norm->Linear" in out["fp8_lines"][2], out["fp8_lines"]
     # bf16 on the GPUs: every float8 GEMM is lit-liger's at both stages (a ZeRO-3 partition runs in its projection's
     # own forward, the weight gathered there); on CPU the run is fp32, which lit-liger's casts do not take (torchao's
     # forward runs). Either way tensorwise does not warn about eager float8
