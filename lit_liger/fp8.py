@@ -234,11 +234,10 @@ def _mm(a8, b8_t, sa, sb, dtype, fast):
                             use_fast_accum=fast)
 
 
-def _weights8(weights, need_t: bool):
-    """``[(w8, w8_t or None, scale)]`` for the weights of a forward: cast once, row-major; transposed on request. A
-    weight FSDP2 gathered in float8 (:func:`_gathered8`) is taken as it is."""
-    return [(w._data, w._data.t().contiguous() if need_t else None, w._scale) if _gathered8(w) else
-            _f8.fp8_cast(w, _f8.E4M3, write=True, write_t=need_t) for w in weights]
+def _weights8(weights) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``[(w8, scale)]`` for the weights of a forward, cast once, row-major (the input gradient's transposed copy is
+    :func:`_weight8_t`'s). A weight FSDP2 gathered in float8 (:func:`_gathered8`) is taken as it is."""
+    return [(w._data, w._scale) if _gathered8(w) else _f8.fp8_cast(w, _f8.E4M3, write=True)[0::2] for w in weights]
 
 
 def _weight8_t(weight: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,11 +285,11 @@ class _NormLinearTW(torch.autograd.Function):
         s2, rstd, y8, y_scale = _f8.norm_fp8(x2, as_rows(residual) if residual is not None else None, norm_w, eps,
                                              offset)
         weights, biases = wb[0::2], wb[1::2]
-        casts = _weights8(weights, False)
+        casts = _weights8(weights)
         outs = [_out(_mm(y8, w8, y_scale, w_scale, x.dtype, True), x.shape[:-1], b)
-                for (w8, _, w_scale), b in zip(casts, biases)]
+                for (w8, w_scale), b in zip(casts, biases)]
         saved = s2 if residual is not None else x2
-        ctx.save_for_backward(saved, norm_w, rstd, y_scale, *weights, *(c[2] for c in casts), *biases)
+        ctx.save_for_backward(saved, norm_w, rstd, y_scale, *weights, *(c[1] for c in casts), *biases)
         ctx.has_residual, ctx.norm, ctx.n, ctx.x_shape = residual is not None, (eps, offset), len(weights), x.shape
         s = s2.view(x.shape) if residual is not None else x.new_empty(0)
         if residual is None:
@@ -333,7 +332,7 @@ class _GluLinearTW(torch.autograd.Function):
     def forward(ctx, a, b, weight, bias, activation):
         a2, b2 = as_rows(a), as_rows(b)
         h8, _, h_scale = _f8.glu_fp8(a2, b2, activation)
-        ((w8, _, w_scale),) = _weights8([weight], False)
+        ((w8, w_scale),) = _weights8([weight])
         ctx.save_for_backward(a2, b2, weight, h_scale, w_scale, bias)
         ctx.activation, ctx.shape = activation, a.shape
         return _out(_mm(h8, w8, h_scale, w_scale, a.dtype, True), a.shape[:-1], bias)
@@ -360,7 +359,7 @@ def frozen_base_fp8(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     (:func:`lit_liger.lora.lora_linear`), on lit-liger's casts: the output is a fresh ``(N, out)`` tensor, into which
     the LoRA update is then accumulated; :func:`frozen_base_fp8_dx` is its input gradient."""
     x8, _, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True)
-    ((w8, _, w_scale),) = _weights8([weight], False)
+    ((w8, w_scale),) = _weights8([weight])
     y = _mm(x8, w8, x_scale, w_scale, x2.dtype, True)
     return (y.add_(bias.to(y.dtype)) if bias is not None else y), w_scale
 
@@ -393,7 +392,7 @@ class _LinearTW(torch.autograd.Function):
         pad = _pad16(x2.shape[0])
         ctx.x_later = _keep_x()  # x kept, its transposed cast made in backward
         x8, x8_t, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True, write_t=need_dw and not ctx.x_later, t_pad=pad)
-        ((w8, _, w_scale),) = _weights8([weight], False)
+        ((w8, w_scale),) = _weights8([weight])
         ctx.save_for_backward(x2 if ctx.x_later and need_dw else x8_t, x_scale, weight, w_scale, bias)
         ctx.pad, ctx.x_shape = pad, x.shape
         return _out(_mm(x8, w8, x_scale, w_scale, x.dtype, True), x.shape[:-1], bias)
@@ -418,7 +417,7 @@ class _NormMlpTW(torch.autograd.Function):
     def forward(ctx, x, residual, norm_w, eps, offset, activation, w1, bias1, w2, bias2, w3, bias3):
         x2, r2 = as_rows(x), as_rows(residual)
         s2, rstd, y8, y_scale = _f8.norm_fp8(x2, r2, norm_w, eps, offset)
-        (w1_8, _, s1), (w2_8, _, s2w), (w3_8, _, s3) = _weights8([w1, w2, w3], False)
+        (w1_8, s1), (w2_8, s2w), (w3_8, s3) = _weights8([w1, w2, w3])
         lead = x.shape[:-1]
         a = _out(_mm(y8, w1_8, y_scale, s1, x.dtype, True), lead, bias1)
         b = _out(_mm(y8, w2_8, y_scale, s2w, x.dtype, True), lead, bias2)
