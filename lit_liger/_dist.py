@@ -1,6 +1,8 @@
 """The one test for "this run has several processes" (FSDP / DeepSpeed / DDP), which several features step aside for,
-the one for "these processes replicate the model" (DDP), where they need not, and the one for "they all run on this
-host" (``LigerConfig.fp8_all_gather``'s automatic choice)."""
+the one for "these processes replicate the model" (DDP, or lit-liger's own replica plan), where they need not, the one
+for "every process holds the whole model and lit-liger reduces its gradients" (:func:`whole_model`: the single-process
+machinery applies as is), and the one for "they all run on this host" (``LigerConfig.fp8_all_gather``'s automatic
+choice)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,29 @@ import os
 
 import torch
 
-__all__ = ["one_host", "replicated", "several_processes", "sharded_processes"]
+__all__ = ["REPLICA", "liger_replica", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
+
+#: set by ``lit_liger.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
+#: which no DDP wrapper holds, and the strategy all-reduces the gradients after each synchronizing backward (so
+#: nothing hooks the parameters' gradient accumulators: the CUDA graphs may add gradients straight into ``.grad``)
+REPLICA = [False]
 
 
 def several_processes() -> bool:
     """A ``torch.distributed`` process group of more than one process is initialized."""
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
                 and torch.distributed.get_world_size() > 1)
+
+
+def liger_replica() -> bool:
+    """Several processes, each holding the whole model under ``lit_liger.dataparallel.ReplicaStrategy``."""
+    return REPLICA[0] and several_processes()
+
+
+def whole_model() -> bool:
+    """One process, or several under lit-liger's replica plan: what runs on one device runs on each as it is (the
+    gradients are all-reduced by the strategy after backward, outside the model)."""
+    return not several_processes() or REPLICA[0]
 
 
 def one_host() -> bool:
@@ -33,9 +51,12 @@ def one_host() -> bool:
 def replicated() -> bool:
     """This call runs inside the forward of a ``DistributedDataParallel`` module: every process holds the whole model,
     and DDP all-reduces the gradients that autograd accumulates (its hooks sit on the parameters' gradient
-    accumulators). Lightning's ``DDPStrategy`` (and ``lit-liger``'s ``replicate_frozen_base``) wrap the model so."""
+    accumulators; Lightning's ``DDPStrategy`` wraps the model so); or lit-liger's replica plan is set up
+    (:data:`REPLICA`)."""
     if not torch.distributed.is_available():
         return False
+    if liger_replica():
+        return True
     ddp = getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
     return ddp is not None
 

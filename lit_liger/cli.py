@@ -78,8 +78,9 @@ LIGER_HELP = (
     "caller_thread_backward (true: autograd's backward runs on the training thread; off by default); "
     "activation_checkpointing (true: each Block's forward recomputed in backward, less memory; off by default); "
     "recompute_mlp (true: each Block's fc_1/fc_2 outputs recomputed in backward, less memory; off by default); "
-    "replicate_frozen_base (true: LoRA/adapter recipes on several devices run DDP, the frozen base replicated, "
-    "instead of litgpt's FSDP; off by default); fp8 (off|tensorwise|rowwise|rowwise_with_gw_hp: the Block "
+    "data_parallel (auto|replicate|shard|litgpt: the plan on several devices; auto = a replica per device where the "
+    "training state fits one, else ZeRO-2 sharding where litgpt uses FSDP1, else litgpt's strategy); "
+    "replicate_frozen_base (true: the same as data_parallel replicate; its earlier name); fp8 (off|tensorwise|rowwise|rowwise_with_gw_hp: the Block "
     "projections' GEMMs in float8 with torchao, pip install 'lit-liger[fp8]'; tensorwise runs on lit-liger's own "
     "casts, faster than bf16 without torch.compile too at large micro-batches, but slower (0.71-0.78x) at litgpt's "
     "recipe sizes of ~800 tokens, where it warns; the rowwise recipes are fast only under torch.compile, "
@@ -115,7 +116,8 @@ def with_liger(setup_fn: Callable) -> Callable:
 
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
         config = LigerConfig.from_value(liger)
-        with _patched(module, config), config.backward_thread():
+        plan = _data_parallel_plan(module, sig, args, kwargs, config)
+        with _patched(module, config, plan), config.backward_thread():
             return setup_fn(*args, **kwargs)
 
     functools.update_wrapper(setup, setup_fn)
@@ -150,8 +152,29 @@ class _RunState:
         self.reported = False  # print the swap report once (pretrain also builds a meta model to count FLOPs)
 
 
+def _data_parallel_plan(module: Any, sig: inspect.Signature, args: tuple, kwargs: dict, config: LigerConfig) -> Any:
+    """The data-parallel plan of this run (``lit_liger.dataparallel.choose``), or None: one device, ``--liger false``,
+    or arguments that do not bind (litgpt's own call reports them)."""
+    if not config.enabled:
+        return None
+    from . import dataparallel
+
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    setting = "replicate" if config.replicate_frozen_base else config.data_parallel
+    chosen = dataparallel.choose(module, dict(bound.arguments), setting)
+    if chosen is None:
+        return None
+    plan, devices = chosen
+    _print_rank_zero(plan.line(module.__name__.removeprefix("litgpt.").replace(".", "_"), devices))
+    return plan
+
+
 @contextlib.contextmanager
-def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
+def _patched(module: Any, config: LigerConfig, plan: Any = None) -> Iterator[None]:
     patches: dict[str, Any] = {"save_hyperparameters": save_hyperparameters}
     if config.enabled:
         from . import chunked_cross_entropy
@@ -161,13 +184,11 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
         patches["GPT"] = _liger_gpt_class(module.GPT, state)
         patches["chunked_cross_entropy"] = chunked_cross_entropy
     missing = [name for name in patches if name not in vars(module)]
-    if config.enabled and config.replicate_frozen_base:
-        name = _REPLICABLE.get(module.__name__)
-        if name is None:
-            _print_rank_zero(f"lit-liger: replicate_frozen_base applies to the LoRA and adapter recipes; "
-                             f"{module.__name__.rsplit('.', 1)[-1]} trains the whole model: its strategy stays litgpt's.")
-        else:
-            patches[name] = _replicating_strategy(module.__name__, name)
+    if plan is not None and plan.name != "litgpt":
+        from .dataparallel import STRATEGY_NAMES, strategy_factory
+
+        name = STRATEGY_NAMES[module.__name__]
+        patches[name] = strategy_factory(module.__name__, vars(module)[name], plan)
     if config.enabled and callable(vars(module).get("fit")):
         patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"], config)
     if config.enabled and config.defer_loss_sync and callable(vars(module).get("RunningMean")):
@@ -193,36 +214,6 @@ def _patched(module: Any, config: LigerConfig) -> Iterator[None]:
             setattr(module, name, value)
 
 
-#: litgpt's recipes that train a few parameters on a frozen base, and the strategy class they build for several devices
-_REPLICABLE = {
-    "litgpt.finetune.lora": "ModelParallelStrategy",  # FSDP2, activation checkpointing of every Block
-    "litgpt.finetune.adapter": "FSDPStrategy",
-    "litgpt.finetune.adapter_v2": "FSDPStrategy",
-}
-
-
-def _replicating_strategy(module_name: str, class_name: str) -> Callable:
-    """What the recipe's strategy class name points to under ``LigerConfig.replicate_frozen_base``: whatever arguments
-    litgpt passes, a DDP strategy (said in the log). Its model is built with real initialization: litgpt asks for
-    ``empty_init`` on several devices, which leaves uninitialized memory where FSDP materializes meta tensors with
-    ``reset_parameters()``; the LoRA / adapter weights that the checkpoint does not hold must get their init."""
-    from lightning.fabric.strategies import DDPStrategy
-
-    class ReplicatedDDPStrategy(DDPStrategy):
-        def module_init_context(self, empty_init: bool | None = None) -> Any:
-            return super().module_init_context(empty_init=False)
-
-    def make(*args: Any, **kwargs: Any) -> Any:
-        _print_rank_zero(
-            f"lit-liger: replicate_frozen_base: {module_name.rsplit('.', 1)[-1]} runs data parallel with DDP instead of "
-            f"litgpt's {class_name} (which shards the frozen base and recomputes each Block in backward): the whole "
-            "model on every device, only the trainable parameters' gradients all-reduced, lit-liger's graphs and "
-            "packing on each device. The model must fit one device (--liger.replicate_frozen_base false: litgpt's).")
-        return ReplicatedDDPStrategy()
-
-    return make
-
-
 def _fusing_optimizer(make: Callable) -> Callable:
     """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to PyTorch's fused kernel
     (``LigerConfig.fused_optimizer``, :func:`lit_liger.optim.fuse_optimizer`; said on rank 0)."""
@@ -246,12 +237,12 @@ def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:
     ``StableEmbedding`` *after* building the optimizer: its weight and LayerNorm require grad, so every step
     computes and accumulates their gradients (a ``(V, C)`` tensor), but nothing ever applies them. Frozen, they
     keep their values exactly as they did, no step computes their gradients, and the model counts as what it
-    is, a frozen base with LoRA (``cuda_graphs`` automatic captures it). One process only (a sharded
-    optimizer holds other objects than the module's parameters)."""
-    from ._dist import several_processes
+    is, a frozen base with LoRA (``cuda_graphs`` automatic captures it). One process or lit-liger's replica plan
+    only (a sharded optimizer holds other objects than the module's parameters)."""
+    from ._dist import whole_model
 
     groups = getattr(optimizer, "param_groups", None)
-    if several_processes() or not groups:
+    if not whole_model() or not groups:
         return []
     held = {id(p) for g in groups for p in g["params"]}
     if not held:
@@ -285,19 +276,19 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
-        from ._dist import several_processes
+        from ._dist import several_processes, whole_model
         from .adapter import TRAINING_TOKENS
         from .graphs import CAPTURE_STATS, capture_report
 
         restore = None
-        if isinstance(model, torch.nn.Module) and not several_processes() and "train_dataloader" in bound:
+        if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
             wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
             if wrapped is not None:
                 bound["train_dataloader"], restore = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
-                 and not several_processes() else contextlib.nullcontext())
+                 and whole_model() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
             with defer:
@@ -306,9 +297,15 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             if restore is not None:
                 restore()
         wall = time.perf_counter() - t0
-        # (one process only: litgpt's counts are summed over the ranks, the model's are this rank's)
-        if not several_processes():
-            lines = (padding_report(out, {k: TRAINING_TOKENS[k] - before[k] for k in before}),
+        # (litgpt's counts are summed over the ranks, the model's are this rank's: under the replica plan they are
+        # summed too; the graphs' line is rank 0's)
+        if whole_model():
+            tokens = {k: TRAINING_TOKENS[k] - before[k] for k in before}
+            if several_processes() and fabric is not None:
+                summed = fabric.all_reduce(torch.tensor(list(tokens.values()), dtype=torch.float64,
+                                                        device=fabric.device), reduce_op="sum")
+                tokens = dict(zip(tokens, (int(v) for v in summed.tolist())))
+            lines = (padding_report(out, tokens),
                      capture_report({k: CAPTURE_STATS[k] - captured[k] for k in captured}, wall))
             for line in lines:
                 if line and rank0:
@@ -396,15 +393,15 @@ def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
 def _validate_with_fused_loss(validate: Callable) -> Callable:
     """litgpt's ``validate`` (model forward, then ``chunked_cross_entropy``, under ``no_grad``) with the swapped
     model's deferred logits, so its loss is the fused one and the ``(B, T, V)`` logits are never held
-    (:func:`lit_liger.adapter.fused_loss_without_grad`). Single-process runs: in a sharded run, validation keeps
-    LitGPT's path."""
+    (:func:`lit_liger.adapter.fused_loss_without_grad`). One process or lit-liger's replica plan: in a sharded run,
+    validation keeps LitGPT's path."""
 
     @functools.wraps(validate)
     def run(*args: Any, **kwargs: Any) -> Any:
-        from ._dist import several_processes
+        from ._dist import whole_model
         from .adapter import fused_loss_without_grad
 
-        if several_processes():
+        if not whole_model():
             return validate(*args, **kwargs)
         with fused_loss_without_grad():
             return validate(*args, **kwargs)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp", "fused_optimizer", "defer_loss_sync")
 
 
@@ -81,14 +81,16 @@ class LigerConfig:
             4, 39% of the positions padding, 9% packed), 300 iterations: 1.16x the padded run's tokens/s; 100
             iterations: 0.91x, because packed lengths spread wider and their captures (~0.13 s each) land later in a
             run; it reserves 0.8 GB more there (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
-        replicate_frozen_base: the ``lit-liger`` command line with ``--devices`` > 1, LoRA and adapter recipes
-            (``finetune_lora``, ``finetune_adapter``, ``finetune_adapter_v2``): run data parallel with DDP, the
-            whole model on every device, instead of litgpt's FSDP, which shards the frozen base (all-gathering it
-            in every forward and backward) and recomputes every Block in backward. Only the trainable parameters'
-            gradients are all-reduced; lit-liger's single-process machinery applies on each device (CUDA graphs
-            replayed, DDP reducing their gradients; packing; ``activation_checkpointing`` if memory needs it). The
-            model must fit one device. Said in the run's log; off by default (the user's strategy is litgpt's):
-            not yet measured on GPUs. Trainer users pick their own strategy (``strategy="ddp"``).
+        data_parallel: the ``lit-liger`` command line with ``--devices`` > 1 (``lit_liger.dataparallel``):
+            ``"auto"`` (default) estimates, from the recipe's model, trainable parameters, precision, micro-batch
+            and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of
+            its memory); if so every device runs a replica (``"replicate"``: no wrapper, lit-liger's single-device
+            machinery on each, the gradients all-reduced once per optimizer step), else the recipes that litgpt
+            shards with FSDP1 (full fine-tuning, adapters, pretraining) run ZeRO-2 (``"shard"``: FSDP
+            ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it), else litgpt's own strategy
+            (``"litgpt"``, which keeps it always). The plan and why are printed. The Trainer keeps the user's strategy.
+        replicate_frozen_base: the earlier name of ``data_parallel="replicate"`` (true forces it; false leaves
+            ``data_parallel`` to decide).
         fp8: float8 GEMMs for the Block projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``;
             a LoRA layer's frozen base, its adapters staying in 16 bits) with torchao's float8 training recipe of
             that name (``pip install 'lit-liger[fp8]'``); the embedding, norms, lm_head and fused loss stay as
@@ -193,7 +195,7 @@ class LigerConfig:
             well, so such a run held two equal ``(V, C)`` matrices: 501 MiB of Llama-3.2-1B's 2,928 MiB of bf16
             weights. Checked at the swapped model's forward (eager mode; the comparison runs once per state of the
             two weights), undone when either starts to train and before a ``load_state_dict``
-            (``lit_liger.tied``). Single process, unsharded weights, a plain Linear head (no LoRA on it).
+            (``lit_liger.tied``). One process (or lit-liger's replica plan), unsharded weights, a plain Linear head (no LoRA on it).
         fused_optimizer: the ``lit-liger`` command and ``LigerCallback`` switch a ``torch.optim.Adam`` / ``AdamW``
             built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to PyTorch's fused kernel
             (``lit_liger.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one
@@ -229,6 +231,7 @@ class LigerConfig:
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
     packing: bool = True
+    data_parallel: Literal["auto", "replicate", "shard", "litgpt"] = "auto"
     replicate_frozen_base: bool = False
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     fp8_all_gather: bool | None = None

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from ._dist import several_processes, sharded_processes
+from ._dist import sharded_processes, whole_model
 from .kernels import _grad_into
 from .quant import is_4bit
 
@@ -316,8 +316,9 @@ class _Replay(torch.autograd.Function):
                 "--liger.cuda_graphs false)."
             )
         graphs.static_grad.copy_(grad_hidden)
-        # (DDP's hooks sit on the gradient accumulators, out of sight: several processes hand the gradients to them)
-        direct = graphs.direct and not several_processes() and not any(_tensor_hooked(p) for p in graphs.params)
+        # (DDP's hooks sit on the gradient accumulators, out of sight: several processes hand the gradients to them,
+        # except under lit-liger's replica plan, whose strategy reduces ``.grad`` after backward)
+        direct = graphs.direct and whole_model() and not any(_tensor_hooked(p) for p in graphs.params)
         if direct:
             zero, copy = [], []
             for p, buf in zip(graphs.params, graphs.grads):
@@ -476,10 +477,10 @@ class GraphRunner:
     def hidden(self, idx: torch.Tensor, auto: bool = False, plan: Any = None) -> torch.Tensor | None:
         """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly).
         ``auto``: ``LigerConfig.cuda_graphs=None`` (see :data:`CAPTURE_FULL_TRAINING`: full training is captured where
-        the replay adds into ``.grad`` directly, one process; several processes (a DDP replica) get their gradients
-        through autograd's accumulation, a second copy beside the graphs' buffers, so auto leaves full training
-        uncaptured there)."""
-        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and not several_processes())
+        the replay adds into ``.grad`` directly: one process, or lit-liger's replica plan; a DDP replica gets its
+        gradients through autograd's accumulation, a second copy beside the graphs' buffers, so auto leaves full
+        training uncaptured there)."""
+        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and whole_model())
         why = self.why_not(idx)
         if why is not None:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would

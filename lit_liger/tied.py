@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._dist import several_processes
+from ._dist import whole_model
 from .kernels._checks import owns_storage
 from .loss import _unwrap_linear
 
@@ -61,8 +61,8 @@ def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> st
         return "sharded"
     if not (owns_storage(head) and owns_storage(emb)):  # (FSDP's original parameters view a flat buffer)
         return "part of a larger buffer (FSDP's flat parameters)"
-    if several_processes():
-        return "several processes"
+    if not whole_model():
+        return "several processes (sharded or a DDP replica)"
     return None
 
 

@@ -168,14 +168,15 @@ def test_graph_runner_reasons(monkeypatch):
 @pytest.mark.parametrize("lora", [True, False])
 def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, full):
     """cuda_graphs=None captures full fine-tuning too with graphs.CAPTURE_FULL_TRAINING (on by default) in one process;
-    without it, or in several processes (a DDP replica: the gradients go through autograd there, a second copy),
+    without it, or in a DDP replica (the gradients go through autograd there, a second copy; lit-liger's own replica
+    plan counts as one process),
     it captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured,
     without a warning; cuda_graphs=True captures both."""
     from lit_liger import graphs as graphs_mod
 
     monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", bool(full))
     if full == "ddp":  # several processes, inside a DDP forward (where capture applies)
-        monkeypatch.setattr(graphs_mod, "several_processes", lambda: True)
+        monkeypatch.setattr(graphs_mod, "whole_model", lambda: False)
         full = False
 
     cfg = tiny_config("Llama-3.2-1B")

@@ -494,3 +494,111 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
     assert not disabled and captures == 2 and replays == 3, (captures, replays, disabled)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
+
+
+# ----------------------------------------------------------------------------------------------
+# lit-liger's replica plan (lit_liger.dataparallel.ReplicaStrategy)
+# ----------------------------------------------------------------------------------------------
+def _replica_worker(rank: int, world: int, port: int, queue, gpu: bool) -> None:
+    faulthandler.enable()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
+    _finish(_replica_run(rank, gpu), queue)
+
+
+def _replica_run(rank: int, gpu: bool):
+    """Each rank: a swapped model trained in full (every parameter; on GPUs bf16 with CUDA graphs, packing and
+    gradients added straight into ``.grad``) under ReplicaStrategy: ``setup_module`` (rank 1 starts from other
+    weights: the broadcast makes them rank 0's), three micro-batches of rank-dependent data, the first two inside
+    ``no_backward_sync``, through the strategy's ``backward``. Rank 0 also runs one process's model on both ranks'
+    data: the replicas' gradients are the mean of the two, and only the last backward reduced."""
+    import copy
+
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+    from lightning.fabric.plugins import Precision
+    from test_adapter import _pair
+    from test_packing import _batch
+
+    import lit_liger.adapter as adapter
+    from lit_liger import LigerConfig, _dist, apply_liger
+    from lit_liger.dataparallel import replica_class
+    from lit_liger.graphs import runner_for
+
+    device = "cuda" if gpu else "cpu"
+    if gpu:
+        from test_buckets import _gpu_models
+
+        cfg, ours, _ = _gpu_models(lora=False)
+        ref = copy.deepcopy(ours)
+        apply_liger(ref, LigerConfig(cuda_graphs=False, packing=False))
+        apply_liger(ours, LigerConfig(cuda_graphs=True, packing=True))
+        lengths = [(100, 300, 90), (50, 120), (100, 300, 90)]
+    else:
+        adapter._PACK_ON_CPU = True
+        adapter._BUCKETS_ON_CPU = True
+        cfg = _sharded_config("Llama-3.2-1B")
+        cfg.block_size = 64
+        ref, ours = _pair(cfg)
+        apply_liger(ours, LigerConfig(packing=True))
+        lengths = [(21, 9, 14), (30, 5), (21, 9, 14)]
+    if rank == 1:  # (other weights: setup_module broadcasts rank 0's)
+        with torch.no_grad():
+            for p in ours.parameters():
+                p.add_(1.0)
+    strategy = replica_class()()
+    strategy.precision = Precision()
+    model = strategy.setup_module(ours)
+    flags = (_dist.whole_model(), _dist.liger_replica(), _dist.replicated(), _dist.sharded_processes())
+    batches = {r: [_batch(cfg, ls, seed=10 * r + i) for i, ls in enumerate(lengths)] for r in range(2)}
+    for i, (x, y) in enumerate(batches[rank]):
+        with strategy._backward_sync_control.no_backward_sync(model, i < 2):
+            loss = litgpt_ce(model(x.to(device))[..., :-1, :], y.to(device)[..., 1:], chunk_size=0)
+            strategy.backward(loss / 3, None)
+    result = None
+    captures = runner_for(ours).captures if gpu else 0
+    if rank == 0:
+        for r in range(2):
+            for x, y in batches[r]:
+                loss = litgpt_ce(ref(x.to(device))[..., :-1, :], y.to(device)[..., 1:], chunk_size=0)
+                (loss / 6).backward()
+        errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
+                for (n, p), q in zip(ours.named_parameters(), ref.parameters())}
+        result = (errs, strategy.reductions, flags, captures)
+    _dist.REPLICA[0] = False
+    return result
+
+
+def _replica_result(gpu: bool):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    spawn_ranks(_replica_worker, (2, _free_port(), queue, gpu))
+    return queue.get(timeout=60)
+
+
+def test_replica_strategy_reduces_once_per_step():
+    """CPU (gloo), fp32: the replicas' accumulated, all-reduced gradients equal one process's over both ranks' data;
+    one reduction for three micro-batches; inside the plan each process counts as holding the whole model."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    errs, reductions, flags, _ = _replica_result(gpu=False)
+    assert reductions == 1
+    assert flags == (True, True, True, False)
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-4, (worst, errs[worst])
+
+
+@pytest.mark.gpu
+def test_gpu_replica_strategy_graphs_direct_grads():
+    """Two GPUs (NCCL), bf16 full training: the replica captures its steps (full training, gradients straight into
+    ``.grad``, which a DDP replica cannot), packs, and its reduced gradients are one process's over both ranks'
+    data."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    errs, reductions, flags, captures = _replica_result(gpu=True)
+    assert reductions == 1 and flags == (True, True, True, False)
+    assert captures >= 2, captures
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 3e-2, (worst, errs[worst])

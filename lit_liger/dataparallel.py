@@ -1,0 +1,419 @@
+"""Data-parallel plans of the ``lit-liger`` command on several devices (``LigerConfig.data_parallel``).
+
+litgpt's recipes shard on several devices whatever the model's size: ``finetune_lora`` runs FSDP2 with every Block
+recomputed in backward, ``finetune_full`` / ``finetune_adapter*`` FSDP1 (full sharding, every Block recomputed),
+``pretrain`` FSDP1 hybrid sharding. For a model that fits one device that costs an all-gather of every weight in
+every forward and backward, a second forward per Block, and it turns off what makes lit-liger fast on one device
+(CUDA graphs, packing, the deferred log, the fused optimizer all step aside for sharded parameters).
+
+:func:`choose` picks, before litgpt builds its ``Fabric``, the cheapest plan whose training state fits one device
+with margin (:data:`MEMORY_FRACTION` of its memory), from the recipe's own arguments (its model config, trainable
+parameters, precision, micro-batch and longest sequence):
+
+* ``replicate``: :class:`ReplicaStrategy`, the whole model on every device, no wrapper around it. Each device runs
+  exactly what one device runs (graphs, packing, the deferred log, the fused optimizer), and the strategy all-reduces
+  the trainable parameters' gradients once per optimizer step, after the backward that litgpt's loop runs outside
+  ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing);
+* ``shard`` (the recipes whose strategy is FSDP1): ``FSDPStrategy`` with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and
+  optimizer state sharded, the weights kept gathered from forward to backward), Blocks recomputed only where the
+  estimate says they must be;
+* ``litgpt``: the recipe's own strategy, unchanged.
+
+The plan, why, and the flag that keeps litgpt's strategy are printed once. Checkpoints keep litgpt's format (the
+replica's ``state_dict`` is the module's own; FSDP writes full state dicts as litgpt asks). Lightning launches the
+processes and owns the process group; the replica calls ``torch.distributed`` collectives on it only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate",
+           "reduce_gradients", "replica_class", "strategy_factory"]
+
+#: the share of a device's memory that a plan's estimated training state may fill (the rest: the CUDA context,
+#: NCCL's buffers, the allocator's fragmentation, CUDA graphs' pools, the estimate's own error)
+MEMORY_FRACTION = 0.8
+#: fixed overhead per device beside the estimate's terms (bytes)
+OVERHEAD = 1.5 * 2**30
+#: bytes of activations that lit-liger keeps per token, per layer, per unit of ``2 * n_embd + intermediate_size``
+#: (bf16): a Block keeps about 8 ``n_embd``-wide and 4 ``intermediate_size``-wide values per token for backward
+#: (the residual stream, q/k/v, attention output and its statistics, the GLU's two inputs and product); measured on
+#: an H100 (Llama-3.2-1B LoRA, micro-batch 4 x 512: 2.3 GB above the weights, 2.4 GB estimated)
+ACT_N_EMBD, ACT_INTERMEDIATE = 8, 4
+
+#: litgpt's recipe modules -> the name of the strategy class their ``setup`` builds for several devices
+STRATEGY_NAMES = {
+    "litgpt.finetune.lora": "ModelParallelStrategy",
+    "litgpt.finetune.adapter": "FSDPStrategy",
+    "litgpt.finetune.adapter_v2": "FSDPStrategy",
+    "litgpt.finetune.full": "FSDPStrategy",
+    "litgpt.pretrain": "FSDPStrategy",
+}
+KEEP = "--liger.data_parallel litgpt"
+#: the sequence length a plan assumes where the recipe sets no ``--train.max_seq_length`` (litgpt then trains on the
+#: data's longest sample, known only once the data is prepared in each process); said in the log
+ASSUMED_SEQ = 2048
+
+
+@dataclass
+class Estimate:
+    """Bytes per device of one training state: the terms a plan divides differently."""
+
+    weights: float  # every parameter, in its training dtype
+    grads: float  # the trainable parameters' gradients
+    optimizer: float  # Adam's two moments of the trainable parameters
+    activations: float  # what one micro-batch keeps for backward (and the fused loss's buffers)
+    recompute: float  # activations with every Block recomputed in backward (one Block's and the Block inputs)
+    device: float  # the device's memory
+
+    def replicated(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + OVERHEAD
+
+    def zero2(self, world: int, checkpoint: bool) -> float:
+        """FSDP ``SHARD_GRAD_OP``: the weights gathered through forward and backward beside this rank's shard,
+        gradients and optimizer state sharded."""
+        act = self.recompute if checkpoint else self.activations
+        return self.weights * (1 + 1 / world) + (self.grads + self.optimizer) / world + act + OVERHEAD
+
+    @property
+    def budget(self) -> float:
+        return MEMORY_FRACTION * self.device
+
+
+@dataclass
+class Plan:
+    name: str  # "replicate" | "shard" | "litgpt"
+    why: str
+    checkpoint: bool = False  # ("shard") every Block recomputed in backward
+    estimate: Estimate | None = field(default=None, repr=False)
+
+    def line(self, recipe: str, devices: int) -> str:
+        what = {"replicate": "the whole model on every device (lit-liger's ReplicaStrategy: graphs, packing and the "
+                             "fused optimizer on each; gradients all-reduced once per optimizer step)",
+                "shard": "FSDP SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, weights gathered from "
+                         "forward to backward" + (", every Block recomputed" if self.checkpoint else
+                                                  ", no Block recomputed") + ")",
+                "litgpt": "litgpt's own strategy"}[self.name]
+        return f"lit-liger: data parallel on {devices} devices, {recipe}: {what}; {self.why}. {KEEP} keeps litgpt's"
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f} GiB"
+
+
+def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, micro_batch: int, seq_len: int,
+             device_bytes: float, trains_head: bool) -> Estimate:
+    """The terms of :class:`Estimate` for a LitGPT ``config`` (its widths), ``n_params`` parameters of which
+    ``n_trainable`` train, stored in ``param_bytes`` bytes each, ``micro_batch`` x ``seq_len`` tokens per step."""
+    tokens = micro_batch * seq_len
+    intermediate = getattr(config, "intermediate_size", None) or 4 * config.n_embd
+    per_layer = 2 * (ACT_N_EMBD * config.n_embd + ACT_INTERMEDIATE * intermediate)
+    act = tokens * config.n_layer * per_layer
+    # the fused loss: a chunk of logits in fp32 and, where lm_head trains, its fp32 weight-gradient buffer
+    vocab = getattr(config, "padded_vocab_size", None) or config.vocab_size
+    loss = min(tokens, 8192) * vocab * 4 + (vocab * config.n_embd * 4 if trains_head else 0)
+    recompute = tokens * config.n_embd * 2 * config.n_layer + tokens * per_layer
+    return Estimate(weights=n_params * param_bytes, grads=n_trainable * param_bytes,
+                    optimizer=2 * n_trainable * param_bytes, activations=act + loss, recompute=recompute + loss,
+                    device=device_bytes)
+
+
+def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
+    """The plan for a training state ``est`` on ``world`` devices (``can_shard``: the recipe's strategy is FSDP1,
+    which ``shard`` replaces)."""
+    need = est.replicated()
+    if need <= est.budget:
+        return Plan("replicate", f"its training state fits one device (estimated {_gib(need)} of {_gib(est.device)})",
+                    estimate=est)
+    over = f"a replica needs about {_gib(need)} of {_gib(est.device)}"
+    if can_shard:
+        for checkpoint in (False, True):
+            z2 = est.zero2(world, checkpoint)
+            if z2 <= est.budget:
+                return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
+    return Plan("litgpt", f"{over}, and no lighter plan fits", estimate=est)
+
+
+def _device_bytes(accelerator: str) -> float:
+    """The memory of one device of this run: the GPU's (the first visible one; the devices of a run are alike),
+    else the host's split between ``LOCAL_WORLD_SIZE`` processes (CPU runs, tests)."""
+    if accelerator != "cpu" and torch.cuda.is_available():
+        return float(torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf
+        host = 64 * 2**30
+    return float(host)
+
+
+def _param_bytes(precision: str | None) -> int:
+    if precision is None:
+        from litgpt.utils import get_default_supported_precision
+
+        precision = get_default_supported_precision(training=True)
+    return 2 if precision in ("bf16-true", "16-true") else 4
+
+
+def _recipe_config(module: Any, args: dict) -> Any:
+    """The model config the recipe's ``setup`` builds from its arguments."""
+    if module.__name__ == "litgpt.pretrain":
+        cfg = args.get("model_config")
+        if cfg is None:
+            cfg = module.Config.from_name(args["model_name"])
+        return cfg
+    ckpt = Path(args["checkpoint_dir"])
+    if not (ckpt / "model_config.yaml").is_file() and (Path("checkpoints") / ckpt / "model_config.yaml").is_file():
+        ckpt = Path("checkpoints") / ckpt  # (a model name: litgpt's auto_download_checkpoint resolves it so)
+    extra = {k: v for k, v in args.items() if k.startswith("lora_")}
+    return module.Config.from_file(ckpt / "model_config.yaml", **extra)
+
+
+def _count(module: Any, gpt_class: type, config: Any) -> tuple[int, int, bool]:
+    """(parameters, trainable parameters, whether lm_head trains) of the recipe's model, built on the meta device."""
+    with torch.device("meta"):
+        model = gpt_class(config)
+    mark = next((f for n, f in vars(module).items() if n.startswith("mark_only_") and callable(f)), None)
+    if mark is not None:
+        mark(model)
+    seen, total, trained = set(), 0, 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trained += p.numel() if p.requires_grad else 0
+    head = getattr(model, "lm_head", None)
+    trains_head = bool(head is not None and any(p.requires_grad for p in head.parameters()))
+    return total, trained, trains_head
+
+
+def choose(module: Any, args: dict, setting: str) -> tuple[Plan, int] | None:
+    """The plan for a run of the recipe ``module`` with the bound ``setup`` arguments ``args`` and
+    ``LigerConfig.data_parallel`` = ``setting``, and its number of devices; None for a one-device run or a module
+    that is not one of litgpt's recipes."""
+    from litgpt.utils import parse_devices
+
+    if module.__name__ not in STRATEGY_NAMES:
+        return None
+    devices = parse_devices(args.get("devices", 1)) * int(args.get("num_nodes", 1) or 1)
+    if devices <= 1:
+        return None
+    if setting == "litgpt":
+        return Plan("litgpt", "as asked (--liger.data_parallel litgpt)"), devices
+    if args.get("quantize"):
+        return Plan("litgpt", "a quantized model (litgpt stops there on several devices)"), devices
+    can_shard = STRATEGY_NAMES[module.__name__] == "FSDPStrategy"
+    try:
+        config = _recipe_config(module, args)
+        train = args.get("train")
+        mb = int(getattr(train, "micro_batch_size", 1) or 1)
+        asked = getattr(train, "max_seq_length", None)
+        seq = min(int(asked or ASSUMED_SEQ), config.block_size)
+        n, trained, head = _count(module, module.GPT, config)
+        accelerator = "cpu" if not torch.cuda.is_available() else "cuda"
+        est = estimate(config, n, trained, _param_bytes(args.get("precision")), mb, seq, _device_bytes(accelerator),
+                       head)
+    except Exception as err:  # noqa: BLE001 - any failure to size the model keeps litgpt's plan, said in the log
+        if setting == "replicate":
+            return Plan("replicate", f"as asked (the model could not be sized: {err})"), devices
+        return Plan("litgpt", f"the model could not be sized ({type(err).__name__}: {err})"), devices
+    if setting == "replicate":
+        return Plan("replicate", f"as asked (estimated {_gib(est.replicated())} of {_gib(est.device)})",
+                    estimate=est), devices
+    if setting == "shard":
+        if not can_shard:
+            return Plan("litgpt", "shard: this recipe's own strategy already shards (FSDP2)", estimate=est), devices
+        checkpoint = est.zero2(devices, False) > est.budget
+        return Plan("shard", "as asked", checkpoint=checkpoint, estimate=est), devices
+    plan = decide(est, devices, can_shard)
+    plan.why += f" at micro-batch {mb} x {seq} tokens" + ("" if asked else
+                                                          f" (no --train.max_seq_length: {ASSUMED_SEQ} assumed)")
+    return plan, devices
+
+
+def strategy_factory(module_name: str, original: type, plan: Plan) -> type:
+    """What the recipe's strategy class name points to for ``plan``: a class (litgpt's ``pretrain`` checks
+    ``isinstance(fabric.strategy, FSDPStrategy)``) whose construction returns the plan's strategy, whatever
+    arguments litgpt passes; ``isinstance`` against it means ``isinstance`` against ``original``."""
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if plan.name == "replicate":
+            return replica_class()()
+        if plan.name == "shard":
+            from lightning.fabric.strategies import FSDPStrategy
+
+            from litgpt.model import Block
+
+            return FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="SHARD_GRAD_OP", state_dict_type="full",
+                                limit_all_gathers=True, cpu_offload=False,
+                                **({"activation_checkpointing_policy": {Block}} if plan.checkpoint else {}))
+        return original(*args, **kwargs)
+
+    class _Meta(type):  # (not a subclass of litgpt's class: Lightning's strategies are ABCs, whose subclass
+        def __instancecheck__(cls, obj: Any) -> bool:  # checks would come back here)
+            return isinstance(obj, original)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, original)
+
+    return _Meta(original.__name__, (), {"__new__": __new__, "__module__": module_name,
+                                         "__qualname__": original.__qualname__, "__doc__": original.__doc__})
+
+
+# ----------------------------------------------------------------------------------------------
+# The replica
+# ----------------------------------------------------------------------------------------------
+def _unique_trainable(modules: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+#: gradients smaller than this (elements) are all-reduced together, through one flat buffer per dtype
+SMALL = 1 << 16
+
+
+def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int:
+    """Average the ``.grad`` of ``params`` over the processes of ``group`` (default: the world), in place; a
+    parameter without a gradient on this rank gets zeros first (every rank then issues the same collectives, in the
+    same order: the parameters' order). Large gradients are reduced in place, one collective each; small ones
+    through one flat buffer per dtype. Returns the number of collectives."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    if world == 1 or not params:
+        return 0
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    nccl = dist.get_backend(group) == "nccl"
+    op = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
+    if not nccl:  # (gloo has no average: divide first, as DDP's default hook does)
+        torch._foreach_div_(grads, float(world))
+    works, flats = [], []
+    small: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        if g.numel() < SMALL or not g.is_contiguous():
+            small.setdefault(g.dtype, []).append(g)
+        else:
+            works.append(dist.all_reduce(g, op=op, group=group, async_op=True))
+    for tensors in small.values():
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        works.append(dist.all_reduce(flat, op=op, group=group, async_op=True))
+        flats.append((flat, tensors))
+    for w in works:
+        w.wait()
+    for flat, tensors in flats:
+        pieces = torch.split(flat, [t.numel() for t in tensors])
+        torch._foreach_copy_(tensors, [piece.view(t.shape) for piece, t in zip(pieces, tensors)])
+    return len(works)
+
+
+def _strategy_base() -> type:
+    from lightning.fabric.strategies import DDPStrategy
+
+    return DDPStrategy
+
+
+class _ReplicaSync:
+    """Fabric's backward-sync control for :class:`ReplicaStrategy`: ``fabric.no_backward_sync(model, enabled)``
+    marks the backward inside as an accumulation micro-batch (its gradients are not reduced)."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: torch.nn.Module, enabled: bool) -> Iterator[None]:
+        before = self.strategy.accumulating
+        self.strategy.accumulating = bool(enabled)
+        try:
+            yield
+        finally:
+            self.strategy.accumulating = before
+
+
+def _make_replica_class() -> type:
+    DDPStrategy = _strategy_base()
+
+    class ReplicaStrategy(DDPStrategy):
+        """Lightning Fabric's ``DDPStrategy`` without the ``DistributedDataParallel`` wrapper: every process holds the
+        whole model (built with real initialization, then broadcast from rank 0, as DDP does), runs it as one
+        device would, and after each backward outside ``fabric.no_backward_sync`` the trainable parameters'
+        gradients are averaged over the processes (:func:`reduce_gradients`). The processes, the process group,
+        ``all_reduce`` / ``barrier`` / ``broadcast`` and checkpoints (rank 0 writes the module's own
+        ``state_dict``) are DDPStrategy's."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.accumulating = False
+            self._backward_sync_control = _ReplicaSync(self)
+            self._modules: list[torch.nn.Module] = []
+            self.reductions = 0
+
+        def module_init_context(self, empty_init: bool | None = None) -> Any:
+            # litgpt asks for empty_init on several devices (FSDP materializes its meta tensors later); a replica's
+            # parameters that the checkpoint does not hold (LoRA, adapters) need their initialization
+            return super().module_init_context(empty_init=False)
+
+        def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            import torch.distributed as dist
+
+            from . import _dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                with torch.no_grad():
+                    seen = set()
+                    for t in [*module.parameters(), *module.buffers()]:
+                        if id(t) in seen or t.device.type == "meta":
+                            continue
+                        seen.add(id(t))
+                        dist.broadcast(t.data, src=0)
+            self._modules.append(module)
+            _dist.REPLICA[0] = True
+            return module
+
+        def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
+            super().backward(tensor, module, *args, **kwargs)
+            if not self.accumulating:
+                self.reductions += 1
+                reduce_gradients(_unique_trainable(self._modules))
+
+        def teardown(self) -> None:
+            from . import _dist
+
+            _dist.REPLICA[0] = False
+            self._modules.clear()
+            super().teardown()
+
+    return ReplicaStrategy
+
+
+_REPLICA_CLASS: list[type] = []
+
+
+def replica_class() -> type:
+    """:class:`ReplicaStrategy` (a subclass of Lightning's ``DDPStrategy``, built on first use: importing lit-liger
+    does not import Lightning)."""
+    if not _REPLICA_CLASS:
+        _REPLICA_CLASS.append(_make_replica_class())
+    return _REPLICA_CLASS[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReplicaStrategy":
+        return replica_class()
+    raise AttributeError(name)
