@@ -76,8 +76,10 @@ VARIANTS = {
     "liger-grads-after-gemm": ["--liger", "true"],
     # ... and litgpt's loop waiting for the GPU at each iteration's log (LigerConfig.defer_loss_sync off)
     "liger-sync": ["--liger.defer_loss_sync", "false"],
-    # issue 33: LoRA / adapters on several devices with DDP instead of litgpt's FSDP
-    "liger-replicated": ["--liger.replicate_frozen_base", "true"],
+    # issue 33 / 46: the data-parallel plan on several devices (lit_liger.dataparallel): "liger" is automatic
+    "liger-replicated": ["--liger.data_parallel", "replicate"],
+    "liger-dp-shard": ["--liger.data_parallel", "shard"],
+    "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
