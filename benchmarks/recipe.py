@@ -256,10 +256,12 @@ def main(argv: list[str] | None = None) -> dict:
                         res["tokens_per_s"] *= n_dev
                         from lit_liger.demo import read_metrics
 
-                        times = [r["iter_time"] * 1e3 for r in read_metrics(run_dir)][warmup:]
+                        metrics = read_metrics(run_dir)
+                        times = [r["iter_time"] * 1e3 for r in metrics][warmup:]
                         row.update(res, status="ok", iter_ms_p50=statistics.median(times),
                                    iter_ms_p90=statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0],
                                    iter_ms_mean=statistics.fmean(times))
+                        row.update(_sync_split(metrics, warmup))
                         log = run_dir / "stdout.txt"
                         if log.is_file():
                             row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
@@ -285,6 +287,22 @@ def main(argv: list[str] | None = None) -> dict:
                     C.write_json(out / "recipe.json", result)
     render(result, out)
     return result
+
+
+def _sync_split(metrics: list[dict], warmup: int) -> dict[str, float]:
+    """Median iteration time of the iterations that end with an optimizer step (litgpt's ``step`` grows: the
+    gradient reduction on several devices, the optimizer) and of the accumulation iterations, warm-up left out."""
+    sync, accum = [], []
+    for prev, r in zip(metrics, metrics[1:]):
+        if r.get("iter", 0) <= warmup or "step" not in r:
+            continue
+        (sync if r["step"] != prev.get("step") else accum).append(r["iter_time"] * 1e3)
+    out = {}
+    if sync:
+        out["iter_ms_sync_p50"] = statistics.median(sync)
+    if accum:
+        out["iter_ms_accum_p50"] = statistics.median(accum)
+    return out
 
 
 def loss_divergence(ref: list[float], losses: list[float], threshold: float = 0.01) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-__all__ = ["REPLICA", "liger_replica", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
+__all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
 
 #: set by ``lit_liger.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
 #: which no DDP wrapper holds, and the strategy all-reduces the gradients after each synchronizing backward (so
@@ -22,6 +22,33 @@ def several_processes() -> bool:
     """A ``torch.distributed`` process group of more than one process is initialized."""
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
                 and torch.distributed.get_world_size() > 1)
+
+
+#: callbacks ``fn(gpt, segment)`` that a swapped GPT's backward runs when the trainable parameters of ``segment`` have
+#: their gradients for this backward: segment 0 = the parameters outside the Blocks, the embedding and ``ln_f`` (the
+#: lm_head: the fused loss's backward ran), at the final hidden states' gradient; segment ``j`` >= 1 = the Blocks from
+#: :func:`segment_cuts` ``[j - 1]`` up (``ln_f`` with them), at the gradient of that Block's input (the CUDA graphs'
+#: backward then replays as one graph per segment). The embedding and the lowest Blocks have none: backward ends there.
+#: ``lit_liger.dataparallel.ReplicaStrategy`` starts each segment's all-reduce there, under the backward that follows.
+#: Empty (one process): no hook, one backward graph.
+GRADS_READY: list = []
+#: the number of segments a GPT's Blocks are split into for :data:`GRADS_READY`
+SEGMENTS = 4
+
+
+def segment_cuts(n_layer: int) -> list[int]:
+    """The Block indices where the segments of :data:`GRADS_READY` start, from the top: ``[12, 8, 4]`` for 16 layers
+    (segment 1 = Blocks 12-15, 2 = 8-11, 3 = 4-7; Blocks 0-3 and the embedding finish the backward); ``[]`` where no
+    callback is registered."""
+    if not GRADS_READY:
+        return []
+    k = min(SEGMENTS, n_layer)
+    return [n_layer * j // k for j in range(k - 1, 0, -1)]
+
+
+def grads_ready(gpt: torch.nn.Module, segment: int) -> None:
+    for fn in list(GRADS_READY):
+        fn(gpt, segment)
 
 
 def liger_replica() -> bool:

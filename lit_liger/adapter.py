@@ -35,6 +35,7 @@ from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_earl
 
 from . import attention as _attention
 from . import packing as _packing
+from . import _dist
 from ._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
 from .config import LigerConfig
@@ -734,6 +735,8 @@ class _GPTMixin:
             x = runner_for(self).hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx, plan)
+        if _dist.GRADS_READY and x.requires_grad and not torch.compiler.is_compiling():
+            x.register_hook(functools.partial(_segment_ready, self, 0))  # (the lm_head's gradient is in by then)
         return x
 
     def _liger_chunk_cap(self, x: torch.Tensor) -> int | None:
@@ -745,9 +748,12 @@ class _GPTMixin:
             return self.config.n_layer * x.numel() * x.element_size()
         return None
 
-    def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None) -> torch.Tensor:
+    def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None,
+                      taps: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``). ``plan``: ``idx``
-        is a packed sequence ``(1, N)`` (its positions and samples' boundaries)."""
+        is a packed sequence ``(1, N)`` (its positions and samples' boundaries). Where ``lit_liger._dist.GRADS_READY``
+        has callbacks, the input of each Block at ``_dist.segment_cuts`` goes into ``taps`` (the CUDA graphs' capture
+        splits its backward there) or, without ``taps``, gets a gradient hook that runs the callbacks."""
         T = idx.size(1)
         pack = None
         if plan is not None:  # each token at its position inside its sample
@@ -760,7 +766,14 @@ class _GPTMixin:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         ri = self.config.rope_indices
         recompute = _checkpoint_blocks_here(self)
+        cuts = {} if torch.compiler.is_compiling() else {
+            b: j for j, b in enumerate(_dist.segment_cuts(self.config.n_layer), 1)}
         for block_idx, block in enumerate(self.transformer.h):
+            if block_idx in cuts:
+                if taps is not None:
+                    taps[block_idx] = x
+                elif x.requires_grad:  # (the Blocks from here up have their gradients when x has its own)
+                    x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
             if recompute:  # LigerConfig.activation_checkpointing: only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
@@ -775,6 +788,11 @@ class _GPTMixin:
             else:
                 x = block(x, c, s, pack, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
+
+
+def _segment_ready(gpt: nn.Module, segment: int, grad: torch.Tensor) -> None:
+    """A gradient hook: the trainable parameters of ``segment`` have their gradients (``_dist.GRADS_READY``)."""
+    _dist.grads_ready(gpt, segment)
 
 
 def _packing_why(gpt: nn.Module) -> str | None:

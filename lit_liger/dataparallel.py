@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate",
-           "reduce_gradients", "replica_class", "strategy_factory"]
+__all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate", "finish_reduce",
+           "grad_segments", "reduce_gradients", "replica_class", "start_reduce", "strategy_factory"]
 
 #: the share of a device's memory that a plan's estimated training state may fill (the rest: the CUDA context,
 #: NCCL's buffers, the allocator's fragmentation, CUDA graphs' pools, the estimate's own error)
@@ -285,16 +285,17 @@ def _unique_trainable(modules: list[torch.nn.Module]) -> list[torch.nn.Parameter
 SMALL = 1 << 16
 
 
-def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int:
-    """Average the ``.grad`` of ``params`` over the processes of ``group`` (default: the world), in place; a
-    parameter without a gradient on this rank gets zeros first (every rank then issues the same collectives, in the
-    same order: the parameters' order). Large gradients are reduced in place, one collective each; small ones
-    through one flat buffer per dtype. Returns the number of collectives."""
+def start_reduce(params: list[torch.nn.Parameter], group: Any = None) -> list:
+    """Start averaging the ``.grad`` of ``params`` over the processes of ``group`` (default: the world), in place and
+    asynchronously (NCCL runs beside the work queued after); :func:`finish_reduce` waits for it. A parameter without a
+    gradient gets zeros first, so that every rank issues the same collectives in the same order (the parameters'
+    order). Large gradients are reduced in place, one collective each; small ones through one flat buffer per dtype.
+    Returns the pending work."""
     import torch.distributed as dist
 
+    if not params or dist.get_world_size(group) == 1:
+        return []
     world = dist.get_world_size(group)
-    if world == 1 or not params:
-        return 0
     grads = []
     for p in params:
         if p.grad is None:
@@ -304,23 +305,65 @@ def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int
     op = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
     if not nccl:  # (gloo has no average: divide first, as DDP's default hook does)
         torch._foreach_div_(grads, float(world))
-    works, flats = [], []
+    pending = []
     small: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in grads:
         if g.numel() < SMALL or not g.is_contiguous():
             small.setdefault(g.dtype, []).append(g)
         else:
-            works.append(dist.all_reduce(g, op=op, group=group, async_op=True))
+            pending.append((dist.all_reduce(g, op=op, group=group, async_op=True), None, None))
     for tensors in small.values():
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        works.append(dist.all_reduce(flat, op=op, group=group, async_op=True))
-        flats.append((flat, tensors))
-    for w in works:
-        w.wait()
-    for flat, tensors in flats:
-        pieces = torch.split(flat, [t.numel() for t in tensors])
-        torch._foreach_copy_(tensors, [piece.view(t.shape) for piece, t in zip(pieces, tensors)])
-    return len(works)
+        pending.append((dist.all_reduce(flat, op=op, group=group, async_op=True), flat, tensors))
+    return pending
+
+
+def finish_reduce(pending: list) -> int:
+    """Wait for :func:`start_reduce`'s work (the current stream waits; the host does not) and copy the flat buffers
+    back. Returns the number of collectives."""
+    for work, flat, tensors in pending:
+        work.wait()
+        if flat is not None:
+            pieces = torch.split(flat, [t.numel() for t in tensors])
+            torch._foreach_copy_(tensors, [piece.view(t.shape) for piece, t in zip(pieces, tensors)])
+    return len(pending)
+
+
+def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int:
+    """Average the ``.grad`` of ``params`` over the processes of ``group`` (:func:`start_reduce` then
+    :func:`finish_reduce`). Returns the number of collectives."""
+    return finish_reduce(start_reduce(params, group))
+
+
+def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """The trainable parameters of a swapped GPT by segment of ``lit_liger._dist.GRADS_READY``: ``[0]`` outside the
+    Blocks, embedding and ``ln_f``; ``[j]`` the Blocks from ``segment_cuts[j - 1]`` up to the previous cut (``ln_f``
+    in ``[1]``); the last, the lowest Blocks and the embedding (reduced when backward ends). A parameter under several
+    names (a tied lm_head) belongs to the latest of its segments."""
+    from . import _dist
+
+    cuts = _dist.segment_cuts(gpt.config.n_layer)
+    last = len(cuts) + 1
+    where: dict[int, int] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for name, p in gpt.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            continue
+        if name.startswith("transformer.h."):
+            block = int(name.split(".")[2])
+            seg = 1 + sum(1 for c in cuts if block < c)
+        elif name.startswith("transformer.ln_f."):
+            seg = 1
+        elif name.startswith("transformer."):
+            seg = last
+        else:
+            seg = 0
+        where[id(p)] = max(where.get(id(p), -1), seg)
+        params[id(p)] = p
+    out: list[list[torch.nn.Parameter]] = [[] for _ in range(last + 1)]
+    for key, p in params.items():
+        out[where[key]].append(p)
+    return out
 
 
 def _strategy_base() -> type:
@@ -362,7 +405,11 @@ def _make_replica_class() -> type:
             self.accumulating = False
             self._backward_sync_control = _ReplicaSync(self)
             self._modules: list[torch.nn.Module] = []
-            self.reductions = 0
+            self.reductions = 0  # synchronizing backwards
+            self.early = 0  # segments whose all-reduce started during a backward
+            self._pending: list = []
+            self._started: set[int] = set()
+            self._segments: dict[int, list] = {}
 
         def module_init_context(self, empty_init: bool | None = None) -> Any:
             # litgpt asks for empty_init on several devices (FSDP materializes its meta tensors later); a replica's
@@ -384,18 +431,40 @@ def _make_replica_class() -> type:
                         dist.broadcast(t.data, src=0)
             self._modules.append(module)
             _dist.REPLICA[0] = True
+            if self._ready not in _dist.GRADS_READY:
+                _dist.GRADS_READY.append(self._ready)
             return module
 
+        def _ready(self, gpt: torch.nn.Module, segment: int) -> None:
+            """``_dist.GRADS_READY``: in a synchronizing backward, start the all-reduce of ``segment``'s gradients
+            (the backward of the Blocks below runs meanwhile)."""
+            if self.accumulating:
+                return
+            segments = self._segments.get(id(gpt))
+            if segments is None:
+                segments = self._segments[id(gpt)] = grad_segments(gpt)
+            params = [p for p in segments[segment] if id(p) not in self._started]
+            self._started.update(id(p) for p in params)
+            self._pending += start_reduce(params)
+            self.early += bool(params)
+
         def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
-            super().backward(tensor, module, *args, **kwargs)
-            if not self.accumulating:
-                self.reductions += 1
-                reduce_gradients(_unique_trainable(self._modules))
+            try:
+                super().backward(tensor, module, *args, **kwargs)
+                if not self.accumulating:
+                    self.reductions += 1
+                    rest = [p for p in _unique_trainable(self._modules) if id(p) not in self._started]
+                    self._pending += start_reduce(rest)
+                    finish_reduce(self._pending)
+            finally:
+                self._pending, self._started = [], set()
 
         def teardown(self) -> None:
             from . import _dist
 
             _dist.REPLICA[0] = False
+            if self._ready in _dist.GRADS_READY:
+                _dist.GRADS_READY.remove(self._ready)
             self._modules.clear()
             super().teardown()
 

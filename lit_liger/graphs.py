@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from . import _dist
 from ._dist import sharded_processes, whole_model
 from .kernels import _grad_into
 from .quant import is_4bit
@@ -213,7 +214,7 @@ class _Graphs:
             # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
             # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
             # blocks are free to use
-            hidden = gpt._liger_hidden(self.static_idx, self.static_plan)
+            hidden = gpt._liger_hidden(self.static_idx, self.static_plan, taps={})
             torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
             out_spec = hidden.shape, hidden.dtype, hidden.device
             del hidden
@@ -248,22 +249,64 @@ class _Graphs:
             # as scripts/gpu_graph_diag2.py).
             # It is a view of one buffer that every shape's output shares (the final norm's own output is a
             # temporary of the graph), so that the shapes not running hold no (B, T, C) tensor each
-            self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx, self.static_plan), out_buf)
+            self.taps: dict[int, torch.Tensor] = {}  # the segments' lowest inputs (see _capture_graphs' backward)
+            self.static_out = _IntoBuffer.apply(gpt._liger_hidden(self.static_idx, self.static_plan, self.taps),
+                                                out_buf)
         self._t2 = time.perf_counter()
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
-        self.bwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.bwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
-            grads = torch.autograd.grad(self.static_out, params, self.static_grad, allow_unused=True)
-            self.used = [g is not None or id(b) in written for g, b in zip(grads, bufs)]
-            pairs = [(b, g) for b, g in zip(bufs, grads) if g is not None]
-            self.direct = DIRECT_GRADS
-            if pairs and self.direct:
-                # the buffers are the parameters' ``.grad`` (see _Replay.backward): the replay adds this micro-batch's
-                # gradients to what they hold, as autograd's own accumulation would
-                torch._foreach_add_([b for b, _ in pairs], [g for _, g in pairs])
-            elif pairs:
-                torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
-            del grads, pairs
+        # one backward graph per segment of _dist.GRADS_READY (one in all where it has no callback): graph j takes the
+        # gradient of segment j-1's lowest input (a shared buffer, copied in at the end of graph j-1) to segment j's
+        # parameters and its own lowest input; the last one takes every parameter left
+        cuts = [c for c in _dist.segment_cuts(gpt.config.n_layer) if c in self.taps]
+        segment = _param_segments(gpt, params, cuts)
+        self.direct = DIRECT_GRADS
+        self.used = [False] * len(params)
+        self.bwds = []
+        out, gout = self.static_out, self.static_grad
+        for j in range(1, len(cuts) + 2):
+            last = j == len(cuts) + 1
+            idxs = [i for i, s in enumerate(segment) if s == j or (last and s > j)]
+            link = None if last else self.taps[cuts[j - 1]]
+            inputs = [params[i] for i in idxs] + ([] if link is None else [link])
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
+                grads = torch.autograd.grad(out, inputs, gout, allow_unused=True)
+                pairs = []
+                for i, g in zip(idxs, grads):
+                    self.used[i] = g is not None or id(bufs[i]) in written
+                    if g is not None:
+                        pairs.append((bufs[i], g))
+                if pairs and self.direct:
+                    # the buffers are the parameters' ``.grad`` (see _Replay.backward): the replay adds this
+                    # micro-batch's gradients to what they hold, as autograd's own accumulation would
+                    torch._foreach_add_([b for b, _ in pairs], [g for _, g in pairs])
+                elif pairs:
+                    torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
+                if link is not None:
+                    nxt = runner.shared_view(f"segment{j}", link.shape, link.dtype, link.device)
+                    nxt.copy_(grads[-1])
+                del grads, pairs
+            self.bwds.append(graph)
+            if link is not None:
+                out, gout = link, nxt
+        self.taps.clear()
+
+
+def _param_segments(gpt: nn.Module, params: list[nn.Parameter], cuts: list[int]) -> list[int]:
+    """The segment of each of ``params`` for the backward graphs (see _dist.GRADS_READY): 1 + the number of cuts at or
+    above its Block (``ln_f``: 1), and past the last for the embedding and anything else; a parameter under several
+    names takes the latest."""
+    last = len(cuts) + 1
+    where: dict[int, int] = {}
+    for name, p in gpt.named_parameters(remove_duplicate=False):
+        seg = last
+        if name.startswith("transformer.h."):
+            block = int(name.split(".")[2])
+            seg = 1 + sum(1 for c in cuts if block < c)
+        elif name.startswith("transformer.ln_f."):
+            seg = 1
+        where[id(p)] = max(where.get(id(p), 0), seg)
+    return [where.get(id(p), last) for p in params]
 
 
 class _IntoBuffer(torch.autograd.Function):
@@ -337,7 +380,10 @@ class _Replay(torch.autograd.Function):
                 torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
         elif graphs.direct:  # (the graph adds into the buffers)
             torch._foreach_zero_([b for b in graphs.grads if b is not None])
-        graphs.bwd.replay()
+        for j, graph in enumerate(graphs.bwds, 1):
+            graph.replay()
+            if j < len(graphs.bwds):
+                _dist.grads_ready(runner.gpt, j)
         runner.generation += 1
         runner.pending = None
         if direct:

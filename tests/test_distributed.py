@@ -477,7 +477,7 @@ def _ddp_gpu_run(rank: int):
                 (loss / 6).backward()
         errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
                 for (n, p), q in zip(graphed.named_parameters(), plain.parameters()) if p.grad is not None}
-        result = (errs, runner.captures, runner.replays, runner.disabled)
+        result = (errs, runner.captures, runner.replays, (runner.disabled, (runner.error or "")[-3000:]))
     return result
 
 
@@ -490,8 +490,8 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     spawn_ranks(_ddp_gpu_worker, (2, _free_port(), queue))
-    errs, captures, replays, disabled = queue.get(timeout=60)
-    assert not disabled and captures == 2 and replays == 3, (captures, replays, disabled)
+    errs, captures, replays, (disabled, error) = queue.get(timeout=60)
+    assert not disabled and captures == 2 and replays == 3, (captures, replays, disabled, error)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
 
@@ -559,6 +559,10 @@ def _replica_run(rank: int, gpu: bool):
             strategy.backward(loss / 3, None)
     result = None
     captures = runner_for(ours).captures if gpu else 0
+    from lit_liger.dataparallel import grad_segments
+
+    segments = grad_segments(ours)
+    early = (strategy.early, sum(1 for seg in segments[:-1] if seg), len(segments))
     if rank == 0:
         for r in range(2):
             for x, y in batches[r]:
@@ -566,8 +570,9 @@ def _replica_run(rank: int, gpu: bool):
                 (loss / 6).backward()
         errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
                 for (n, p), q in zip(ours.named_parameters(), ref.parameters())}
-        result = (errs, strategy.reductions, flags, captures)
+        result = (errs, strategy.reductions, flags, captures, early)
     _dist.REPLICA[0] = False
+    _dist.GRADS_READY.clear()
     return result
 
 
@@ -580,11 +585,13 @@ def _replica_result(gpu: bool):
 
 def test_replica_strategy_reduces_once_per_step():
     """CPU (gloo), fp32: the replicas' accumulated, all-reduced gradients equal one process's over both ranks' data;
-    one reduction for three micro-batches; inside the plan each process counts as holding the whole model."""
+    one reduction for three micro-batches, the lm_head's and the upper Blocks' started during the backward (a hook at
+    each segment's lowest input); inside the plan each process counts as holding the whole model."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
-    errs, reductions, flags, _ = _replica_result(gpu=False)
+    errs, reductions, flags, _, (early, expected, n_segments) = _replica_result(gpu=False)
     assert reductions == 1
+    assert n_segments >= 3 and early == expected >= 2, (early, expected, n_segments)
     assert flags == (True, True, True, False)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 1e-4, (worst, errs[worst])
@@ -593,12 +600,13 @@ def test_replica_strategy_reduces_once_per_step():
 @pytest.mark.gpu
 def test_gpu_replica_strategy_graphs_direct_grads():
     """Two GPUs (NCCL), bf16 full training: the replica captures its steps (full training, gradients straight into
-    ``.grad``, which a DDP replica cannot), packs, and its reduced gradients are one process's over both ranks'
-    data."""
+    ``.grad``, which a DDP replica cannot), packs, replays its backward as one graph per segment with the upper
+    segments' all-reduce started between them, and its reduced gradients are one process's over both ranks' data."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    errs, reductions, flags, captures = _replica_result(gpu=True)
+    errs, reductions, flags, captures, (early, expected, _) = _replica_result(gpu=True)
     assert reductions == 1 and flags == (True, True, True, False)
+    assert early == expected >= 2, (early, expected)  # (between the backward graphs of the segments)
     assert captures >= 2, captures
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])

@@ -23,6 +23,8 @@ DIAGS = {
     "gaps": ("gaps", "where a training step's GPU sits idle, and every host-synchronizing call (torch.profiler)"),
     "window-mem": ("window_mem", "what is live at a sliding-window step's memory peak, per LigerConfig setting "
                                  "(memory-history replay)"),
+    "replica-step": ("replica_step", "a replica's step on several GPUs (lit_liger.dataparallel): accumulation and "
+                                     "synchronizing iterations, optimizer, per count of overlapped backward segments"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
                                  "setting (lit_liger/graphs.py) or torch.compile"),
 }
