@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
                         row.update(res, status="ok", iter_ms_p50=statistics.median(times),
                                    iter_ms_p90=statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0],
                                    iter_ms_mean=statistics.fmean(times))
-                        row.update(_sync_split(metrics, warmup))
+                        row.update(_sync_split(metrics, warmup, max(1, (16 if not smoke else mb * n_dev) // (mb * n_dev))))
                         log = run_dir / "stdout.txt"
                         if log.is_file():
                             row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
@@ -289,14 +289,14 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def _sync_split(metrics: list[dict], warmup: int) -> dict[str, float]:
-    """Median iteration time of the iterations that end with an optimizer step (litgpt's ``step`` grows: the
+def _sync_split(metrics: list[dict], warmup: int, accumulation: int) -> dict[str, float]:
+    """Median iteration time of the iterations that end with an optimizer step (every ``accumulation``-th: the
     gradient reduction on several devices, the optimizer) and of the accumulation iterations, warm-up left out."""
     sync, accum = [], []
-    for prev, r in zip(metrics, metrics[1:]):
-        if r.get("iter", 0) <= warmup or "step" not in r:
+    for r in metrics:
+        if r.get("iter", 0) <= warmup:
             continue
-        (sync if r["step"] != prev.get("step") else accum).append(r["iter_time"] * 1e3)
+        (sync if int(r["iter"]) % accumulation == 0 else accum).append(r["iter_time"] * 1e3)
     out = {}
     if sync:
         out["iter_ms_sync_p50"] = statistics.median(sync)

@@ -442,7 +442,10 @@ def _make_replica_class() -> type:
                 return
             segments = self._segments.get(id(gpt))
             if segments is None:
-                segments = self._segments[id(gpt)] = grad_segments(gpt)
+                mine = any(gpt is sub for m in self._modules for sub in m.modules())
+                segments = self._segments[id(gpt)] = grad_segments(gpt) if mine else []
+            if not segments:
+                return  # (another model's backward in this process: not this replica's to reduce)
             params = [p for p in segments[segment] if id(p) not in self._started]
             self._started.update(id(p) for p in params)
             self._pending += start_reduce(params)

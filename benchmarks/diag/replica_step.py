@@ -101,6 +101,8 @@ def _port() -> int:
 
 
 def main() -> None:
+    from benchmarks.diag import replica_step  # (spawned workers import it by name: this file runs as __main__)
+
     ctx = mp.get_context("spawn")
     out = []
     world = torch.cuda.device_count()
@@ -108,7 +110,7 @@ def main() -> None:
         if n < 2 and out:
             continue
         queue = ctx.Queue()
-        mp.start_processes(_worker, args=(n, _port(), seg, queue), nprocs=n, join=True, start_method="spawn")
+        mp.start_processes(replica_step._worker, args=(n, _port(), seg, queue), nprocs=n, join=True, start_method="spawn")
         row = queue.get(timeout=60)
         out.append(row)
         print(json.dumps(row), flush=True)
