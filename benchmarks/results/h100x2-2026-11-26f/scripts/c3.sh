@@ -1,5 +1,5 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 SPAWN_TIMEOUT_S=60
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 LIT_LIGER_TEST_SPAWN_TIMEOUT=60
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 F='warn\|Failed to load\|register_constant\|Configuration class'
 timeout 80 python3 -m pytest -q tests/test_distributed.py -k "gpu_replica" -p no:cacheprovider > $OUT/c3-pytest.log 2>&1; echo "pytest rc=$?"
