@@ -25,10 +25,11 @@ def several_processes() -> bool:
 
 
 #: callbacks ``fn(gpt, segment)`` that a swapped GPT's backward runs when the trainable parameters of ``segment`` have
-#: their gradients for this backward: segment 0 = the parameters outside the Blocks, the embedding and ``ln_f`` (the
-#: lm_head: the fused loss's backward ran), at the final hidden states' gradient; segment ``j`` >= 1 = the Blocks from
-#: :func:`segment_cuts` ``[j - 1]`` up (``ln_f`` with them), at the gradient of that Block's input (the CUDA graphs'
-#: backward then replays as one graph per segment). The embedding and the lowest Blocks have none: backward ends there.
+#: their gradients for this backward: segment ``j`` >= 1 = the Blocks from :func:`segment_cuts` ``[j - 1]`` up (``ln_f``
+#: with them), at the gradient of that Block's input (the CUDA graphs' backward then replays as one graph per
+#: segment). The lowest Blocks, the embedding and the parameters outside the Blocks (the lm_head) have none: backward
+#: ends there. (The lm_head's gradient was seen to arrive after the final hidden states' gradient on CUDA: an early
+#: all-reduce there reduced a zero gradient, on 2 GPUs.)
 #: ``lit_liger.dataparallel.ReplicaStrategy`` starts each segment's all-reduce there, under the backward that follows.
 #: Empty (one process): no hook, one backward graph.
 GRADS_READY: list = []

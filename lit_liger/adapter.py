@@ -735,8 +735,6 @@ class _GPTMixin:
             x = runner_for(self).hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx, plan)
-        if _dist.GRADS_READY and x.requires_grad and not torch.compiler.is_compiling():
-            x.register_hook(functools.partial(_segment_ready, self, 0))  # (the lm_head's gradient is in by then)
         return x
 
     def _liger_chunk_cap(self, x: torch.Tensor) -> int | None:

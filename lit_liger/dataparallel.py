@@ -337,9 +337,10 @@ def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int
 
 def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     """The trainable parameters of a swapped GPT by segment of ``lit_liger._dist.GRADS_READY``: ``[0]`` outside the
-    Blocks, embedding and ``ln_f``; ``[j]`` the Blocks from ``segment_cuts[j - 1]`` up to the previous cut (``ln_f``
-    in ``[1]``); the last, the lowest Blocks and the embedding (reduced when backward ends). A parameter under several
-    names (a tied lm_head) belongs to the latest of its segments."""
+    Blocks, embedding and ``ln_f`` (the lm_head: no callback, reduced when backward ends); ``[j]`` the Blocks from
+    ``segment_cuts[j - 1]`` up to the previous cut (``ln_f`` in ``[1]``); the last, the lowest Blocks and the
+    embedding (reduced when backward ends). A parameter under several names (a tied lm_head) belongs to the latest of
+    its segments."""
     from . import _dist
 
     cuts = _dist.segment_cuts(gpt.config.n_layer)
@@ -446,6 +447,8 @@ def _make_replica_class() -> type:
                 segments = self._segments[id(gpt)] = grad_segments(gpt) if mine else []
             if not segments:
                 return  # (another model's backward in this process: not this replica's to reduce)
+            if segment <= 0 or segment >= len(segments) - 1:
+                return  # (reduced when backward ends)
             params = [p for p in segments[segment] if id(p) not in self._started]
             self._started.update(id(p) for p in params)
             self._pending += start_reduce(params)

@@ -499,17 +499,17 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
 # ----------------------------------------------------------------------------------------------
 # lit-liger's replica plan (lit_liger.dataparallel.ReplicaStrategy)
 # ----------------------------------------------------------------------------------------------
-def _replica_worker(rank: int, world: int, port: int, queue, gpu: bool) -> None:
+def _replica_worker(rank: int, world: int, port: int, queue, gpu: bool, graphs: bool = True) -> None:
     faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.path.insert(0, HERE)
     if gpu:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-    _finish(_replica_run(rank, gpu), queue)
+    _finish(_replica_run(rank, gpu, graphs), queue)
 
 
-def _replica_run(rank: int, gpu: bool):
+def _replica_run(rank: int, gpu: bool, graphs: bool = True):
     """Each rank: a swapped model trained in full (every parameter; on GPUs bf16 with CUDA graphs, packing and
     gradients added straight into ``.grad``) under ReplicaStrategy: ``setup_module`` (rank 1 starts from other
     weights: the broadcast makes them rank 0's), three micro-batches of rank-dependent data, the first two inside
@@ -534,7 +534,7 @@ def _replica_run(rank: int, gpu: bool):
         cfg, ours, _ = _gpu_models(lora=False)
         ref = copy.deepcopy(ours)
         apply_liger(ref, LigerConfig(cuda_graphs=False, packing=False))
-        apply_liger(ours, LigerConfig(cuda_graphs=True, packing=True))
+        apply_liger(ours, LigerConfig(cuda_graphs=graphs, packing=True))
         lengths = [(100, 300, 90), (50, 120), (100, 300, 90)]
     else:
         adapter._PACK_ON_CPU = True
@@ -562,7 +562,7 @@ def _replica_run(rank: int, gpu: bool):
     from lit_liger.dataparallel import grad_segments
 
     segments = grad_segments(ours)
-    early = (strategy.early, sum(1 for seg in segments[:-1] if seg), len(segments))
+    early = (strategy.early, sum(1 for seg in segments[1:-1] if seg), len(segments))
     if rank == 0:
         for r in range(2):
             for x, y in batches[r]:
@@ -576,29 +576,30 @@ def _replica_run(rank: int, gpu: bool):
     return result
 
 
-def _replica_result(gpu: bool):
+def _replica_result(gpu: bool, graphs: bool = True):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    spawn_ranks(_replica_worker, (2, _free_port(), queue, gpu))
+    spawn_ranks(_replica_worker, (2, _free_port(), queue, gpu, graphs))
     return queue.get(timeout=60)
 
 
 def test_replica_strategy_reduces_once_per_step():
     """CPU (gloo), fp32: the replicas' accumulated, all-reduced gradients equal one process's over both ranks' data;
-    one reduction for three micro-batches, the lm_head's and the upper Blocks' started during the backward (a hook at
-    each segment's lowest input); inside the plan each process counts as holding the whole model."""
+    one reduction for three micro-batches, the upper Blocks' started during the backward (a hook at each segment's
+    lowest input); inside the plan each process counts as holding the whole model."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
     errs, reductions, flags, _, (early, expected, n_segments) = _replica_result(gpu=False)
     assert reductions == 1
-    assert n_segments >= 3 and early == expected >= 2, (early, expected, n_segments)
+    assert n_segments >= 3 and early == expected >= 1, (early, expected, n_segments)
     assert flags == (True, True, True, False)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 1e-4, (worst, errs[worst])
 
 
 @pytest.mark.gpu
-def test_gpu_replica_strategy_graphs_direct_grads():
+@pytest.mark.parametrize("graphs", [True, False])
+def test_gpu_replica_strategy_graphs_direct_grads(graphs):
     """Two GPUs (NCCL), bf16 full training: the replica captures its steps (full training, gradients straight into
     ``.grad``, which a DDP replica cannot), packs, replays its backward as one graph per segment with the upper
     segments' all-reduce started between them, and its reduced gradients are one process's over both ranks' data."""
@@ -606,7 +607,7 @@ def test_gpu_replica_strategy_graphs_direct_grads():
         pytest.skip("needs 2 GPUs")
     errs, reductions, flags, captures, (early, expected, _) = _replica_result(gpu=True)
     assert reductions == 1 and flags == (True, True, True, False)
-    assert early == expected >= 2, (early, expected)  # (between the backward graphs of the segments)
+    assert early == expected >= 1, (early, expected)  # (between the backward graphs of the segments)
     assert captures >= 2, captures
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
