@@ -85,10 +85,13 @@ class LigerConfig:
             ``"auto"`` (default) estimates, from the recipe's model, trainable parameters, precision, micro-batch
             and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of
             its memory); if so every device runs a replica (``"replicate"``: no wrapper, lit-liger's single-device
-            machinery on each, the gradients all-reduced once per optimizer step), else the recipes that litgpt
-            shards with FSDP1 (full fine-tuning, adapters, pretraining) run ZeRO-2 (``"shard"``: FSDP
-            ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it), else litgpt's own strategy
-            (``"litgpt"``, which keeps it always). The plan and why are printed. The Trainer keeps the user's strategy.
+            machinery on each, the gradients all-reduced once per optimizer step, the upper Blocks' under the backward
+            of the lower ones), else litgpt's own strategy (``"litgpt"``, which keeps it always). ``"shard"`` runs the
+            recipes that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
+            ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it); built and CPU-tested, not yet run
+            on GPUs, so ``"auto"`` only names it where it would fit. The plan and why are printed. Measured on 2 x
+            H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.68x one GPU's tokens/s, full fine-tuning
+            1.42x, where litgpt's sharding ran 0.054x and 0.32x. The Trainer keeps the user's strategy.
         replicate_frozen_base: the earlier name of ``data_parallel="replicate"`` (true forces it; false leaves
             ``data_parallel`` to decide).
         fp8: float8 GEMMs for the Block projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``;

@@ -12,11 +12,12 @@ parameters, precision, micro-batch and longest sequence):
 
 * ``replicate``: :class:`ReplicaStrategy`, the whole model on every device, no wrapper around it. Each device runs
   exactly what one device runs (graphs, packing, the deferred log, the fused optimizer), and the strategy all-reduces
-  the trainable parameters' gradients once per optimizer step, after the backward that litgpt's loop runs outside
-  ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing);
-* ``shard`` (the recipes whose strategy is FSDP1): ``FSDPStrategy`` with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and
-  optimizer state sharded, the weights kept gathered from forward to backward), Blocks recomputed only where the
-  estimate says they must be;
+  the trainable parameters' gradients once per optimizer step, in the backward that litgpt's loop runs outside
+  ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing): each group of upper Blocks' gradients
+  as soon as the backward has passed below them (``lit_liger._dist.GRADS_READY``), the rest when it ends;
+* ``shard`` (the recipes whose strategy is FSDP1; asked for, or automatic with :data:`AUTO_SHARD`): ``FSDPStrategy``
+  with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and optimizer state sharded, the weights kept gathered from forward to
+  backward), Blocks recomputed only where the estimate says they must be;
 * ``litgpt``: the recipe's own strategy, unchanged.
 
 The plan, why, and the flag that keeps litgpt's strategy are printed once. Checkpoints keep litgpt's format (the
@@ -77,11 +78,13 @@ class Estimate:
     def replicated(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + OVERHEAD
 
-    def zero2(self, world: int, checkpoint: bool) -> float:
+    def zero2(self, world: int, checkpoint: bool, accumulating: bool = True) -> float:
         """FSDP ``SHARD_GRAD_OP``: the weights gathered through forward and backward beside this rank's shard,
-        gradients and optimizer state sharded."""
+        optimizer state sharded; gradients sharded, but whole while micro-batches accumulate (litgpt's loop runs them
+        in ``no_backward_sync``: FSDP1 keeps unsharded gradients until the synchronizing backward)."""
         act = self.recompute if checkpoint else self.activations
-        return self.weights * (1 + 1 / world) + (self.grads + self.optimizer) / world + act + OVERHEAD
+        grads = self.grads if accumulating else self.grads / world
+        return self.weights * (1 + 1 / world) + grads + self.optimizer / world + act + OVERHEAD
 
     @property
     def budget(self) -> float:
@@ -126,9 +129,15 @@ def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, mic
                     device=device_bytes)
 
 
+#: ``data_parallel="auto"`` picks ``"shard"`` where a replica does not fit and ZeRO-2 does. Off: the plan is built and
+#: CPU-tested (its strategy, its estimate), not yet run on GPUs (FSDP needs them); until it is, auto keeps litgpt's
+#: strategy there and ``--liger.data_parallel shard`` asks for it
+AUTO_SHARD = False
+
+
 def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
     """The plan for a training state ``est`` on ``world`` devices (``can_shard``: the recipe's strategy is FSDP1,
-    which ``shard`` replaces)."""
+    which ``shard`` replaces; see :data:`AUTO_SHARD`)."""
     need = est.replicated()
     if need <= est.budget:
         return Plan("replicate", f"its training state fits one device (estimated {_gib(need)} of {_gib(est.device)})",
@@ -138,7 +147,11 @@ def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
         for checkpoint in (False, True):
             z2 = est.zero2(world, checkpoint)
             if z2 <= est.budget:
-                return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
+                if AUTO_SHARD:
+                    return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
+                how = "with" if checkpoint else "without"
+                return Plan("litgpt", f"{over}; ZeRO-2 {how} recomputed Blocks would fit ({_gib(z2)}: "
+                                      "--liger.data_parallel shard, not yet measured on GPUs)", estimate=est)
     return Plan("litgpt", f"{over}, and no lighter plan fits", estimate=est)
 
 

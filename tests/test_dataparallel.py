@@ -1,0 +1,168 @@
+"""lit_liger.dataparallel: the plan chosen for ``lit-liger <recipe> --devices N`` from the recipe's arguments, and the
+replica's gradient segments (CPU; the strategy itself on 2 processes: tests/test_distributed.py, test_cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_liger import _dist
+from lit_liger import dataparallel as dp
+
+GiB = 2**30
+
+
+def _estimate(module_name: str, model: str, device_gib: float, mb: int = 4, seq: int = 512, **lora):
+    import importlib
+
+    module = importlib.import_module(module_name)
+    cfg = module.Config.from_name(model, **lora)
+    n, trained, head = dp._count(module, module.GPT, cfg)
+    return dp.estimate(cfg, n, trained, 2, mb, seq, device_gib * GiB, head), n, trained
+
+
+LORA = {"lora_r": 8, "lora_alpha": 16, "lora_query": True, "lora_value": True}
+
+
+def test_estimate_counts_what_trains():
+    """LoRA: a few million trained parameters, no optimizer state to speak of; full fine-tuning: every parameter
+    trains, gradients and Adam's two moments in bf16; activations grow with the micro-batch's tokens."""
+    est, n, trained = _estimate("litgpt.finetune.lora", "Llama-3.2-1B", 80, **LORA)
+    assert 1.2e9 < n < 1.6e9 and 0 < trained < 5e6
+    assert est.weights == 2 * n and est.grads == 2 * trained and est.optimizer == 4 * trained
+    full, n_full, t_full = _estimate("litgpt.finetune.full", "Llama-3.2-1B", 80)
+    assert t_full == n_full == n - trained and full.grads == full.weights and full.optimizer == 2 * full.weights
+    longer, _, _ = _estimate("litgpt.finetune.full", "Llama-3.2-1B", 80, seq=1024)
+    assert longer.activations > 1.5 * (full.activations - 128256 * 2048 * 4)  # (the lm_head buffer stays)
+
+
+@pytest.mark.parametrize(("module", "model", "lora", "device", "plan"), [
+    ("litgpt.finetune.lora", "Llama-3.2-1B", True, 80, "replicate"),
+    ("litgpt.finetune.full", "Llama-3.2-1B", False, 80, "replicate"),
+    ("litgpt.finetune.lora", "Llama-3.1-8B", True, 80, "replicate"),
+    ("litgpt.finetune.full", "Llama-3.1-8B", False, 80, "litgpt"),  # (ZeRO-2 would fit: opt-in, AUTO_SHARD)
+    ("litgpt.finetune.full", "Llama-3.1-8B", False, 141, "replicate"),  # an H200 holds the whole state
+    ("litgpt.finetune.full", "Llama-3.1-70B", False, 80, "litgpt"),
+])
+def test_decide(module, model, lora, device, plan):
+    est, _, _ = _estimate(module, model, device, **(LORA if lora else {}))
+    chosen = dp.decide(est, 2, can_shard=module.endswith("full"))
+    assert chosen.name == plan, chosen
+    if plan == "replicate":
+        assert "fits one device" in chosen.why and est.replicated() <= dp.MEMORY_FRACTION * device * GiB
+    elif model == "Llama-3.1-8B":
+        assert "ZeRO-2 with recomputed Blocks would fit" in chosen.why and "--liger.data_parallel shard" in chosen.why
+    else:
+        assert "no lighter plan fits" in chosen.why
+
+
+def test_decide_shards_where_asked(monkeypatch):
+    """With AUTO_SHARD the 8B full fine-tune on 80 GB gets ZeRO-2 with recomputed Blocks: the estimate counts whole
+    gradients while micro-batches accumulate (FSDP1 under no_backward_sync); with room for the activations, none
+    recomputed."""
+    monkeypatch.setattr(dp, "AUTO_SHARD", True)
+    est, _, _ = _estimate("litgpt.finetune.full", "Llama-3.1-8B", 80)
+    plan = dp.decide(est, 2, can_shard=True)
+    assert plan.name == "shard" and plan.checkpoint
+    assert est.zero2(2, False) - est.zero2(2, False, accumulating=False) == pytest.approx(est.grads / 2)
+    roomy = dp.Estimate(**{**vars(est), "device": (est.zero2(2, False) + 1) / dp.MEMORY_FRACTION})
+    assert roomy.replicated() > roomy.budget
+    assert dp.decide(roomy, 2, can_shard=True).name == "shard" and not dp.decide(roomy, 2, can_shard=True).checkpoint
+    assert dp.decide(roomy, 2, can_shard=False).name == "litgpt"  # (LoRA's FSDP2 recipe: no ZeRO-2 plan here)
+
+
+def _args(tmp_path: Path, **over) -> dict:
+    from litgpt.args import TrainArgs
+
+    args = {"checkpoint_dir": tmp_path, "devices": 2, "num_nodes": 1, "precision": "bf16-true",
+            "train": TrainArgs(micro_batch_size=4, max_seq_length=512), "quantize": None}
+    args.update(over)
+    return args
+
+
+def test_choose_from_recipe_arguments(tmp_path):
+    """The plan from what ``lit-liger finetune_* --devices N`` binds: one device -> no plan; ``litgpt`` as asked; a
+    quantized run keeps litgpt's (it stops there on several devices); a checkpoint that cannot be sized keeps
+    litgpt's and says why; a real config is sized (its max_seq_length, or an assumed length, said)."""
+    import yaml
+    from litgpt import Config
+
+    import litgpt.finetune.full as full
+    import litgpt.finetune.lora as lora
+
+    assert dp.choose(full, _args(tmp_path, devices=1), "auto") is None
+    plan, n = dp.choose(full, _args(tmp_path), "litgpt")
+    assert (plan.name, n) == ("litgpt", 2) and "as asked" in plan.why
+    assert dp.choose(lora, _args(tmp_path, quantize="bnb.nf4"), "auto")[0].name == "litgpt"
+    missing, _ = dp.choose(full, _args(tmp_path), "auto")
+    assert missing.name == "litgpt" and "could not be sized" in missing.why
+    from dataclasses import asdict
+
+    (tmp_path / "model_config.yaml").write_text(yaml.safe_dump(asdict(Config.from_name("pythia-14m"))))
+    plan, _ = dp.choose(full, _args(tmp_path), "auto")
+    assert plan.name == "replicate" and "micro-batch 4 x 512 tokens" in plan.why
+    from litgpt.args import TrainArgs
+
+    plan, _ = dp.choose(lora, _args(tmp_path, train=TrainArgs(micro_batch_size=2), lora_r=4), "auto")
+    assert plan.name == "replicate" and f"{dp.ASSUMED_SEQ} assumed" in plan.why
+    plan, _ = dp.choose(lora, _args(tmp_path), "shard")
+    assert plan.name == "litgpt" and "FSDP2" in plan.why
+    plan, _ = dp.choose(full, _args(tmp_path), "shard")
+    assert plan.name == "shard" and not plan.checkpoint
+
+
+def test_plan_line_names_the_way_back():
+    line = dp.Plan("replicate", "why").line("finetune_full", 2)
+    assert line.startswith("lit-liger: data parallel on 2 devices, finetune_full: the whole model on every device")
+    assert line.endswith("--liger.data_parallel litgpt keeps litgpt's")
+
+
+def test_segments_follow_the_cuts(monkeypatch):
+    """With a callback registered the Blocks split into _dist.SEGMENTS groups from the top; ln_f goes with the top
+    group, the embedding with the lowest, the lm_head alone (reduced at the end); a tied lm_head (the embedding's
+    Parameter) goes with the embedding, where its last gradient arrives."""
+    from litgpt import GPT, Config
+
+    assert _dist.segment_cuts(16) == []  # (no callback: one backward graph)
+    monkeypatch.setattr(_dist, "GRADS_READY", [lambda gpt, seg: None])
+    assert _dist.segment_cuts(16) == [12, 8, 4] and _dist.segment_cuts(2) == [1]
+    with torch.device("meta"):
+        gpt = GPT(Config.from_name("pythia-14m", n_layer=6))  # (6 layers, 4 segments: cuts 4, 3, 1)
+    assert _dist.segment_cuts(6) == [4, 3, 1]
+    segments = dp.grad_segments(gpt)
+    names = {id(p): n for n, p in gpt.named_parameters()}
+    got = [{names[id(p)].split(".")[2] if names[id(p)].startswith("transformer.h.") else names[id(p)].split(".")[1]
+            for p in seg} for seg in segments]
+    assert got == [{"weight"}, {"4", "5", "ln_f"}, {"3"}, {"1", "2"}, {"0", "wte"}], got
+    gpt.lm_head.weight = gpt.transformer.wte.weight  # tied
+    segments = dp.grad_segments(gpt)
+    assert not segments[0] and any(p is gpt.transformer.wte.weight for p in segments[-1])
+
+
+def test_reduce_one_process_is_a_no_op(monkeypatch):
+    """In a world of one nothing is reduced (and nothing is zeroed)."""
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 1)
+    p = torch.nn.Parameter(torch.ones(3))
+    assert dp.start_reduce([p]) == [] and p.grad is None
+    assert dp.reduce_gradients([]) == 0
+
+
+def test_strategy_names_are_litgpts():
+    """The class names the plan replaces exist in this litgpt's recipes."""
+    import importlib
+
+    for module_name, class_name in dp.STRATEGY_NAMES.items():
+        assert isinstance(getattr(importlib.import_module(module_name), class_name), type)
+
+
+def test_replica_ignores_other_models():
+    """The strategy's segment callback runs reductions only for the GPTs it set up (a reference copy's backward in
+    the same process issues no collective)."""
+    strategy = dp.replica_class()()
+    strategy._modules.append(torch.nn.Linear(2, 2))
+    other = SimpleNamespace(config=SimpleNamespace(n_layer=2))
+    strategy._ready(other, 1)  # (would need torch.distributed otherwise)
+    assert strategy.early == 0 and strategy._segments[id(other)] == []
