@@ -140,11 +140,23 @@ class LigerCallback(Callback):
         self._restore_backward_thread()
         self._clear_fp8_scales(pl_module)
         self._put_collate_back()
+        self._release_graphs(trainer, pl_module)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
         self._clear_fp8_scales(pl_module)
         self._put_collate_back()
+        self._release_graphs(trainer, pl_module)
+
+    @staticmethod
+    def _release_graphs(trainer: Trainer, pl_module: LightningModule) -> None:
+        """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.graphs.release``):
+        what follows (``trainer.test``, saving, generation) gets that memory."""
+        from .graphs import release
+
+        line = release(pl_module)
+        if line and getattr(trainer, "is_global_zero", True):
+            print(line, flush=True)
 
     def _put_collate_back(self) -> None:
         if self._restore_collate is not None:

@@ -47,7 +47,7 @@ from ._dist import sharded_processes, whole_model
 from .kernels import _grad_into
 from .quant import is_4bit
 
-__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "runner_for"]
+__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
 
 
 @contextlib.contextmanager
@@ -773,3 +773,28 @@ def runner_for(gpt: nn.Module) -> GraphRunner:
     if runner is None:
         runner = _RUNNERS[gpt] = GraphRunner(gpt)
     return runner
+
+
+def release(model: nn.Module) -> str | None:
+    """Drop the captured graphs of every swapped GPT inside ``model``, their memory pool and buffers, and hand the
+    allocator's cached memory back to the device: what the ``lit-liger`` command and ``LigerCallback`` do when
+    training ends, before litgpt validates, saves, merges LoRA weights or generates (a run that had captured
+    long-document shapes held their pools until the process ended: 119 GiB at 16k tokens, and litgpt's
+    ``merge_lora`` then ran out of memory). A later training step captures again. Returns the log line, or None
+    where nothing was captured. Gradients the replays wrote into ``.grad`` stay the parameters' own."""
+    runners = [r for m in model.modules() if (r := _RUNNERS.get(m)) is not None and (r.graphs or r.pool is not None)]
+    if not runners:
+        return None
+    shapes = sum(len(r.graphs) for r in runners)
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    before = torch.cuda.memory_reserved() if cuda else 0
+    for r in runners:
+        r.pending = None
+        r.reset()
+    if cuda:
+        gc.collect()  # (a graph's autograd state may sit in a reference cycle)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved() if cuda else 0
+    freed = f": reserved memory {before / 2**30:.2f} -> {after / 2**30:.2f} GiB" if cuda else ""
+    return f"lit-liger: training ended: the CUDA graphs of {shapes} input shapes and their memory pool released{freed}"

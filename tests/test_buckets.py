@@ -675,3 +675,25 @@ def test_capture_warm_up_runs_without_the_garbage_collector(monkeypatch):
         assert not gc.isenabled()  # it was off before: stays off
     finally:
         gc.enable()
+
+
+def test_release_drops_graphs_and_pool():
+    """``graphs.release`` (run when training ends, by the ``lit-liger`` command and ``LigerCallback``): every swapped
+    GPT inside the module loses its captured graphs, buffers and pool, and says so once; nothing captured, no word."""
+    from lit_liger.graphs import release
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, ours = _pair(cfg)
+    apply_liger(ours)
+    wrapper = torch.nn.ModuleDict({"model": ours})
+    assert release(wrapper) is None  # (no runner yet)
+    runner = runner_for(ours)
+    assert release(wrapper) is None  # (a runner that captured nothing)
+    runner.graphs[("shape", 1)] = object()
+    runner.graphs[("shape", 2)] = object()
+    runner.buffers[0] = torch.zeros(2)
+    runner.pool = ("pool", 1)
+    line = release(wrapper)
+    assert line.startswith("lit-liger: training ended: the CUDA graphs of 2 input shapes and their memory pool released")
+    assert not runner.graphs and not runner.buffers and runner.pool is None and runner.addresses is None
+    assert release(wrapper) is None
