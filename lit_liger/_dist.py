@@ -10,7 +10,7 @@ import os
 
 import torch
 
-__all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
+__all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "segment_of", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
 
 #: set by ``lit_liger.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
 #: which no DDP wrapper holds, and the strategy all-reduces the gradients after each synchronizing backward (so
@@ -45,6 +45,18 @@ def segment_cuts(n_layer: int) -> list[int]:
         return []
     k = min(SEGMENTS, n_layer)
     return [n_layer * j // k for j in range(k - 1, 0, -1)]
+
+
+def segment_of(name: str, cuts: list[int]) -> int:
+    """The segment of the parameter ``name`` (a GPT's ``named_parameters``) for :func:`segment_cuts` ``cuts``: a Block's
+    ``1 +`` the number of cuts above it (``ln_f``: 1), the embedding's and any other ``transformer.`` one's the last
+    (``len(cuts) + 1``), one outside the transformer (the lm_head) 0."""
+    if name.startswith("transformer.h."):
+        block = int(name.split(".")[2])
+        return 1 + sum(1 for c in cuts if block < c)
+    if name.startswith("transformer.ln_f."):
+        return 1
+    return len(cuts) + 1 if name.startswith("transformer.") else 0
 
 
 def grads_ready(gpt: torch.nn.Module, segment: int) -> None:

@@ -361,19 +361,9 @@ def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     where: dict[int, int] = {}
     params: dict[int, torch.nn.Parameter] = {}
     for name, p in gpt.named_parameters(remove_duplicate=False):
-        if not p.requires_grad:
-            continue
-        if name.startswith("transformer.h."):
-            block = int(name.split(".")[2])
-            seg = 1 + sum(1 for c in cuts if block < c)
-        elif name.startswith("transformer.ln_f."):
-            seg = 1
-        elif name.startswith("transformer."):
-            seg = last
-        else:
-            seg = 0
-        where[id(p)] = max(where.get(id(p), -1), seg)
-        params[id(p)] = p
+        if p.requires_grad:
+            where[id(p)] = max(where.get(id(p), -1), _dist.segment_of(name, cuts))
+            params[id(p)] = p
     out: list[list[torch.nn.Parameter]] = [[] for _ in range(last + 1)]
     for key, p in params.items():
         out[where[key]].append(p)

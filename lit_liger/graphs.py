@@ -257,7 +257,11 @@ class _Graphs:
         # one backward graph per segment of _dist.GRADS_READY (one in all where it has no callback): graph j takes the
         # gradient of segment j-1's lowest input (a shared buffer, copied in at the end of graph j-1) to segment j's
         # parameters and its own lowest input; the last one takes every parameter left
-        cuts = [c for c in _dist.segment_cuts(gpt.config.n_layer) if c in self.taps]
+        # (a cut whose input needs no gradient, nothing below it training, is left out; each boundary kept runs its
+        # segment's callbacks under the segment number the uncaptured backward's hook would give)
+        kept = [(j, c) for j, c in enumerate(_dist.segment_cuts(gpt.config.n_layer), 1)
+                if c in self.taps and self.taps[c].requires_grad]
+        cuts, self.notify = [c for _, c in kept], [j for j, _ in kept]
         segment = _param_segments(gpt, params, cuts)
         self.direct = DIRECT_GRADS
         self.used = [False] * len(params)
@@ -293,19 +297,12 @@ class _Graphs:
 
 
 def _param_segments(gpt: nn.Module, params: list[nn.Parameter], cuts: list[int]) -> list[int]:
-    """The segment of each of ``params`` for the backward graphs (see _dist.GRADS_READY): 1 + the number of cuts at or
-    above its Block (``ln_f``: 1), and past the last for the embedding and anything else; a parameter under several
-    names takes the latest."""
+    """The backward graph of each of ``params`` (``_dist.segment_of``; the lm_head, which no body graph trains, and the
+    embedding with the last); a parameter under several names takes the latest."""
     last = len(cuts) + 1
     where: dict[int, int] = {}
     for name, p in gpt.named_parameters(remove_duplicate=False):
-        seg = last
-        if name.startswith("transformer.h."):
-            block = int(name.split(".")[2])
-            seg = 1 + sum(1 for c in cuts if block < c)
-        elif name.startswith("transformer.ln_f."):
-            seg = 1
-        where[id(p)] = max(where.get(id(p), 0), seg)
+        where[id(p)] = max(where.get(id(p), 0), _dist.segment_of(name, cuts) or last)
     return [where.get(id(p), last) for p in params]
 
 
@@ -380,10 +377,10 @@ class _Replay(torch.autograd.Function):
                 torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
         elif graphs.direct:  # (the graph adds into the buffers)
             torch._foreach_zero_([b for b in graphs.grads if b is not None])
-        for j, graph in enumerate(graphs.bwds, 1):
+        for j, graph in enumerate(graphs.bwds):
             graph.replay()
-            if j < len(graphs.bwds):
-                _dist.grads_ready(runner.gpt, j)
+            if j < len(graphs.notify):
+                _dist.grads_ready(runner.gpt, graphs.notify[j])
         runner.generation += 1
         runner.pending = None
         if direct:
