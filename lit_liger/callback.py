@@ -154,6 +154,8 @@ class LigerCallback(Callback):
         what follows (``trainer.test``, saving, generation) gets that memory."""
         from .graphs import release
 
+        if not isinstance(pl_module, torch.nn.Module):
+            return
         line = release(pl_module)
         if line and getattr(trainer, "is_global_zero", True):
             print(line, flush=True)
