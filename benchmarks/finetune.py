@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="Llama-3.2-1B", help="LitGPT config name whose shape the checkpoint takes")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's full depth; smoke 2)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
-    p.add_argument("--devices", type=int, default=1, help="GPUs per run (litgpt's FSDP / ModelParallel strategies)")
+    p.add_argument("--devices", type=int, default=1, help="GPUs per run (stock: litgpt's FSDP / ModelParallel strategies; lit-liger: "
+                   "its automatic data-parallel plan, --liger_args '--liger.data_parallel litgpt' for litgpt's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 30; smoke 2)")
     p.add_argument("--warmup", type=int, default=None,
                    help="first steps left out of tokens/s (default 3; smoke 1)")

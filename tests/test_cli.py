@@ -824,7 +824,8 @@ def test_demo_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("command", ["finetune_full", "finetune_lora"])
 def test_finetune_two_gpus(assets, tmp_path, command):
-    """finetune_full: Fabric FSDPStrategy (FSDP1); finetune_lora: ModelParallelStrategy (FSDP2)."""
+    """``--liger false``: litgpt's FSDPStrategy (FSDP1, finetune_full) / ModelParallelStrategy (FSDP2, finetune_lora);
+    ``--liger true``: the automatic data-parallel plan (a replica per GPU for this tiny model). The same first losses."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     outs = {}

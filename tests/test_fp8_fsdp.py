@@ -230,9 +230,10 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
 
 
 def test_finetune_lora_two_processes_gathers_float8(assets):
-    """``lit-liger finetune_lora --devices 2 --liger.fp8 tensorwise`` on 2 CPU processes: litgpt's FSDP2 recipe (meta
-    init, each Block checkpointed and sharded, the checkpoint loaded into the shards) gets float8 all-gather
-    automatically, and its losses are those of ``--liger.fp8_all_gather false``, bit for bit."""
+    """``lit-liger finetune_lora --devices 2 --liger.fp8 tensorwise --liger.data_parallel litgpt`` on 2 CPU processes:
+    litgpt's FSDP2 recipe (meta init, each Block checkpointed and sharded, the checkpoint loaded into the shards; the
+    automatic data-parallel plan would replicate this tiny model) gets float8 all-gather automatically, and its losses
+    are those of ``--liger.fp8_all_gather false``, bit for bit."""
     import json
     import subprocess
 
@@ -246,7 +247,7 @@ def test_finetune_lora_two_processes_gathers_float8(assets):
         gbs = args.index("--train.global_batch_size") + 1
         args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step
         args += ["--optimizer", json.dumps({"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.02}}),
-                 "--lora_dropout", "0", "--liger.fp8", "tensorwise", *extra]
+                 "--lora_dropout", "0", "--liger.fp8", "tensorwise", "--liger.data_parallel", "litgpt", *extra]
         proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], capture_output=True, text=True,
                               timeout=600, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -22,7 +22,7 @@ def test_config_accepts_the_backends_and_rejects_others():
     assert "sdpa_backend" not in LigerConfig.switches()
     # the settings with fixed values come from their Literal types (the CLI's messages read the same table)
     choices = LigerConfig.choices()
-    assert choices.keys() == {"flce_mode", "sdpa_backend", "fp8"} and choices["flce_mode"] == ("fast", "lean")
+    assert choices.keys() == {"flce_mode", "sdpa_backend", "fp8", "data_parallel"} and choices["flce_mode"] == ("fast", "lean")
     assert set(choices["sdpa_backend"]) == {"auto", *A.SDPA_BACKENDS}
     with pytest.raises(ValueError, match="flce_mode must be one of 'fast', 'lean', got 'fastest'"):
         LigerConfig(flce_mode="fastest")
