@@ -44,10 +44,11 @@ __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "
 MEMORY_FRACTION = 0.8
 #: fixed overhead per device beside the estimate's terms (bytes)
 OVERHEAD = 1.5 * 2**30
-#: bytes of activations that lit-liger keeps per token, per layer, per unit of ``2 * n_embd + intermediate_size``
-#: (bf16): a Block keeps about 8 ``n_embd``-wide and 4 ``intermediate_size``-wide values per token for backward
-#: (the residual stream, q/k/v, attention output and its statistics, the GLU's two inputs and product); measured on
-#: an H100 (Llama-3.2-1B LoRA, micro-batch 4 x 512: 2.3 GB above the weights, 2.4 GB estimated)
+#: the activations lit-liger keeps per token and layer, in 16-bit values of width ``n_embd`` and ``intermediate_size``
+#: (``2 * (8 * n_embd + 4 * intermediate_size)`` bytes): a Block keeps about that many for backward
+#: (the residual stream, q/k/v, attention output and its statistics, the GLU's two inputs and product). An upper
+#: bound: for Llama-3.2-1B LoRA at micro-batch 4 x 512 it gives 3.2 GB for the Blocks and 1.1 GB for the loss's
+#: logits chunk, where an H100 measured 2.3 GB above the weights at the run's peak (litgpt's recipe, packed batches)
 ACT_N_EMBD, ACT_INTERMEDIATE = 8, 4
 
 #: litgpt's recipe modules -> the name of the strategy class their ``setup`` builds for several devices
