@@ -229,29 +229,16 @@ def test_fsdp2_float8_all_gather_equals_casting_after_a_16bit_all_gather():
         assert r["torchao_gemms"] == (0 if r["triton"] else 3 * n_proj), (v, r["torchao_gemms"])
 
 
-def test_finetune_lora_two_processes_gathers_float8(assets):
+def test_finetune_lora_two_processes_gathers_float8(assets, tmp_path):
     """``lit-liger finetune_lora --devices 2 --liger.fp8 tensorwise --liger.data_parallel litgpt`` on 2 CPU processes:
     litgpt's FSDP2 recipe (meta init, each Block checkpointed and sharded, the checkpoint loaded into the shards; the
     automatic data-parallel plan would replicate this tiny model) gets float8 all-gather automatically, and its losses
     are those of ``--liger.fp8_all_gather false``, bit for bit."""
-    import json
-    import subprocess
+    from test_cli import _two_process_run
 
-    from test_cli import finetune_args, losses
-
-    runs = {}
-    for name, extra in (("auto", []), ("off", ["--liger.fp8_all_gather", "false"])):
-        args = finetune_args(assets, "finetune_lora", assets["root"] / f"fp8-{name}", None)
-        args[args.index("--devices") + 1] = 2
-        args[args.index("--train.max_steps") + 1] = 3
-        gbs = args.index("--train.global_batch_size") + 1
-        args[gbs] = 2 * int(args[gbs])  # one micro-batch per device per step
-        args += ["--optimizer", json.dumps({"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.02}}),
-                 "--lora_dropout", "0", "--liger.fp8", "tensorwise", "--liger.data_parallel", "litgpt", *extra]
-        proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args)], capture_output=True, text=True,
-                              timeout=600, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        runs[name] = (losses(assets["root"] / f"fp8-{name}"), proc.stdout)
+    fp8 = ["--liger.fp8", "tensorwise", "--liger.data_parallel", "litgpt"]
+    runs = {name: _two_process_run(assets, tmp_path, "finetune_lora", name, fp8 + extra)
+            for name, extra in (("auto", []), ("off", ["--liger.fp8_all_gather", "false"]))}
     assert ("FSDP2 float8 all-gather on: a multi-process model built on the meta device outside FSDP1: FSDP2 "
             "(Fabric's ModelParallelStrategy) shards it") in runs["auto"][1]
     assert "FSDP2 float8 all-gather off: fp8_all_gather false" in runs["off"][1]
