@@ -10,7 +10,7 @@ import os
 
 import torch
 
-__all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "segment_of", "one_host", "replicated", "several_processes", "sharded_processes", "whole_model"]
+__all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "segment_of", "one_host", "rank_zero", "replicated", "several_processes", "sharded_processes", "whole_model"]
 
 #: set by ``lit_liger.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
 #: which no DDP wrapper holds, and the strategy all-reduces the gradients after each synchronizing backward (so
@@ -104,3 +104,9 @@ def replicated() -> bool:
 def sharded_processes() -> bool:
     """Several processes, and this call is not inside a DDP forward (FSDP, DeepSpeed, or code of its own)."""
     return several_processes() and not replicated()
+
+
+def rank_zero() -> bool:
+    """This process is the first of its process group (or the only one): the one that prints a run's notes."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+        torch.distributed.get_rank() == 0

@@ -40,6 +40,7 @@ from ._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
 from .config import LigerConfig
 from . import graphs as _graphs
+from . import memplan as _memplan
 from . import tied as _tied
 from .graphs import runner_for
 from .kernels import _grad_into
@@ -728,6 +729,7 @@ class _GPTMixin:
                     plan: _packing.Plan | None = None) -> torch.Tensor:
         """:meth:`_liger_hidden`, through the captured CUDA graphs where they apply (``cuda_graphs``)."""
         x = None
+        self._liger_mem_now = _memory_plan_here(self, idx)  # (Blocks recomputed, inputs offloaded): read below
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
         if graphs is not False and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
@@ -742,8 +744,9 @@ class _GPTMixin:
         # is capped at their size, or its buffer (a (rows, V) chunk, 125 MiB at 512 rows of a 128k vocabulary)
         # would be the step's peak (measured, H100, Llama-3.2-1B LoRA at 1 x 512: 125 of the step's 163 MiB).
         # Not under torch.compile (the sizes may be symbolic there): the kernel's default chunk.
-        if _checkpoint_blocks_here(self) and not torch.compiler.is_compiling():
-            return self.config.n_layer * x.numel() * x.element_size()
+        recomputed = getattr(self, "_liger_mem_now", (0, False))[0]
+        if recomputed and not torch.compiler.is_compiling():
+            return recomputed * x.numel() * x.element_size()
         return None
 
     def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None,
@@ -763,7 +766,9 @@ class _GPTMixin:
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         ri = self.config.rope_indices
-        recompute = _checkpoint_blocks_here(self)
+        # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
+        # with `offload`) and rerun in backward (see _memory_plan_here, lit_liger.memplan)
+        recompute, offload = getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx)
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self.config.n_layer), 1)}
         for block_idx, block in enumerate(self.transformer.h):
@@ -773,7 +778,13 @@ class _GPTMixin:
                 elif x.requires_grad:  # (the Blocks from here up have their gradients when x has its own)
                     x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
-            if recompute:  # LigerConfig.activation_checkpointing: only x is kept; the Block reruns in backward
+            if block_idx < recompute and offload:  # reentrant: the checkpoint saves its input, which the hooks move
+                if not x.requires_grad:  # (a frozen embedding's output: the reentrant checkpoint needs one input with
+                    x = x.detach().requires_grad_()  # grad, or the Block's trainable parameters get none)
+                with _memplan.offloaded(self.config.n_embd):
+                    x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=True,
+                                    preserve_rng_state=True)
+            elif block_idx < recompute:  # only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
                     x = _checkpoint(block, x, c, s, pack, None, None, use_reentrant=False, preserve_rng_state=True)
                 else:
@@ -808,12 +819,40 @@ def _packing_why(gpt: nn.Module) -> str | None:
 _CHECKPOINT_WARNED = False
 
 
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool]:
+    """``(Blocks recomputed, their inputs offloaded)`` for this forward of ``idx``: ``activation_checkpointing``
+    ``True`` every Block, ``False`` none, ``None`` (automatic) :func:`lit_liger.memplan.decide` from the micro-batch's
+    tokens and the device's memory now (a CUDA device, eager mode; the log says each plan that recomputes more than
+    any before it)."""
+    setting = getattr(gpt, "_liger_activation_checkpointing", False)
+    if setting is False or not _checkpoint_blocks_here(gpt):
+        return 0, False
+    n = gpt.config.n_layer
+    if setting is True:
+        return n, False
+    if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return 0, False
+    elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
+    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt)
+    if plan is None:
+        return 0, False
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False])
+    if (plan.recompute, plan.offload) > tuple(said):
+        said[:] = [plan.recompute, plan.offload]
+        if _dist.rank_zero():
+            print(plan.line(idx.numel(), n), flush=True)
+    return plan.recompute, plan.offload
+
+
 def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
-    """``LigerConfig.activation_checkpointing`` applies to this forward: on, grad enabled, one process or a replica
-    of DDP (a sharding strategy checkpoints its own wrapped Blocks: warned once)."""
+    """``LigerConfig.activation_checkpointing`` (on or automatic) applies to this forward: grad enabled, one process
+    or a replica (a sharding strategy checkpoints its own wrapped Blocks: warned once where it was asked for)."""
     global _CHECKPOINT_WARNED
-    if not (getattr(gpt, "_liger_activation_checkpointing", False) and torch.is_grad_enabled()):
+    setting = getattr(gpt, "_liger_activation_checkpointing", False)
+    if setting is False or not torch.is_grad_enabled():
         return False
+    if sharded_processes() and setting is None:
+        return False  # (automatic: the strategy's own plan, no word)
     if sharded_processes():
         if not _CHECKPOINT_WARNED and not torch.compiler.is_compiling():  # (no Python side effects in a trace)
             _CHECKPOINT_WARNED = True
@@ -1444,6 +1483,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
     gpt._liger_flce_mode = cfg.flce_mode
     gpt._liger_seq_buckets = cfg.seq_buckets
     gpt._liger_cuda_graphs = cfg.cuda_graphs
+    gpt._liger_graphs_max_tokens = (cfg.cuda_graphs_max_tokens if cfg.cuda_graphs_max_tokens is not None
+                                    else _graphs.auto_max_tokens(gpt))
     gpt._liger_packing = cfg.packing
     gpt._liger_pack_why = _packing_why(gpt)
     gpt._liger_activation_checkpointing = cfg.activation_checkpointing
@@ -1471,8 +1512,14 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
             when += (" (automatic)" if _graphs.CAPTURE_FULL_TRAINING
                      else ", when at most 1/8 of the parameters are trained (automatic)")
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
-                                f"{when} (cuda_graphs)")
-    if cfg.activation_checkpointing:
+                                f"{when}, up to {gpt._liger_graphs_max_tokens:,} tokens per micro-batch (cuda_graphs, "
+                                "cuda_graphs_max_tokens)")
+    if cfg.activation_checkpointing is None:
+        report.add(prefix, gpt, "activations planned per micro-batch from its tokens and the device's free memory: "
+                                "every Block's kept where they fit, else the fewest Blocks recomputed in backward, "
+                                "else every Block recomputed with its input in pinned host memory (one CUDA process "
+                                "or a replica; activation_checkpointing automatic)")
+    elif cfg.activation_checkpointing:
         graphs_note = "steps run without CUDA graphs; " if _graphs.checkpointed_capture_why() else ""
         report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept; the loss's logits "
                                 f"chunk capped at their size; a frozen MLP runs in chunks of rows, recomputed in its backward (single "

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "cuda_graphs_max_tokens", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp", "fused_optimizer", "defer_loss_sync")
 
 
@@ -146,6 +146,15 @@ class LigerConfig:
             strategy (FSDP/DeepSpeed), autocast (use a ``*-true`` precision),
             module hooks, ``torch.compile``, a capture error. FlexAttention layers (softcap / sliding window) are
             captured too (``graphs.CAPTURE_FLEX``: what was measured, and the switch to turn that off).
+            Graphs are governed by what they buy and what they hold: a micro-batch of more tokens than
+            ``cuda_graphs_max_tokens`` runs uncaptured (the step is bound by the GPU there); the graphs' memory pool
+            is bounded (``graphs.POOL_FRACTION`` of the device: past it, the graphs are released and longer shapes
+            stay uncaptured); an out-of-memory error in a warm-up or capture releases them and runs the step
+            uncaptured, with one warning; training's end releases them all (before litgpt validates, saves or merges).
+        cuda_graphs_max_tokens: the most tokens (B x T) of a micro-batch that ``cuda_graphs`` captures. ``None``
+            (default): ``graphs.CAPTURE_MAX_WORK`` divided by the parameters of one transformer Block (a step's GPU
+            time grows with tokens x parameters, its host time does not), measured on an H100 where capture stops
+            paying (``graphs.auto_max_tokens``).
         sdpa_backend: the SDPA kernel of the plain causal attention layers, on CUDA tensors in eager mode (CUDA
             graphs included; under ``torch.compile`` inductor chooses). ``"auto"`` (default), chosen by measurement on an
             H100 (``attention.sdpa_backend_for``): for uncaptured steps flash attention on NVIDIA sm80+ (PyTorch
@@ -167,15 +176,20 @@ class LigerConfig:
             fine-tuning 13,822 vs 14,691, LoRA with graphs 46,529 vs 44,197 (the cause in litgpt's loop is not
             understood). With ``apply_liger`` alone, ``torch.autograd.set_multithreading_enabled(False)`` in the
             training thread does the same.
-        activation_checkpointing: in training (fused loss on), keep only each transformer Block's input for the
+        activation_checkpointing: ``None`` (default, automatic): planned per training micro-batch from its token count,
+            the model's widths and the device's memory at that moment (``lit_liger.memplan``): every Block's
+            activations kept where they fit; else the fewest Blocks recomputed as below; else every Block recomputed
+            and their inputs kept in pinned host memory (copied on a side stream). The log says each plan that
+            recomputes more than any before it. One CUDA process or a lit-liger replica; off elsewhere.
+            ``True``: in training (fused loss on), keep only each transformer Block's input for the
             backward and recompute the Block's forward there (``torch.utils.checkpoint``, non-reentrant, with the
             RNG state restored so that LoRA dropout draws the same masks). Saved activations drop from all of every
             Block's to one ``(B, T, C)`` tensor per Block plus one Block's at a time, for one more forward of the
             Blocks (about a third more compute when every weight trains, about half more with frozen ones as in
             LoRA, whose backward has no weight-gradient GEMMs). In such a Block a frozen MLP (LoRA on attention only) runs
             over chunks of rows and recomputes ``fc_1``/``fc_2`` per chunk in its own backward (``glu_mlp``), so that
-            no ``(B, T, I)`` tensor outlives one chunk. Off by default. Single-process runs only: a
-            multi-process run (FSDP/DeepSpeed/DDP) warns once and leaves it to the strategy (litgpt's FSDP recipes
+            no ``(B, T, I)`` tensor outlives one chunk. ``False``: never. One process or a lit-liger replica: a
+            sharding run (FSDP/DeepSpeed) warns once where it is ``True`` and leaves it to the strategy (litgpt's FSDP recipes
             already checkpoint each Block through ``activation_checkpointing_policy``). CUDA graphs capture such steps
             on torch >= 2.10 (which can rewind the CUDA generator inside a capture); on older torch they run
             uncaptured, with one warning. The fused loss's logits chunk is capped at the size of the Blocks' kept
@@ -239,9 +253,10 @@ class LigerConfig:
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     fp8_all_gather: bool | None = None
     cuda_graphs: bool | None = None
+    cuda_graphs_max_tokens: NonNegativeInt | None = None
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math", "torch"] = "auto"
     caller_thread_backward: bool = False
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | None = None
     recompute_mlp: bool = False
     tied_weights: bool = True
     fused_optimizer: bool = True
@@ -261,13 +276,13 @@ class LigerConfig:
                 if v not in choices[f.name]:
                     allowed = ", ".join(map(repr, choices[f.name]))
                     raise ValueError(f"LigerConfig.{f.name} must be one of {allowed}, got {v!r}")
-            elif f.name == "compile_min_tokens":
+            elif f.name in ("compile_min_tokens", "cuda_graphs_max_tokens"):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                     raise ValueError(
-                        f"LigerConfig.compile_min_tokens must be an integer >= 0 or None (automatic), got {v!r}")
+                        f"LigerConfig.{f.name} must be an integer >= 0 or None (automatic), got {v!r}")
                 if v is not None:
-                    self.compile_min_tokens = int(v)  # a plain int (the parser passes its NonNegativeInt)
-            elif f.name in ("cuda_graphs", "fp8_all_gather") and v is None:
+                    setattr(self, f.name, int(v))  # a plain int (the parser passes its NonNegativeInt)
+            elif f.name in ("cuda_graphs", "fp8_all_gather", "activation_checkpointing") and v is None:
                 continue  # automatic
             elif not isinstance(v, bool):  # the switches and the boolean settings
                 raise TypeError(f"LigerConfig.{f.name} must be true or false, got {v!r} ({type(v).__name__})")

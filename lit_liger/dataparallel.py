@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .memplan import kept_bytes_per_token
+
 __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate", "finish_reduce",
            "grad_segments", "reduce_gradients", "replica_class", "start_reduce", "strategy_factory"]
 
@@ -44,13 +46,6 @@ __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "
 MEMORY_FRACTION = 0.8
 #: fixed overhead per device beside the estimate's terms (bytes)
 OVERHEAD = 1.5 * 2**30
-#: the activations lit-liger keeps per token and layer, in 16-bit values of width ``n_embd`` and ``intermediate_size``
-#: (``2 * (8 * n_embd + 4 * intermediate_size)`` bytes): a Block keeps about that many for backward
-#: (the residual stream, q/k/v, attention output and its statistics, the GLU's two inputs and product). An upper
-#: bound: for Llama-3.2-1B LoRA at micro-batch 4 x 512 it gives 3.2 GB for the Blocks and 1.1 GB for the loss's
-#: logits chunk, where an H100 measured 2.3 GB above the weights at the run's peak (litgpt's recipe, packed batches)
-ACT_N_EMBD, ACT_INTERMEDIATE = 8, 4
-
 #: litgpt's recipe modules -> the name of the strategy class their ``setup`` builds for several devices
 STRATEGY_NAMES = {
     "litgpt.finetune.lora": "ModelParallelStrategy",
@@ -118,8 +113,7 @@ def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, mic
     """The terms of :class:`Estimate` for a LitGPT ``config`` (its widths), ``n_params`` parameters of which
     ``n_trainable`` train, stored in ``param_bytes`` bytes each, ``micro_batch`` x ``seq_len`` tokens per step."""
     tokens = micro_batch * seq_len
-    intermediate = getattr(config, "intermediate_size", None) or 4 * config.n_embd
-    per_layer = 2 * (ACT_N_EMBD * config.n_embd + ACT_INTERMEDIATE * intermediate)
+    per_layer = kept_bytes_per_token(config, 2)  # (lit_liger.memplan: the one estimate of a Block's activations)
     act = tokens * config.n_layer * per_layer
     # the fused loss: a chunk of logits in fp32 and, where lm_head trains, its fp32 weight-gradient buffer
     vocab = getattr(config, "padded_vocab_size", None) or config.vocab_size

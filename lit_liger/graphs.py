@@ -45,6 +45,7 @@ from torch.nn.modules import module as _nn_module
 from . import _dist
 from ._dist import sharded_processes, whole_model
 from .kernels import _grad_into
+from .memplan import _total_memory
 from .quant import is_4bit
 
 __all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
@@ -158,20 +159,49 @@ MAX_GRAPHS = 48
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device)
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0}
+                 "first_replay": 0.0, "long": 0, "released": 0}
+
+#: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
+#: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
+#: it by one Block's parameters (Llama-3.1-8B: 218 M, Llama-3.2-1B: 61 M per Block). Measured on an H100 (see
+#: docs/settings.md, ``python -m benchmarks diag graph-gain``)
+CAPTURE_MAX_WORK = 10**12
+
+#: the share of the device's memory the graphs' pool may hold: past it, the graphs are released and micro-batches as
+#: long as the one that went over run uncaptured from then on (``GraphRunner.give_up_above``)
+POOL_FRACTION = 0.25
+
+
+def auto_max_tokens(gpt: nn.Module) -> int:
+    """``LigerConfig.cuda_graphs_max_tokens=None``: :data:`CAPTURE_MAX_WORK` over the parameters of ``gpt``'s first
+    Block."""
+    block = gpt.transformer.h[0]
+    return max(1, CAPTURE_MAX_WORK // max(1, sum(p.numel() for p in block.parameters())))
+
+
+def _reserved(device: torch.device) -> int:
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
 def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     """One line on a run's CUDA graphs (``stats``: the change of :data:`CAPTURE_STATS` over the run), or None where
     nothing was captured."""
     if not stats.get("captures"):
+        if stats.get("long"):
+            return (f"lit-liger: CUDA graphs: none captured; {stats['long']:,} micro-batches longer than "
+                    "cuda_graphs_max_tokens ran uncaptured (bound by the GPU)")
         return None
     phases = ("release", "warmup", "forward", "backward", "first_replay")
     total = sum(stats[k] for k in phases)
     share = f", {total / wall_s:.1%} of the run's {wall_s:.1f} s" if wall_s else ""
+    extra = ""
+    if stats.get("long"):
+        extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
+    if stats.get("released"):
+        extra += f"; graphs released {stats['released']} time(s) for memory"
     return (f"lit-liger: CUDA graphs: {stats['captures']} input shapes captured in {total:.2f} s{share} (per phase: "
             + ", ".join(f"{k} {stats[k]:.2f} s" for k in phases)
-            + f"), {stats['replays']:,} replayed steps")
+            + f"), {stats['replays']:,} replayed steps{extra}")
 
 
 class _Graphs:
@@ -432,6 +462,9 @@ class GraphRunner:
         self.few_trained = False  # at most 1/8 of the parameters are trained (cuda_graphs=None captures)
         self.regrown = 0  # times a longer shape than any captured dropped the graphs (RECAPTURE_ON_GROWTH)
         self.uncaptured = 0  # forwards run uncaptured because an earlier replay's backward was still due
+        # micro-batches of more tokens run uncaptured (LigerConfig.cuda_graphs_max_tokens, lowered by give_up_above)
+        self.max_tokens: int | None = getattr(gpt, "_liger_graphs_max_tokens", None)
+        self.pool_bytes = 0  # the pool's growth over this runner's captures (reserved memory; reset with the pool)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -493,7 +526,10 @@ class GraphRunner:
             return "active dropout (e.g. LoRA dropout > 0)"
         if self._sharded:
             return "sharded or wrapped parameters"
-        if getattr(gpt, "_liger_activation_checkpointing", False) and (why := checkpointed_capture_why()):
+        recomputed, offloaded = getattr(gpt, "_liger_mem_now", (0, False))
+        if offloaded:
+            return ""  # (Block inputs in host memory: a long micro-batch with no memory to spare for a pool)
+        if recomputed and (why := checkpointed_capture_why()):
             return why
         if self._flex and not CAPTURE_FLEX:
             return FLEX_WHY
@@ -529,6 +565,9 @@ class GraphRunner:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
                 self.warn_once(why)                                  # not capture this model anyway
             return None
+        if self.max_tokens is not None and idx.numel() > self.max_tokens:
+            CAPTURE_STATS["long"] += 1  # bound by the GPU: a graph would buy little and hold its activations
+            return None
         gpt = self.gpt
         fingerprint = self._fingerprint()
         if fingerprint != self.addresses:
@@ -542,8 +581,10 @@ class GraphRunner:
             # capturing now would overwrite its activations in the shared pool, so this one runs uncaptured
             self.uncaptured += 1
             return None
-        # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length)
-        key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel())
+        # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
+        # the memory plan decides which Blocks the captured body recomputes)
+        key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
+               getattr(gpt, "_liger_mem_now", (0, False))[0])
         graphs = self.graphs.get(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
@@ -564,9 +605,16 @@ class GraphRunner:
                 torch.cuda.synchronize(idx.device)
                 torch.cuda.empty_cache()
                 CAPTURE_STATS["release"] += time.perf_counter() - t0
+            before = _reserved(idx.device)
             try:
                 with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                     graphs = _Graphs(self, idx, params, plan)
+            except torch.cuda.OutOfMemoryError as e:  # no memory for this shape's graphs: this and longer shapes
+                _end_allocating(self.pool, idx.device)  # run uncaptured, the shorter ones are captured again
+                _repair_generator(idx.device)
+                self.give_up_above(idx.numel() - 1, f"out of memory capturing {idx.numel():,} tokens "
+                                                    f"({str(e).splitlines()[0][:120]})")
+                return None
             except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
                 import traceback
 
@@ -587,6 +635,12 @@ class GraphRunner:
             self._drop_unused_buffers()
             self.captures += 1
             CAPTURE_STATS["captures"] += 1
+            self.pool_bytes += max(0, _reserved(idx.device) - before)
+            budget = POOL_FRACTION * _total_memory(idx.device)
+            if self.pool_bytes > budget:
+                self.give_up_above(idx.numel() - 1, f"their memory pool reached {self.pool_bytes / 2**30:.1f} GiB, "
+                                                    f"over its budget of {budget / 2**30:.1f} GiB")
+                return None
             self.replays += 1
             CAPTURE_STATS["replays"] += 1
             t0 = time.perf_counter()
@@ -596,6 +650,19 @@ class GraphRunner:
         self.replays += 1
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
+
+    def give_up_above(self, max_tokens: int, why: str) -> None:
+        """Release every graph and the pool, and capture no micro-batch of more than ``max_tokens`` tokens from now
+        on (the shorter shapes are captured again as they come): one warning per run."""
+        self.pending = None
+        self.reset()
+        self.max_tokens = max_tokens if self.max_tokens is None else min(self.max_tokens, max_tokens)
+        CAPTURE_STATS["released"] += 1
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self.warn_once(f"{why}; released, micro-batches of more than {self.max_tokens:,} tokens run uncaptured")
 
     def _drop_unused_buffers(self) -> None:
         """Free the gradient buffers no captured backward writes (a trainable parameter outside the graphs, such as
@@ -641,6 +708,7 @@ class GraphRunner:
         self.buffers.clear()
         self._shared.clear()
         self.pool = self._mempool = None
+        self.pool_bytes = 0
         self.addresses = None
 
 

@@ -200,13 +200,18 @@ def test_no_grad_and_multi_process_run_the_blocks_plainly(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         assert not adapter._checkpoint_blocks_here(model)
-    apply_liger(model)  # the default: off
+    apply_liger(model)  # the default, automatic: silent under a sharding strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not adapter._checkpoint_blocks_here(model)
+    apply_liger(model, LigerConfig(activation_checkpointing=False))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     assert not adapter._checkpoint_blocks_here(model)
 
 
 def test_config_default_and_switch_semantics():
-    assert LigerConfig().activation_checkpointing is False
-    assert LigerConfig.from_value(True).activation_checkpointing is False  # a setting, not a kernel switch
+    assert LigerConfig().activation_checkpointing is None  # automatic (lit_liger.memplan; tests/test_memplan.py)
+    assert LigerConfig.from_value(True).activation_checkpointing is None  # a setting, not a kernel switch
     assert "activation_checkpointing" not in LigerConfig.switches()
     with pytest.raises(TypeError, match="activation_checkpointing"):
         LigerConfig(activation_checkpointing="yes")

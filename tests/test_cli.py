@@ -568,8 +568,8 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     for value, want in (("true", True), ("false", False)):
         b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.cuda_graphs", value])
         assert attn_norm_gpt(b["model"]) == (True, True, True) and b["model"]._liger_cuda_graphs is want
-    # activation_checkpointing: off by default, on from the command line
-    assert b["model"]._liger_activation_checkpointing is False
+    # activation_checkpointing: automatic by default, on from the command line
+    assert b["model"]._liger_activation_checkpointing is None
     b = _parse_and_build(assets, monkeypatch, tmp_path, built_models, ["--liger.activation_checkpointing", "true"])
     assert attn_norm_gpt(b["model"]) == (True, True, True) and b["model"]._liger_activation_checkpointing is True
     # a `liger:` mapping in a --config file

@@ -1,0 +1,185 @@
+"""Activation memory, planned per micro-batch (``LigerConfig.activation_checkpointing=None``, the default).
+
+Long documents change what a training step needs: at a few hundred tokens per micro-batch the Blocks' activations
+are small next to the weights, at 16k tokens an 8B model's outgrow an 80 GB card. Before each training forward the
+swapped GPT asks :func:`decide` what this micro-batch can keep, from its token count, the model's widths and the
+device's memory now (what is allocated, and the gradients the backward will allocate):
+
+* keep every Block's activations (no added time) where they fit;
+* else recompute the lowest ``k`` Blocks in backward (each keeps only its ``(B, T, C)`` input), the fewest that fit:
+  each costs one more forward of one Block;
+* else recompute every Block and keep their inputs in pinned host memory (``offload``): copied out on a side stream
+  as the forward passes each Block, back when its backward needs it. A Block's compute at such lengths (seconds)
+  hides the copy (a ``(T, C)`` bf16 tensor: 1 GiB at 128k tokens of width 4096, ~40 ms over PCIe 4).
+
+:func:`kept_bytes_per_token` is the one estimate of a Block's activations (``lit_liger.dataparallel``'s plans use it
+too). The estimate is calibrated on what lit-liger's Blocks keep (the residual stream, q/k/v, the attention output,
+the GLU's two inputs; the norms' outputs and the GLU product are recomputed, see ``recompute_norm``); its
+measurement against an H100 is in ``benchmarks/results`` (``python -m benchmarks diag graph-gain`` prints the
+measured bytes next to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "available_bytes", "decide",
+           "kept_bytes_per_token", "offloaded", "plan_for"]
+
+#: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
+#: ``intermediate_size``
+ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
+#: the share of the device's memory a step may fill (the rest: the CUDA context, cuBLAS workspaces, the allocator's
+#: fragmentation, the estimate's error)
+MEMORY_FRACTION = 0.9
+#: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
+LOSS_CHUNK = 2**30
+
+
+def kept_bytes_per_token(config: Any, elt: int = 2) -> int:
+    """Bytes one Block of a LitGPT ``config`` keeps per token for its backward, activations of ``elt`` bytes."""
+    intermediate = getattr(config, "intermediate_size", None) or 4 * config.n_embd
+    return elt * (ACT_N_EMBD * config.n_embd + ACT_INTERMEDIATE * intermediate)
+
+
+@dataclass(frozen=True)
+class MemPlan:
+    """What one micro-batch keeps: ``recompute`` lowest Blocks recomputed in backward; ``offload``: their inputs
+    kept in host memory; ``need``: the estimated bytes of this plan; ``available``: what the device had for it."""
+
+    recompute: int
+    offload: bool
+    need: float
+    available: float
+
+    def line(self, tokens: int, n_layer: int) -> str:
+        gib = 2**30
+        if not self.recompute:
+            what = "every Block's activations kept"
+        elif self.offload:
+            what = f"all {n_layer} Blocks recomputed in backward, their inputs kept in pinned host memory"
+        else:
+            what = f"{self.recompute} of {n_layer} Blocks recomputed in backward"
+        fits = "" if self.need <= self.available else " (does not fit: the run may run out of memory)"
+        return (f"lit-liger: memory plan at {tokens:,} tokens per micro-batch: {what}; estimated "
+                f"{self.need / gib:.1f} GiB for {self.available / gib:.1f} GiB free{fits} "
+                "(--liger.activation_checkpointing true|false overrides)")
+
+
+def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offload: bool = True) -> MemPlan:
+    """The plan for a micro-batch of ``tokens`` tokens through the Blocks of ``config`` with ``available`` bytes for
+    its activations: the fewest recomputed Blocks that fit, then host offload (``allow_offload``)."""
+    n = config.n_layer
+    kept = kept_bytes_per_token(config, elt) * tokens  # one Block, not recomputed
+    inp = config.n_embd * elt * tokens  # one recomputed Block's input
+    loss = 3 * inp + LOSS_CHUNK  # the final hidden states, their gradient, the loss's chunk
+    # the backward's transient beside what is kept: one Block's gradients (about its activations' size), and with a
+    # recomputed Block its rerun's activations too
+    for k in range(n + 1):
+        need = (n - k) * kept + k * inp + loss + kept * (2 if k else 1)
+        if need <= available:
+            return MemPlan(k, False, need, available)
+    need = loss + 2 * kept
+    if allow_offload:
+        return MemPlan(n, True, need, available)
+    return MemPlan(n, False, need + n * inp, available)
+
+
+_TOTAL: dict[int, int] = {}
+
+
+def _total_memory(device: Any) -> int:
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TOTAL:
+        _TOTAL[index] = torch.cuda.get_device_properties(index).total_memory
+    return _TOTAL[index]
+
+
+def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2) -> MemPlan | None:
+    """:func:`decide` for a training micro-batch of ``tokens`` through the swapped ``gpt`` on ``device``; None off
+    CUDA (CPU runs: nothing to plan). Reading the allocator's statistics costs ~100 us of host time, a few percent of
+    a short captured step, so a micro-batch whose activations fit by a wide margin what was free at the last reading
+    (less room for everything that can have appeared since: the optimizer's state and gradients of every trainable
+    parameter) is planned from that reading; it is taken again every :data:`REREAD_EVERY` calls."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    memo = gpt.__dict__.get("_liger_mem_memo")
+    if memo is not None and memo[2] < REREAD_EVERY:
+        available, trainable = memo[0], memo[1]
+        memo[2] += 1
+        plan = decide(gpt.config, tokens, available - 3 * trainable - 2**30, elt)
+        if plan.recompute == 0:
+            return MemPlan(0, False, plan.need, available)
+    available = available_bytes(gpt, device)
+    trainable = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad)
+    gpt.__dict__["_liger_mem_memo"] = [available, trainable, 0]
+    return decide(gpt.config, tokens, available, elt)
+
+
+#: training forwards planned from one reading of the allocator (see :func:`plan_for`)
+REREAD_EVERY = 64
+
+
+def available_bytes(gpt: Any, device: Any) -> float:
+    """The bytes a training micro-batch's activations may take on the CUDA ``device`` now: :data:`MEMORY_FRACTION`
+    of its memory less what is allocated and the gradients the backward will allocate (trainable parameters without
+    one)."""
+    import torch
+
+    grads = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad and p.grad is None)
+    return MEMORY_FRACTION * _total_memory(device) - torch.cuda.memory_allocated(device) - grads
+
+
+#: tensors smaller than this stay on the device under :func:`offloaded` (bytes)
+OFFLOAD_MIN_BYTES = 1 << 20
+_SIDE: dict[int, Any] = {}
+
+
+class _OnHost:
+    """A saved ``(B, T, C)`` tensor moved to host memory by :func:`offloaded`: its copy, the event its copy-out
+    recorded (None: a CPU tensor's copy), its device."""
+
+    __slots__ = ("host", "event", "device")
+
+    def __init__(self, host: Any, event: Any, device: Any) -> None:
+        self.host, self.event, self.device = host, event, device
+
+
+def offloaded(width: int, min_bytes: int | None = None) -> Any:
+    """A ``saved_tensors_hooks`` context: each ``(B, T, width)`` tensor autograd saves inside it (a checkpointed
+    Block's input) goes to pinned host memory, copied on a side stream after the work that made it, and comes back on
+    the current stream when backward unpacks it. CPU tensors are copied (what the CPU tests check)."""
+    import torch
+
+    floor = OFFLOAD_MIN_BYTES if min_bytes is None else min_bytes
+
+    def pack(t: torch.Tensor) -> Any:
+        if t.dim() != 3 or t.shape[-1] != width or t.numel() * t.element_size() < floor or t.layout != torch.strided:
+            return t
+        if not t.is_cuda:
+            return _OnHost(t.detach().clone(), None, t.device)
+        index = t.device.index
+        side = _SIDE.get(index)
+        if side is None:
+            side = _SIDE[index] = torch.cuda.Stream(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        with torch.cuda.stream(side):
+            host.copy_(t.detach(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(side)
+        t.record_stream(side)  # (its memory is not reused before the copy has read it)
+        return _OnHost(host, event, t.device)
+
+    def unpack(saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _OnHost):
+            return saved
+        if saved.event is None:
+            return saved.host
+        torch.cuda.current_stream(saved.device).wait_event(saved.event)
+        return saved.host.to(saved.device, non_blocking=True)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)

@@ -1,0 +1,326 @@
+"""Long documents (issue 47): the activation memory plan (``LigerConfig.activation_checkpointing=None``,
+``lit_liger.memplan``) and the CUDA graphs' governance (``cuda_graphs_max_tokens``, the pool's budget, out-of-memory
+fallback). CPU: the plan's decisions, partial recompute and host offload give the same losses and gradients as
+keeping every Block's activations, the log lines, the graphs' decisions with the capture itself stubbed. GPU: the same
+on a real device, and a run over 30 lengths that keeps the pool under its budget."""
+
+import copy
+import types
+import warnings
+
+import pytest
+import torch
+from helpers import rel_err
+from test_checkpointing import _data, _lora_pair, _step
+
+import lit_liger.adapter as adapter
+from lit_liger import LigerConfig, apply_liger, graphs, memplan
+
+GiB = 2**30
+
+
+def _config(name: str):
+    from litgpt import Config
+
+    return Config.from_name(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan's decisions
+# ------------------------------------------------------------------------------------------------
+def test_decide_keeps_then_recomputes_the_fewest_then_offloads():
+    cfg = _config("Llama-3.1-8B")  # 32 Blocks, width 4096, MLP 14336
+    per_token = memplan.kept_bytes_per_token(cfg)
+    assert per_token == 2 * (6 * 4096 + 2 * 14336)
+    free = 56 * GiB  # an 80 GB card less the bf16 weights and margins
+    short = memplan.decide(cfg, 2048, free)
+    assert short.recompute == 0 and not short.offload and short.need <= free
+    mid = memplan.decide(cfg, 32768, free)
+    assert 0 < mid.recompute < cfg.n_layer and not mid.offload and mid.need <= free
+    # the fewest: one Block fewer recomputed would not fit
+    T = 32768
+    fewer = (cfg.n_layer - mid.recompute + 1) * per_token * T + (mid.recompute - 1) * 4096 * 2 * T
+    assert fewer + 3 * 4096 * 2 * T + memplan.LOSS_CHUNK + 2 * per_token * T > free
+    long = memplan.decide(cfg, 131072, free)
+    assert long.recompute == cfg.n_layer and long.offload and long.need <= free  # the Block inputs: 32 GiB on the host
+    assert not memplan.decide(cfg, 131072, free, allow_offload=False).offload
+    too_long = memplan.decide(cfg, 4 * 131072, free)
+    assert too_long.offload and too_long.need > free and "does not fit" in too_long.line(4 * 131072, 32)
+    plans = [memplan.decide(cfg, t, free) for t in (1024, 4096, 8192, 16384, 32768, 65536, 131072)]
+    assert [(p.offload, p.recompute) for p in plans] == sorted((p.offload, p.recompute) for p in plans)
+    line = mid.line(T, 32)
+    assert f"{mid.recompute} of 32 Blocks recomputed in backward" in line and "32,768 tokens" in line
+    assert "--liger.activation_checkpointing true|false overrides" in line
+
+
+def test_dataparallel_estimates_with_the_same_per_token_bytes():
+    from lit_liger import dataparallel as dp
+
+    cfg = _config("Llama-3.2-1B")
+    est = dp.estimate(cfg, 1_000_000, 0, 2, 4, 512, 80 * GiB, False)
+    loss = 2048 * cfg.padded_vocab_size * 4
+    assert est.activations - loss == 2048 * cfg.n_layer * memplan.kept_bytes_per_token(cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan applied: the same numbers, less kept
+# ------------------------------------------------------------------------------------------------
+def _force(monkeypatch, recompute: int, offload: bool):
+    monkeypatch.setattr(adapter._memplan, "plan_for",
+                        lambda gpt, tokens, device, elt=2: memplan.MemPlan(recompute, offload, 0.0, 1.0))
+
+
+@pytest.mark.parametrize(("recompute", "offload"), [(1, False), (2, False), (2, True)])
+def test_planned_recompute_and_offload_same_as_keeping(recompute, offload, monkeypatch):
+    """LoRA with dropout (the recompute redraws the forward's masks), 2 layers: the lowest ``recompute`` Blocks rerun
+    in backward, with ``offload`` their inputs copied out when saved and back when the backward needs them (on CPU a
+    copy): loss and gradients equal the run that keeps everything, and the offload path copied each Block's input."""
+    monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
+    packed, real = [], memplan._OnHost.__init__
+
+    def counting(self, host, event, device):
+        packed.append(tuple(host.shape))
+        real(self, host, event, device)
+
+    monkeypatch.setattr(memplan._OnHost, "__init__", counting)
+    cfg, plain, auto = _lora_pair(dropout=0.2)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)  # the default: automatic
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    recomputed = []
+    real_ckpt = adapter._checkpoint
+    monkeypatch.setattr(adapter, "_checkpoint", lambda *a, **kw: recomputed.append(kw["use_reentrant"]) or
+                        real_ckpt(*a, **kw))
+    _force(monkeypatch, recompute, offload)
+    loss_b, grads_b = _step(auto, x, y)
+    assert recomputed == [offload] * recompute  # the lowest Blocks, reentrant where the input is offloaded
+    assert packed == ([(2, 12, cfg.n_embd)] * recompute if offload else [])
+    assert torch.equal(loss_a, loss_b) and grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-6, (n, rel_err(grads_b[n], grads_a[n]))
+
+
+def test_full_training_offloaded_gradients_reach_every_parameter(monkeypatch):
+    """Every weight trains (the embedding too): with all Blocks offloaded the embedding still gets its gradient
+    through the reentrant checkpoint."""
+    from test_adapter import _pair, tiny_config
+
+    monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
+    cfg = tiny_config("Llama-3.2-1B")
+    _, plain = _pair(cfg)
+    auto = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    _force(monkeypatch, cfg.n_layer, True)
+    loss_b, grads_b = _step(auto, x, y)
+    assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys()
+    assert len(grads_a) == sum(1 for _ in plain.parameters())
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, n
+
+
+def test_plan_line_printed_when_the_plan_grows(monkeypatch, capsys):
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    x, y = _data(cfg)
+    for recompute, offload in [(0, False), (1, False), (0, False), (1, False), (2, True), (1, False)]:
+        _force(monkeypatch, recompute, offload)
+        _step(model, x, y)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "lit-liger: memory plan" in ln]
+    assert len(lines) == 3, lines
+    assert "every Block's activations kept" in lines[0] and "1 of 2 Blocks recomputed" in lines[1]
+    assert "inputs kept in pinned host memory" in lines[2]
+
+
+def test_explicit_settings_and_cpu_default(monkeypatch):
+    """``True``: every Block, ``False``: none, ``None`` on CPU tensors: nothing to plan (no device memory)."""
+    cfg, _, model = _lora_pair(dropout=0.0)
+    x, _ = _data(cfg)
+    for setting, expected in [(True, (cfg.n_layer, False)), (False, (0, False)), (None, (0, False))]:
+        apply_liger(model, LigerConfig(activation_checkpointing=setting))
+        assert adapter._memory_plan_here(model, x) == expected
+    with torch.no_grad():
+        apply_liger(model, LigerConfig(activation_checkpointing=True))
+        assert adapter._memory_plan_here(model, x) == (0, False)
+    assert memplan.plan_for(model, 24, torch.device("cpu")) is None
+
+
+def test_plan_for_rereads_the_allocator_only_when_close(monkeypatch):
+    """Short micro-batches are planned from the last reading; one that might not fit reads again."""
+    cfg = _config("Llama-3.2-1B")
+    reads = []
+
+    def available(g, device):
+        reads.append(device)
+        return 40 * GiB
+
+    monkeypatch.setattr(memplan, "available_bytes", available)
+    gpt = types.SimpleNamespace(config=cfg, parameters=lambda: iter([torch.nn.Parameter(torch.zeros(4))]))
+    cuda = types.SimpleNamespace(type="cuda")
+    assert memplan.plan_for(gpt, 2048, cuda).recompute == 0 and len(reads) == 1
+    for _ in range(10):
+        assert memplan.plan_for(gpt, 2048, cuda).recompute == 0
+    assert len(reads) == 1
+    big = memplan.plan_for(gpt, 200_000, cuda)
+    assert big.recompute > 0 and len(reads) == 2  # close to the limit: read again
+    monkeypatch.setattr(memplan, "REREAD_EVERY", 3)
+    for _ in range(4):
+        memplan.plan_for(gpt, 2048, cuda)
+    assert len(reads) == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA graphs: what they buy and what they hold (the capture stubbed: CPU)
+# ------------------------------------------------------------------------------------------------
+def _runner(monkeypatch, max_tokens=None):
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model, LigerConfig(cuda_graphs=True, cuda_graphs_max_tokens=max_tokens))
+    runner = graphs.runner_for(model)
+    runner._walk()
+    monkeypatch.setattr(runner, "why_not", lambda idx: None)  # (CPU tensors are never captured)
+    monkeypatch.setattr(graphs, "_total_memory", lambda device: 100 * GiB)
+    before = dict(graphs.CAPTURE_STATS)
+    return cfg, model, runner, before
+
+
+def test_auto_max_tokens_from_a_block_s_parameters():
+    with torch.device("meta"):
+        from litgpt.model import GPT
+
+        big, small = GPT(_config("Llama-3.1-8B")), GPT(_config("Llama-3.2-1B"))
+    per_block = sum(p.numel() for p in big.transformer.h[0].parameters())
+    assert graphs.auto_max_tokens(big) == graphs.CAPTURE_MAX_WORK // per_block
+    assert graphs.auto_max_tokens(small) > 3 * graphs.auto_max_tokens(big)
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    assert model._liger_graphs_max_tokens == graphs.auto_max_tokens(model)
+    report = str(apply_liger(model, LigerConfig(cuda_graphs_max_tokens=100)))
+    assert model._liger_graphs_max_tokens == 100 and "up to 100 tokens per micro-batch" in report
+    with pytest.raises(ValueError, match="cuda_graphs_max_tokens"):
+        LigerConfig(cuda_graphs_max_tokens=-1)
+
+
+def test_longer_micro_batches_run_uncaptured(monkeypatch):
+    cfg, model, runner, before = _runner(monkeypatch, max_tokens=20)
+    monkeypatch.setattr(graphs, "_Graphs", lambda *a, **kw: pytest.fail("captured above the limit"))
+    x = torch.randint(0, cfg.vocab_size, (2, 12))  # 24 tokens
+    assert runner.hidden(x) is None and graphs.CAPTURE_STATS["long"] == before["long"] + 1
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    assert "none captured; 1 micro-batches longer than cuda_graphs_max_tokens" in graphs.capture_report(stats)
+
+
+def test_out_of_memory_in_capture_falls_back_for_that_length(monkeypatch):
+    """An out-of-memory error during a shape's warm-up or capture: no crash, one warning, the graphs and pool
+    released, that length and longer run uncaptured from then on, shorter ones are still captured."""
+    cfg, model, runner, before = _runner(monkeypatch)
+    tried = []
+
+    def oom(runner_, idx, params, plan=None):
+        tried.append(idx.numel())
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(graphs, "_Graphs", oom)
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    with pytest.warns(UserWarning, match="out of memory capturing 24 tokens.*more than 23 tokens run uncaptured"):
+        assert runner.hidden(x) is None
+    assert runner.disabled is None and runner.max_tokens == 23 and not runner.graphs and tried == [24]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert runner.hidden(x) is None  # not tried again
+    assert tried == [24]
+    assert runner.hidden(x[:, :8]) is None and tried == [24, 16]  # a shorter one is tried
+    loss, _ = _step(model, x, x)  # and training goes on uncaptured
+    assert torch.isfinite(loss)
+
+
+def test_pool_over_budget_releases_the_graphs(monkeypatch):
+    cfg, model, runner, before = _runner(monkeypatch)
+    monkeypatch.setattr(graphs, "POOL_FRACTION", 0.25)  # 25 GiB of the stubbed 100
+    reserved = iter([0, 10 * GiB, 10 * GiB, 30 * GiB])
+    monkeypatch.setattr(graphs, "_reserved", lambda device: next(reserved))
+    stub = types.SimpleNamespace(grads=[], params=[], static_idx=None)
+    monkeypatch.setattr(graphs, "_Graphs", lambda *a, **kw: stub)
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    assert runner.hidden(x[:, :6]) == "replayed" and runner.pool_bytes == 10 * GiB and len(runner.graphs) == 1
+    with pytest.warns(UserWarning, match=r"memory pool reached 30.0 GiB, over its budget of 25.0 GiB; released, "
+                                         r"micro-batches of more than 23 tokens run uncaptured"):
+        assert runner.hidden(x) is None
+    assert not runner.graphs and runner.pool_bytes == 0 and runner.max_tokens == 23
+    assert graphs.CAPTURE_STATS["released"] == before["released"] + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_planned_recompute_and_offload_same_as_keeping(monkeypatch):
+    """Real widths (Llama-3.2-1B, 2 layers, LoRA with dropout, bf16, 2 x 2048 tokens): a device made to look small
+    (``MEMORY_FRACTION``) gets a plan that recomputes and then offloads; losses and LoRA gradients equal keeping
+    everything, and the step's peak is lower."""
+    from test_buckets import _gpu_models
+
+    cfg, _, plain = _gpu_models(True, dropout=0.05, block_size=2048)
+    auto = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(cuda_graphs=False, activation_checkpointing=False))
+    apply_liger(auto, LigerConfig(cuda_graphs=False))
+    x = torch.randint(0, cfg.vocab_size, (2, 2048), device="cuda")
+    results, peaks = [], []
+    for model, fraction in ((plain, memplan.MEMORY_FRACTION), (auto, None), (auto, None)):
+        if fraction is None:  # room for the weights and a little more: the plan must recompute, then offload
+            allocated = torch.cuda.memory_allocated()
+            total = memplan._total_memory(x.device)
+            room = len(results) == 1 and 0.5 or 0.05
+            fraction = (allocated + room * 2 * 2048 * 2 * memplan.kept_bytes_per_token(cfg) + memplan.LOSS_CHUNK
+                        + 6 * 2 * 2048 * cfg.n_embd * 2) / total
+        monkeypatch.setattr(memplan, "MEMORY_FRACTION", fraction)
+        auto.__dict__.pop("_liger_mem_memo", None)
+        _step(model, x, x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        results.append(_step(model, x, x))
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        if model is auto:
+            results[-1] = (*results[-1], auto._liger_mem_now)
+    (loss_a, grads_a), (loss_b, grads_b, plan_b), (loss_c, grads_c, plan_c) = results
+    assert plan_b[0] >= 1 and not plan_b[1] and plan_c == (cfg.n_layer, True), (plan_b, plan_c)
+    for loss, grads in ((loss_b, grads_b), (loss_c, grads_c)):
+        assert rel_err(loss, loss_a) <= 1e-3 and grads.keys() == grads_a.keys() and grads_a
+        for n in grads_a:  # flash attention's backward accumulates dq with atomics: not bit for bit on a GPU
+            assert rel_err(grads[n], grads_a[n]) <= 2e-2, (n, rel_err(grads[n], grads_a[n]))
+    assert peaks[1] < peaks[0] and peaks[2] < peaks[0], peaks
+
+
+@pytest.mark.gpu
+def test_gpu_thirty_lengths_keep_the_pool_under_its_budget(monkeypatch):
+    """LoRA (2 layers of Llama-3.2-1B, bf16), 30 distinct lengths, a pool budget of a few shapes' activations: the
+    pool is released when it goes over, stays under budget plus one shape from then on, training goes on, and the
+    reserved memory at the end is bounded."""
+    from test_buckets import _gpu_models
+
+    cfg, graphed, _ = _gpu_models(True, block_size=2048)
+    apply_liger(graphed, LigerConfig(cuda_graphs=True, seq_buckets=False, packing=False))
+    total = memplan._total_memory(torch.device("cuda"))
+    budget = 1.5 * GiB
+    monkeypatch.setattr(graphs, "POOL_FRACTION", budget / total)
+    runner = graphs.runner_for(graphed)
+    lengths = [64 * (i + 1) for i in range(30)]
+    torch.cuda.synchronize()
+    start, reserved = torch.cuda.memory_reserved(), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for T in lengths:
+            x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
+            loss, _ = _step(graphed, x, x)
+            assert torch.isfinite(loss)
+            assert runner.pool_bytes <= budget
+            reserved.append(torch.cuda.memory_reserved())
+    assert any("over its budget" in str(w.message) for w in caught)
+    assert runner.max_tokens is not None and runner.max_tokens < lengths[-1] and runner.captures >= 3
+    # the pool's budget, plus an uncaptured step at the longest length (its activations, the loss's logits chunk)
+    assert max(reserved) - start <= budget + 2 * GiB, [r / GiB for r in reserved]
