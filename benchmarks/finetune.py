@@ -92,7 +92,7 @@ def build_inputs(work_dir: Path, model: str, n_layer: int, *, smoke: bool, n_sam
     cfg = Config.from_file(ckpt / "model_config.yaml")
     info = {"checkpoint_dir": str(ckpt), "data_path": str(data_path),
             "n_samples": len(json.loads(data_path.read_text(encoding="utf-8"))), "n_layer": cfg.n_layer,
-            "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size, "padded_vocab_size": cfg.padded_vocab_size,
+            "n_embd": cfg.n_embd, "n_head": cfg.n_head, "head_size": cfg.head_size, "vocab_size": cfg.vocab_size, "padded_vocab_size": cfg.padded_vocab_size,
             "n_params": C.n_params(cfg)}
     return ckpt, data_path, info
 

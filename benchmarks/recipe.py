@@ -1,8 +1,8 @@
 """What litgpt's own fine-tuning recipes run: variable-length instruction data, micro-batch 1 and 4.
 
     python -m benchmarks recipe [--models Llama-3.2-1B,Qwen2.5-1.5B] [--methods lora] [--micro_batches 4,1]
-                                [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed]
-                                [--tied_head] [--quantize bnb.nf4-dq] [--devices 1,2] [--out DIR] [--smoke]
+                                [--iters 200] [--variants stock,liger,liger-no-graphs] [--lengths alpaca|fixed|long]
+                                [--max_seq_length 512] [--global_batch 16] [--tied_head] [--quantize bnb.nf4-dq] [--devices 1,2] [--out DIR] [--smoke]
 
 Each run is ``lit-liger finetune_<method> <checkpoint> --data JSON ...`` in a fresh process, on a random-init
 checkpoint with the model's real widths and vocabulary (built locally: a byte-level BPE trained on Python's
@@ -25,6 +25,12 @@ over real tokens (litgpt's ``tokens``: prompt + response, no padding) / summed `
 ``--warmup`` iterations left out; iteration time p50 / p90; peak memory (allocated and reserved: CUDA graphs
 keep their activations in a pool that ``max_memory_allocated`` does not count once captured, so reserved is
 the honest comparison); the loss of every iteration (one optimizer step every 16 / micro-batch iterations).
+
+Long documents (issue 47): ``--lengths long --max_seq_length 16384 --global_batch 1 --micro_batches 1`` makes every
+sample a document that fills ``max_seq_length`` (litgpt truncates it there); rows add model FLOP/s and MFU with the
+attention's FLOPs counted (causal, forward and backward: ``6 T n_head head_size`` per token and layer, T the
+document's length; the recompute not counted) and whether the run completed, litgpt's final save and ``merge_lora``
+included (a failed run is a row with its error).
 """
 
 from __future__ import annotations
@@ -124,17 +130,45 @@ def make_alpaca_like(path: Path, tokenizer_dir: Path, n: int, seed: int = 0, fix
     return {"n_samples": n, "tokens_p10": q[0], "tokens_median": statistics.median(lengths), "tokens_p90": q[-1]}
 
 
+def make_long_docs(path: Path, tokenizer_dir: Path, n: int, length: int, seed: int = 0) -> dict[str, float]:
+    """``n`` JSON samples whose output alone is longer than ``length`` tokens (litgpt truncates each to its
+    ``max_seq_length``): documents that fill the context."""
+    from litgpt import Tokenizer
+
+    tok = Tokenizer(tokenizer_dir)
+    rng = random.Random(seed)
+    probe = " ".join(rng.choice(WORDS) for _ in range(2000))
+    per_word = max(0.5, len(tok.encode(probe)) / 2000)
+    rows, lengths = [], []
+    for _ in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(int(1.1 * length / per_word) + 64))
+        rows.append({"instruction": "Continue the document.", "input": "", "output": words})
+        lengths.append(min(length, len(tok.encode(words)) + 40))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    return {"n_samples": n, "tokens_min": min(lengths), "tokens_median": statistics.median(lengths),
+            "max_seq_length": length}
+
+
+def attention_flops_per_token(info: dict[str, Any], seq_len: int) -> float:
+    """The attention's FLOPs per token of a training iteration over documents of ``seq_len`` tokens: causal QK^T and
+    AV in forward (``2 * seq_len * d`` per token and layer on average, ``d = n_head * head_size``), twice that in
+    backward."""
+    return 6.0 * seq_len * info["n_head"] * info["head_size"] * info["n_layer"]
+
+
 def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters: int, precision: str,
-             smoke: bool, variant: str, quantize: str | None = None, devices: int = 1) -> list[str]:
-    """The run's command line: ``iters`` iterations (micro-batches) per device, global batch 16 (in a smoke run one
-    micro-batch per device)."""
-    global_batch = 16 if not smoke else mb * devices
+             smoke: bool, variant: str, quantize: str | None = None, devices: int = 1, max_seq_length: int = 512,
+             global_batch: int = 16) -> list[str]:
+    """The run's command line: ``iters`` iterations (micro-batches) per device, ``global_batch`` (at least one
+    micro-batch per device; in a smoke run one micro-batch per device)."""
+    global_batch = max(global_batch, mb * devices) if not smoke else mb * devices
     steps = max(1, iters * mb * devices // global_batch)
     return [f"finetune_{method}", str(ckpt), "--out_dir", str(run_dir), "--precision", precision,
             "--devices", str(devices),
             "--data", "JSON", "--data.json_path", str(data), "--data.val_split_fraction", "0.02",
             "--data.num_workers", "0" if smoke else "2", "--train.micro_batch_size", str(mb),
-            "--train.global_batch_size", str(global_batch), "--train.max_seq_length", "64" if smoke else "512",
+            "--train.global_batch_size", str(global_batch), "--train.max_seq_length", "64" if smoke else str(max_seq_length),
             "--train.max_steps", str(steps), "--train.epochs", "1000", "--train.lr_warmup_steps", str(min(10, steps // 2)),
             "--train.save_interval", str(10**9), "--eval.interval", str(10**9), "--eval.final_validation", "false",
             "--eval.max_iters", "2", "--eval.max_new_tokens", "8", "--logger_name", "csv", "--seed", "1337",
@@ -200,8 +234,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--variants", default="stock,liger")
     p.add_argument("--n_layer", type=int, default=None, help="layers (default: the model's own)")
     p.add_argument("--n_samples", type=int, default=4000)
-    p.add_argument("--lengths", choices=("alpaca", "fixed"), default="alpaca",
-                   help="alpaca: variable lengths (default); fixed: every sample truncated to max_seq_length")
+    p.add_argument("--lengths", choices=("alpaca", "fixed", "long"), default="alpaca",
+                   help="alpaca: variable lengths (default); fixed: every sample truncated to max_seq_length; long: "
+                        "documents that fill max_seq_length (MFU with attention counted)")
+    p.add_argument("--max_seq_length", type=int, default=512, help="litgpt's --train.max_seq_length")
+    p.add_argument("--global_batch", type=int, default=16, help="litgpt's --train.global_batch_size")
+    p.add_argument("--block_size", type=int, default=None,
+                   help="the random checkpoint's context length (default: max(512, max_seq_length)); one checkpoint "
+                        "serves several --max_seq_length runs")
     p.add_argument("--work_dir", type=Path, default=F.WORK_DIR)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--tied_head", action="store_true",
@@ -221,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {"environment": C.environment(), "argv": argv, "smoke": smoke, "rows": [],
                               "settings": {"iters": iters, "warmup": warmup, "precision": precision,
                                            "lengths": opts.lengths, "tied_head": opts.tied_head,
+                                           "max_seq_length": opts.max_seq_length, "global_batch": opts.global_batch,
                                            "quantize": opts.quantize}}
     nominal = C.nominal_bf16_TFLOPs(C.device_name()) if C.CUDA else None
     measured = C.matmul_TFLOPs(8192, 8192, 8192) if C.CUDA else None  # the bf16 GEMM rate of this GPU, now
@@ -230,12 +271,20 @@ def main(argv: list[str] | None = None) -> dict:
         from litgpt import Config
 
         n_layer = opts.n_layer or (2 if smoke else Config.from_name(model).n_layer)
-        ckpt, _, info = F.build_inputs(opts.work_dir, model, n_layer, smoke=smoke, n_samples=8, max_seq_length=512,
+        block = max(512, opts.block_size or 0, opts.max_seq_length if opts.lengths == "long" else 0)
+        ckpt, _, info = F.build_inputs(opts.work_dir, model, n_layer, smoke=smoke, n_samples=8, max_seq_length=block,
                                        tied_head=opts.tied_head)
         fixed = opts.lengths == "fixed"
-        data = opts.work_dir / "data" / f"alpaca-like{'-fixed' if fixed else ''}-{ckpt.name}-{opts.n_samples}.json"
-        result.setdefault("data", {})[model] = make_alpaca_like(data, ckpt, 64 if smoke else opts.n_samples,
-                                                                fixed=fixed)
+        if opts.lengths == "long":
+            length = 64 if smoke else opts.max_seq_length
+            data = opts.work_dir / "data" / f"long-{length}-{ckpt.name}-{opts.n_samples}.json"
+            n = 64 if smoke else min(opts.n_samples, 64)  # (64 documents: the validation split gets one)
+            data = data.with_name(f"long-{length}-{ckpt.name}-{n}.json")
+            result.setdefault("data", {})[model] = make_long_docs(data, ckpt, n, length)
+        else:
+            data = opts.work_dir / "data" / f"alpaca-like{'-fixed' if fixed else ''}-{ckpt.name}-{opts.n_samples}.json"
+            result.setdefault("data", {})[model] = make_alpaca_like(data, ckpt, 64 if smoke else opts.n_samples,
+                                                                    fixed=fixed)
         result.setdefault("inputs", {})[model] = info
         for method in [m for m in opts.methods.split(",") if m]:
             for mb, n_dev in [(int(b), int(d)) for b in opts.micro_batches.split(",") if b
@@ -244,9 +293,11 @@ def main(argv: list[str] | None = None) -> dict:
                 for variant in [v for v in opts.variants.split(",") if v]:
                     q = f"-{opts.quantize}" if opts.quantize else ""
                     g = f"-{n_dev}dev" if n_dev > 1 else ""
-                    run_dir = opts.work_dir / "recipe-runs" / f"{model}-{method}{q}-B{mb}{g}-{variant}-{opts.lengths}"
+                    long = f"{opts.max_seq_length}" if opts.lengths == "long" else ""
+                    run_dir = (opts.work_dir / "recipe-runs"
+                               / f"{model}-{method}{q}-B{mb}{g}-{variant}-{opts.lengths}{long}")
                     args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize,
-                                    n_dev)
+                                    n_dev, opts.max_seq_length, opts.global_batch)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
@@ -266,6 +317,17 @@ def main(argv: list[str] | None = None) -> dict:
                         if log.is_file():
                             row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
                         add_mfu(row, info, nominal, measured, n_dev)
+                        if opts.lengths == "long" and nominal:
+                            T = 64 if smoke else opts.max_seq_length
+                            attn = row["tokens_per_s"] * attention_flops_per_token(info, T) / 1e12 / n_dev
+                            row["model_TFLOPs_with_attention"] = row["model_TFLOPs"] + attn
+                            row["mfu_nominal_with_attention"] = row["model_TFLOPs_with_attention"] / nominal
+                        final = run_dir / "final"
+                        row["completed"] = (final / "lit_model.pth").is_file() if method == "lora" else True
+                        if final.is_dir() and opts.lengths == "long":
+                            import shutil
+
+                            shutil.rmtree(final)  # (an 8B merged checkpoint per run: 16 GB of disk)
                         one = single.get((model, row["method"], mb, variant))
                         if n_dev == 1:
                             single[(model, row["method"], mb, variant)] = row["tokens_per_s"]

@@ -25,6 +25,8 @@ DIAGS = {
                                  "(memory-history replay)"),
     "replica-step": ("replica_step", "a replica's step on several GPUs (lit_liger.dataparallel): accumulation and "
                                      "synchronizing iterations, optimizer, per count of overlapped backward segments"),
+    "graph-gain": ("graph_gain", "where CUDA graphs stop paying (step time captured vs not, per model and tokens) "
+                                 "and what a Block keeps per token (lit_liger.graphs.CAPTURE_MAX_WORK, memplan)"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
                                  "setting (lit_liger/graphs.py) or torch.compile"),
 }
