@@ -13,6 +13,6 @@ timeout 300 python3 -m benchmarks recipe --models Llama-3.1-8B --methods lora --
 tail -3 $OUT/l1-16k.log | cut -c1-400
 for f in /tmp/work/recipe-runs/*/stdout.txt; do cp $f $OUT/l1-run-$(basename $(dirname $f)).txt; grep -E "lit-liger: (memory plan|CUDA graphs|training ended|the GPU ran)|Error|error" $f | cut -c1-300 | head -12; done
 python3 -c "
-import json; d=json.load(open('$OUT/l1-16k/recipe/recipe.json'))
+import json; d=json.load(open('$OUT/l1-16k/recipe.json'))
 for r in d['rows']: print({k: r.get(k) for k in ('variant','status','completed','tokens_per_s','mfu_nominal','mfu_nominal_with_attention','peak_memory_gb','peak_reserved_gb','iter_ms_p50','graph_captures')})
 "
