@@ -40,6 +40,7 @@ __all__ = [
     "CAPTURING",
     "RECOMPILE_LIMIT",
     "SDPA_BACKENDS",
+    "SDPA_LONG",
     "sdpa_backend_for",
     "sdpa_flags",
     "block_mask",
@@ -305,9 +306,17 @@ SDPA_BACKENDS: dict[str, tuple[bool, bool, bool, bool] | None] = {
 CAPTURING = [False]
 
 
+#: sequences of at least this many tokens take PyTorch's SDPA choice (cuDNN on an H100) in uncaptured steps too: its
+#: per-shape plan (~0.2 s of host time per new length, a handful of lengths with ``seq_buckets``) is small next to
+#: such steps, and its kernels are faster there. Measured on an H100 (torch 2.11, ``python -m benchmarks diag
+#: graph-gain``, LoRA, B 1): a captured step (cuDNN) ran 1.23x the uncaptured one (flash) at 16,384 tokens for
+#: Llama-3.1-8B and Llama-3.2-1B alike, where the graphs save no host time to speak of
+SDPA_LONG = 4096
+
+
 def sdpa_backend_for(setting: str, device: torch.device, captured: bool = False) -> str:
     """The backend ``setting`` (a key of :data:`SDPA_BACKENDS` or ``"auto"``) means on ``device``; ``captured``:
-    for a step captured as a CUDA graph (``LigerConfig.cuda_graphs``).
+    for a step captured as a CUDA graph (``LigerConfig.cuda_graphs``), or a sequence of :data:`SDPA_LONG` tokens.
 
     ``"auto"``, by measurement on an H100 (torch 2.11, litgpt's LoRA recipe on Llama-3.2-1B, Alpaca-shaped
     lengths in buckets, ``benchmarks/results/h100-2026-11-24/``): PyTorch picks cuDNN attention there, which
