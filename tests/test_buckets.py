@@ -310,8 +310,8 @@ def _gpu_models(lora: bool, dropout: float = 0.0, name: str = "Llama-3.2-1B", **
     from litgpt.lora import mark_only_lora_as_trainable
 
     if lora:
-        cfg = LoRAConfig.from_name(name, n_layer=2, lora_r=8, lora_alpha=16, lora_query=True,
-                                   lora_value=True, lora_dropout=dropout, **{"block_size": 512, **over})
+        cfg = LoRAConfig.from_name(name, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
+                                   lora_dropout=dropout, **{"n_layer": 2, "block_size": 512, **over})
         cls = LoRAGPT
     else:
         cfg = tiny_config("Llama-3.2-1B").__class__.from_name("Llama-3.2-1B", n_layer=2, block_size=512)
