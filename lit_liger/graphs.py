@@ -163,9 +163,11 @@ CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "fo
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
-#: it by one Block's parameters (Llama-3.1-8B: 218 M, Llama-3.2-1B: 61 M per Block). Measured on an H100 (see
-#: docs/settings.md, ``python -m benchmarks diag graph-gain``)
-CAPTURE_MAX_WORK = 10**12
+#: it by one Block's parameters (Llama-3.1-8B: 218 M, Llama-3.2-1B: 61 M per Block: 2,292 and 8,220 tokens). Measured
+#: on an H100 (torch 2.11, LoRA, B 1, ``python -m benchmarks diag graph-gain``, ``benchmarks/results/h100-2026-11-26f``):
+#: captured over uncaptured step time 2.47x / 1.06x / 1.00x / 1.00x at 2k / 4k / 8k / 16k tokens for Llama-3.2-1B
+#: (products 1.2e11 ... 1.0e12), 1.09x / 1.03x / 1.01x / 0.99x for Llama-3.1-8B (4.5e11 ... 3.6e12)
+CAPTURE_MAX_WORK = 5 * 10**11
 
 #: the share of the device's memory the graphs' pool may hold: past it, the graphs are released and micro-batches as
 #: long as the one that went over run uncaptured from then on (``GraphRunner.give_up_above``)
