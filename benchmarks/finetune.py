@@ -162,11 +162,11 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
         if C.PACKAGE == "benchmarks":  # a checkout's top-level folder: the child needs it on its path
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
             cwd = C.REPO_ROOT
-        proc = subprocess.run([sys.executable, "-m", f"{C.PACKAGE}.finetune", "--child", str(stats), *args],
-                              cwd=cwd, env=env, capture_output=True, text=True, check=False)
-        log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+        with log.open("w", encoding="utf-8") as out:  # (streamed: a run stopped from outside leaves its log)
+            proc = subprocess.run([sys.executable, "-m", f"{C.PACKAGE}.finetune", "--child", str(stats), *args],
+                                  cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, check=False)
         if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [""]
             raise RuntimeError(f"exit {proc.returncode}: {tail[0][:200]} (log: {log})")
     res = _summarize(run_dir, stats, warmup=warmup)
     res["process_s"] = time.perf_counter() - t0

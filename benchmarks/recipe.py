@@ -159,14 +159,14 @@ def attention_flops_per_token(info: dict[str, Any], seq_len: int) -> float:
 
 def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters: int, precision: str,
              smoke: bool, variant: str, quantize: str | None = None, devices: int = 1, max_seq_length: int = 512,
-             global_batch: int = 16) -> list[str]:
+             global_batch: int = 16, val_fraction: float = 0.02) -> list[str]:
     """The run's command line: ``iters`` iterations (micro-batches) per device, ``global_batch`` (at least one
     micro-batch per device; in a smoke run one micro-batch per device)."""
     global_batch = max(global_batch, mb * devices) if not smoke else mb * devices
     steps = max(1, iters * mb * devices // global_batch)
     return [f"finetune_{method}", str(ckpt), "--out_dir", str(run_dir), "--precision", precision,
             "--devices", str(devices),
-            "--data", "JSON", "--data.json_path", str(data), "--data.val_split_fraction", "0.02",
+            "--data", "JSON", "--data.json_path", str(data), "--data.val_split_fraction", str(val_fraction),
             "--data.num_workers", "0" if smoke else "2", "--train.micro_batch_size", str(mb),
             "--train.global_batch_size", str(global_batch), "--train.max_seq_length", "64" if smoke else str(max_seq_length),
             "--train.max_steps", str(steps), "--train.epochs", "1000", "--train.lr_warmup_steps", str(min(10, steps // 2)),
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         if opts.lengths == "long":
             length = 64 if smoke else opts.max_seq_length
             data = opts.work_dir / "data" / f"long-{length}-{ckpt.name}-{opts.n_samples}.json"
-            n = 64 if smoke else min(opts.n_samples, 64)  # (64 documents: the validation split gets one)
+            n = 64 if smoke else min(opts.n_samples, 16)  # (16 documents, one of them for validation)
             data = data.with_name(f"long-{length}-{ckpt.name}-{n}.json")
             result.setdefault("data", {})[model] = make_long_docs(data, ckpt, n, length)
         else:
@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
                     run_dir = (opts.work_dir / "recipe-runs"
                                / f"{model}-{method}{q}-B{mb}{g}-{variant}-{opts.lengths}{long}")
                     args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize,
-                                    n_dev, opts.max_seq_length, opts.global_batch)
+                                    n_dev, opts.max_seq_length, opts.global_batch,
+                                    1.5 / 16 if opts.lengths == "long" and not smoke else 0.02)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
