@@ -730,7 +730,8 @@ class _GPTMixin:
                     plan: _packing.Plan | None = None) -> torch.Tensor:
         """:meth:`_liger_hidden`, through the captured CUDA graphs where they apply (``cuda_graphs``)."""
         x = None
-        self._liger_mem_now = _memory_plan_here(self, idx)  # (Blocks recomputed, inputs offloaded): read below
+        if not torch.compiler.is_compiling():  # (Blocks recomputed, inputs offloaded): read by the graphs, the body
+            self._liger_mem_now = _memory_plan_here(self, idx)
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
         if graphs is not False and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
@@ -769,7 +770,8 @@ class _GPTMixin:
         ri = self.config.rope_indices
         # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
         # with `offload`) and rerun in backward (see _memory_plan_here, lit_liger.memplan)
-        recompute, offload = getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx)
+        recompute, offload = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
+                              else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self.config.n_layer), 1)}
         for block_idx, block in enumerate(self.transformer.h):
