@@ -836,7 +836,8 @@ def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool]:
     if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
         return 0, False
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
-    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt)
+    # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
+    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model())
     if plan is None:
         return 0, False
     said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False])

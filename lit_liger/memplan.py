@@ -98,12 +98,13 @@ def _total_memory(device: Any) -> int:
     return _TOTAL[index]
 
 
-def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2) -> MemPlan | None:
+def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bool = True) -> MemPlan | None:
     """:func:`decide` for a training micro-batch of ``tokens`` through the swapped ``gpt`` on ``device``; None off
     CUDA (CPU runs: nothing to plan). Reading the allocator's statistics costs ~100 us of host time, a few percent of
     a short captured step, so a micro-batch whose activations fit by a wide margin what was free at the last reading
     (less room for everything that can have appeared since: the optimizer's state and gradients of every trainable
-    parameter) is planned from that reading; it is taken again every :data:`REREAD_EVERY` calls."""
+    parameter) is planned from that reading; it is taken again every :data:`REREAD_EVERY` calls. ``allow_offload``:
+    see :func:`decide`."""
     if getattr(device, "type", None) != "cuda":
         return None
     memo = gpt.__dict__.get("_liger_mem_memo")
@@ -116,7 +117,7 @@ def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2) -> MemPlan | None
     available = available_bytes(gpt, device)
     trainable = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad)
     gpt.__dict__["_liger_mem_memo"] = [available, trainable, 0]
-    return decide(gpt.config, tokens, available, elt)
+    return decide(gpt.config, tokens, available, elt, allow_offload)
 
 
 #: training forwards planned from one reading of the allocator (see :func:`plan_for`)

@@ -468,3 +468,30 @@ def test_recipe_mfu_and_padding_from_the_run_log():
     assert abs(row["mfu_nominal_processed"] - 0.6) < 1e-12
     stock = padding_from_log(log.splitlines(True)[0] + log.splitlines(True)[1])  # stock: no lit-liger line
     assert stock["tokens_processed"] == 800 and abs(stock["padding_fraction"] - 0.25) < 1e-12
+
+
+def test_recipe_long_documents_fill_the_context_and_count_attention(tmp_path):
+    """``recipe --lengths long``: every document is longer than ``max_seq_length`` tokens (litgpt truncates it there),
+    the command carries the length, the global batch and a validation split of one document, and the attention's
+    FLOPs per token are the causal forward's 2 T d per layer, three times over for forward and backward."""
+    from litgpt import Tokenizer
+
+    from benchmarks import finetune as F
+    from benchmarks.recipe import _command, attention_flops_per_token, make_long_docs
+
+    ckpt, _, info = F.build_inputs(tmp_path, "Llama-3.2-1B", 2, smoke=True, n_samples=8, max_seq_length=256)
+    path = tmp_path / "long.json"
+    stats = make_long_docs(path, ckpt, 4, 200)
+    tok = Tokenizer(ckpt)
+    rows = json.loads(path.read_text())
+    assert len(rows) == 4 and all(len(tok.encode(r["output"])) >= 200 for r in rows)
+    assert stats["tokens_min"] == 200 and stats["max_seq_length"] == 200
+    args = _command("lora", ckpt, path, tmp_path / "run", 1, 3, "bf16-true", False, "liger", max_seq_length=200,
+                    global_batch=1, val_fraction=1.5 / 16)
+    assert args[args.index("--train.max_seq_length") + 1] == "200"
+    assert args[args.index("--train.global_batch_size") + 1] == "1"
+    assert args[args.index("--train.max_steps") + 1] == "3"
+    assert float(args[args.index("--data.val_split_fraction") + 1]) == 1.5 / 16
+    assert {"n_head", "head_size"} <= set(info)
+    d = info["n_head"] * info["head_size"]
+    assert attention_flops_per_token(info, 1000) == 3 * 2 * 1000 * d * info["n_layer"]

@@ -66,8 +66,8 @@ def test_dataparallel_estimates_with_the_same_per_token_bytes():
 # the plan applied: the same numbers, less kept
 # ------------------------------------------------------------------------------------------------
 def _force(monkeypatch, recompute: int, offload: bool):
-    monkeypatch.setattr(adapter._memplan, "plan_for",
-                        lambda gpt, tokens, device, elt=2: memplan.MemPlan(recompute, offload, 0.0, 1.0))
+    monkeypatch.setattr(adapter._memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True:
+                        memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0))
 
 
 @pytest.mark.parametrize(("recompute", "offload"), [(1, False), (2, False), (2, True)])
@@ -326,3 +326,32 @@ def test_gpu_thirty_lengths_keep_the_pool_under_its_budget(monkeypatch):
     assert runner.max_tokens is not None and runner.max_tokens < lengths[-1] and runner.captures >= 3
     # the pool's budget, plus an uncaptured step at the longest length (its activations, the loss's logits chunk)
     assert max(reserved) - start <= budget + 2 * GiB, [r / GiB for r in reserved]
+
+
+def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
+    """Several processes that are not lit-liger's replica (DDP's wrapper, whose reducer does not take the reentrant
+    checkpoint the offload uses): the plan may recompute, not offload."""
+    from lit_liger import _dist
+
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    x, _ = _data(cfg)
+    _force(monkeypatch, cfg.n_layer, True)
+    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, True)
+    monkeypatch.setattr(_dist, "several_processes", lambda: True)
+    monkeypatch.setattr(_dist, "replicated", lambda: True)  # (inside DDP's forward)
+    monkeypatch.setattr(adapter, "sharded_processes", lambda: False)
+    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, False)
+
+
+def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():
+    """``sdpa_backend="auto"``: a sequence of ``attention.SDPA_LONG`` tokens or more is keyed like a captured step
+    (PyTorch's choice, cuDNN on an H100) even uncaptured."""
+    from lit_liger import attention
+
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    attn = model.transformer.h[0].attn
+    q = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), size=lambda dim: attention.SDPA_LONG)
+    assert attn._liger_sdpa_flags(q) == attention.SDPA_BACKENDS["torch"]
+    assert list(attn._liger_sdpa_cache) == [(torch.device("cuda", 0), True)]
