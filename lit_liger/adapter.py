@@ -1520,8 +1520,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                 "cuda_graphs_max_tokens)")
     if cfg.activation_checkpointing is None:
         report.add(prefix, gpt, "activations planned per micro-batch from its tokens and the device's free memory: "
-                                "every Block's kept where they fit, else the fewest Blocks recomputed in backward, "
-                                "else every Block recomputed with its input in pinned host memory (one CUDA process "
+                                "every Block's kept where they fit, else the fewest Blocks rerun in backward, "
+                                "else every Block rerun with its input in pinned host memory (one CUDA process "
                                 "or a replica; activation_checkpointing automatic)")
     elif cfg.activation_checkpointing:
         graphs_note = "steps run without CUDA graphs; " if _graphs.checkpointed_capture_why() else ""
