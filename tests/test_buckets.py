@@ -14,6 +14,7 @@ from test_adapter import _pair, tiny_config
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 from lit_liger import adapter as adapter_mod
 from lit_liger.buckets import MIN_BUCKET, bucket_length
+from lit_liger import graphs
 from lit_liger.graphs import RECAPTURE_ON_GROWTH, runner_for
 
 
@@ -112,10 +113,14 @@ def test_buckets_off_and_cpu_default(monkeypatch):
 def test_report_and_settings():
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
+    def graphs_line(text):
+        return next(line for line in text.splitlines() if "(cuda_graphs" in line)
+
     text = str(apply_liger(ours))
-    assert "seq_buckets" in text and "cuda_graphs" in text and "automatic" in text  # default: automatic
+    assert "seq_buckets" in text and "automatic" in graphs_line(text)  # default: automatic
+    assert f"up to {graphs.auto_max_tokens(ours):,} tokens per micro-batch" in graphs_line(text)
     text = str(apply_liger(ours, LigerConfig(cuda_graphs=True)))
-    assert "seq_buckets" in text and "cuda_graphs" in text and "automatic" not in text
+    assert "seq_buckets" in text and "automatic" not in graphs_line(text)
     text = str(apply_liger(ours, LigerConfig(seq_buckets=False, cuda_graphs=False)))
     assert "seq_buckets" not in text and "cuda_graphs" not in text
     assert "seq_buckets" not in LigerConfig.switches() and "cuda_graphs" not in LigerConfig.switches()
