@@ -655,7 +655,7 @@ class GraphRunner:
 
     def give_up_above(self, max_tokens: int, why: str) -> None:
         """Release every graph and the pool, and capture no micro-batch of more than ``max_tokens`` tokens from now
-        on (the shorter shapes are captured again as they come): one warning per run."""
+        on (the shorter shapes are captured again as they come), with a warning that says why."""
         self.pending = None
         self.reset()
         self.max_tokens = max_tokens if self.max_tokens is None else min(self.max_tokens, max_tokens)

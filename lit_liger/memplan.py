@@ -14,9 +14,9 @@ device's memory now (what is allocated, and the gradients the backward will allo
 
 :func:`kept_bytes_per_token` is the one estimate of a Block's activations (``lit_liger.dataparallel``'s plans use it
 too). The estimate is calibrated on what lit-liger's Blocks keep (the residual stream, q/k/v, the attention output,
-the GLU's two inputs; the norms' outputs and the GLU product are recomputed, see ``recompute_norm``); its
-measurement against an H100 is in ``benchmarks/results`` (``python -m benchmarks diag graph-gain`` prints the
-measured bytes next to it).
+the GLU's two inputs; the norms' outputs and the GLU product are recomputed, see ``recompute_norm``); on an
+H100 it was 4-5% under the measured bytes at 16k tokens (``benchmarks/results/h100-2026-11-26f``; ``python -m
+benchmarks diag graph-gain`` prints them next to it), which :data:`MEMORY_FRACTION`'s margin covers.
 """
 
 from __future__ import annotations
