@@ -355,3 +355,21 @@ def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():
     q = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), size=lambda dim: attention.SDPA_LONG)
     assert attn._liger_sdpa_flags(q) == attention.SDPA_BACKENDS["torch"]
     assert list(attn._liger_sdpa_cache) == [(torch.device("cuda", 0), True)]
+
+
+@pytest.mark.gpu
+def test_gpu_long_document_recipe_completes(tmp_path):
+    """litgpt's LoRA recipe through the ``lit-liger`` command with the defaults on 16k-token documents (Llama-3.1-8B's
+    widths, 2 layers): it trains and completes, litgpt's final save and ``merge_lora`` included, with the plan and
+    the graphs' lines in its log (the full-depth run: ``benchmarks/results/h100-2026-11-26f``)."""
+    from benchmarks import recipe
+
+    result = recipe.main(["--models", "Llama-3.1-8B", "--n_layer", "2", "--methods", "lora", "--micro_batches", "1",
+                          "--lengths", "long", "--max_seq_length", "16384", "--global_batch", "1", "--iters", "3",
+                          "--warmup", "1", "--variants", "liger", "--work_dir", str(tmp_path / "work"),
+                          "--out", str(tmp_path / "out")])
+    (row,) = result["rows"]
+    assert row["status"] == "ok" and row["completed"], row
+    log = next((tmp_path / "work" / "recipe-runs").glob("*/stdout.txt")).read_text()
+    assert "lit-liger: memory plan at 16,384 tokens per micro-batch" in log
+    assert "Saved merged weights" in log
