@@ -152,7 +152,9 @@ class _OnHost:
 def offloaded(width: int, min_bytes: int | None = None) -> Any:
     """A ``saved_tensors_hooks`` context: each ``(B, T, width)`` tensor autograd saves inside it (a checkpointed
     Block's input) goes to pinned host memory, copied on a side stream after the work that made it, and comes back on
-    the current stream when backward unpacks it. CPU tensors are copied (what the CPU tests check)."""
+    the current stream when backward unpacks it. CPU tensors are copied (what the CPU tests check). (PyTorch's
+    ``torch.autograd.graph.save_on_cpu`` moves every saved tensor, ``cos``/``sin`` once per Block included, with a copy
+    the current stream waits for: this moves only the Block inputs, off the compute stream.)"""
     import torch
 
     floor = OFFLOAD_MIN_BYTES if min_bytes is None else min_bytes

@@ -313,15 +313,16 @@ def test_gpu_thirty_lengths_keep_the_pool_under_its_budget(monkeypatch):
     runner = graphs.runner_for(graphed)
     lengths = [64 * (i + 1) for i in range(30)]
     torch.cuda.synchronize()
-    start, reserved = torch.cuda.memory_reserved(), []
+    start, reserved, pool_seen = torch.cuda.memory_reserved(), [], 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for T in lengths:
             x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
             loss, _ = _step(graphed, x, x)
             assert torch.isfinite(loss)
-            assert runner.pool_bytes <= budget
+            pool_seen = max(pool_seen, runner.pool_bytes)  # (a release resets it: this sees what stayed)
             reserved.append(torch.cuda.memory_reserved())
+    assert 0 < pool_seen <= budget, (pool_seen, budget)  # the pool's growth is tracked, and never kept over budget
     assert any("over its budget" in str(w.message) for w in caught)
     assert runner.max_tokens is not None and runner.max_tokens < lengths[-1] and runner.captures >= 3
     # the pool's budget, plus an uncaptured step at the longest length (its activations, the loss's logits chunk)
