@@ -85,6 +85,7 @@ VARIANTS = {
     # issue 33 / 46: the data-parallel plan on several devices (lit_liger.dataparallel): "liger" is automatic
     "liger-replicated": ["--liger.data_parallel", "replicate"],
     "liger-dp-shard": ["--liger.data_parallel", "shard"],
+    "liger-dp-zero1": ["--liger.data_parallel", "zero1"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],

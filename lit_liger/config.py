@@ -86,7 +86,10 @@ class LigerConfig:
             and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of
             its memory); if so every device runs a replica (``"replicate"``: no wrapper, lit-liger's single-device
             machinery on each, the gradients all-reduced once per optimizer step, the upper Blocks' under the backward
-            of the lower ones), else litgpt's own strategy (``"litgpt"``, which keeps it always). ``"shard"`` runs the
+            of the lower ones); where only Adam's state does not fit, the same replica with that state split between
+            the devices (``"zero1"``: each steps its share of the parameters and broadcasts it; gradients all-reduced
+            as before; checkpoints hold the whole state); else litgpt's own strategy (``"litgpt"``, which keeps it
+            always). ``"shard"`` runs the
             recipes that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
             ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it); built and CPU-tested, not yet run
             on GPUs, so ``"auto"`` only names it where it would fit. The plan and why are printed. Measured on 2 x
@@ -248,7 +251,7 @@ class LigerConfig:
     compile_min_tokens: NonNegativeInt | None = None
     seq_buckets: bool = True
     packing: bool = True
-    data_parallel: Literal["auto", "replicate", "shard", "litgpt"] = "auto"
+    data_parallel: Literal["auto", "replicate", "zero1", "shard", "litgpt"] = "auto"
     replicate_frozen_base: bool = False
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     fp8_all_gather: bool | None = None

@@ -15,6 +15,12 @@ parameters, precision, micro-batch and longest sequence):
   the trainable parameters' gradients once per optimizer step, in the backward that litgpt's loop runs outside
   ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing): each group of upper Blocks' gradients
   as soon as the backward has passed below them (``lit_liger._dist.GRADS_READY``), the rest when it ends;
+* ``zero1``: the same replica, with the optimizer's state sharded (ZeRO-1): each device keeps Adam's moments of its
+  share of the large parameters only, steps those, and broadcasts them to the others after the step (the gradients
+  stay all-reduced: whatever reads them after backward, a norm or a clip, sees the same on every device). Chosen
+  where a replica with the whole optimizer state does not fit and one with its share does (Llama-3.1-8B full
+  fine-tuning on 80 GB cards). A checkpoint holds the whole optimizer state, as stock's (:meth:`get_optimizer_state`
+  gathers it on rank 0);
 * ``shard`` (the recipes whose strategy is FSDP1; asked for, or automatic with :data:`AUTO_SHARD`): ``FSDPStrategy``
   with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and optimizer state sharded, the weights kept gathered from forward to
   backward), Blocks recomputed only where the estimate says they must be;
@@ -39,7 +45,8 @@ import torch
 from .memplan import kept_bytes_per_token
 
 __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate", "finish_reduce",
-           "grad_segments", "reduce_gradients", "replica_class", "start_reduce", "strategy_factory"]
+           "gather_optimizer_state", "grad_segments", "optimizer_owners", "reduce_gradients", "replica_class",
+           "start_reduce", "strategy_factory"]
 
 #: the share of a device's memory that a plan's estimated training state may fill (the rest: the CUDA context,
 #: NCCL's buffers, the allocator's fragmentation, CUDA graphs' pools, the estimate's own error)
@@ -74,6 +81,10 @@ class Estimate:
     def replicated(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + OVERHEAD
 
+    def zero1(self, world: int) -> float:
+        """A replica whose optimizer state is split between the ``world`` devices (``zero1``)."""
+        return self.weights + self.grads + self.optimizer / world + self.activations + OVERHEAD
+
     def zero2(self, world: int, checkpoint: bool, accumulating: bool = True) -> float:
         """FSDP ``SHARD_GRAD_OP``: the weights gathered through forward and backward beside this rank's shard,
         optimizer state sharded; gradients sharded, but whole while micro-batches accumulate (litgpt's loop runs them
@@ -89,7 +100,7 @@ class Estimate:
 
 @dataclass
 class Plan:
-    name: str  # "replicate" | "shard" | "litgpt"
+    name: str  # "replicate" | "zero1" | "shard" | "litgpt"
     why: str
     checkpoint: bool = False  # ("shard") every Block recomputed in backward
     estimate: Estimate | None = field(default=None, repr=False)
@@ -97,6 +108,10 @@ class Plan:
     def line(self, recipe: str, devices: int) -> str:
         what = {"replicate": "the whole model on every device (lit-liger's ReplicaStrategy: graphs, packing and the "
                              "fused optimizer on each; gradients all-reduced once per optimizer step)",
+                "zero1": "the whole model on every device, the optimizer's state sharded across them (ZeRO-1: "
+                         "lit-liger's ReplicaStrategy, graphs, packing and the fused optimizer on each; gradients "
+                         "all-reduced once per optimizer step; each device steps its share of the parameters and "
+                         "broadcasts it)",
                 "shard": "FSDP SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, weights gathered from "
                          "forward to backward" + (", every Block recomputed" if self.checkpoint else
                                                   ", no Block recomputed") + ")",
@@ -138,6 +153,9 @@ def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
         return Plan("replicate", f"its training state fits one device (estimated {_gib(need)} of {_gib(est.device)})",
                     estimate=est)
     over = f"a replica needs about {_gib(need)} of {_gib(est.device)}"
+    z1 = est.zero1(world)
+    if z1 <= est.budget:
+        return Plan("zero1", f"{over}; with the optimizer state sharded {_gib(z1)}", estimate=est)
     if can_shard:
         for checkpoint in (False, True):
             z2 = est.zero2(world, checkpoint)
@@ -230,11 +248,14 @@ def choose(module: Any, args: dict, setting: str) -> tuple[Plan, int] | None:
         est = estimate(config, n, trained, _param_bytes(args.get("precision")), mb, seq, _device_bytes(accelerator),
                        head)
     except Exception as err:  # noqa: BLE001 - any failure to size the model keeps litgpt's plan, said in the log
-        if setting == "replicate":
-            return Plan("replicate", f"as asked (the model could not be sized: {err})"), devices
+        if setting in ("replicate", "zero1"):
+            return Plan(setting, f"as asked (the model could not be sized: {err})"), devices
         return Plan("litgpt", f"the model could not be sized ({type(err).__name__}: {err})"), devices
     if setting == "replicate":
         return Plan("replicate", f"as asked (estimated {_gib(est.replicated())} of {_gib(est.device)})",
+                    estimate=est), devices
+    if setting == "zero1":
+        return Plan("zero1", f"as asked (estimated {_gib(est.zero1(devices))} of {_gib(est.device)})",
                     estimate=est), devices
     if setting == "shard":
         if not can_shard:
@@ -253,8 +274,8 @@ def strategy_factory(module_name: str, original: type, plan: Plan) -> type:
     arguments litgpt passes; ``isinstance`` against it means ``isinstance`` against ``original``."""
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if plan.name == "replicate":
-            return replica_class()()
+        if plan.name in ("replicate", "zero1"):
+            return replica_class()(shard_optimizer=plan.name == "zero1")
         if plan.name == "shard":
             from lightning.fabric.strategies import FSDPStrategy
 
@@ -343,6 +364,85 @@ def reduce_gradients(params: list[torch.nn.Parameter], group: Any = None) -> int
     return finish_reduce(start_reduce(params, group))
 
 
+def optimizer_owners(params: list[torch.Tensor], world: int, min_numel: int = SMALL) -> dict[int, int]:
+    """``zero1``: which rank steps each parameter (``id(p)`` -> rank): the parameters of at least ``min_numel``
+    elements, largest first, each to the rank with the fewest elements so far (ties: the lowest rank). Smaller ones
+    are left out: every rank steps them (their state is small, and a broadcast each would cost more than it saves).
+    The same on every rank for the same parameters."""
+    load = [0] * world
+    out: dict[int, int] = {}
+    order = sorted(range(len(params)), key=lambda i: (-params[i].numel(), i))
+    for i in order:
+        p = params[i]
+        if id(p) in out or p.numel() < min_numel or not p.is_contiguous():
+            continue
+        rank = min(range(world), key=lambda r: (load[r], r))
+        out[id(p)] = rank
+        load[rank] += p.numel()
+    return out
+
+
+def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _drop_others_state(optimizer: Any, owners: dict[int, int], rank: int) -> None:
+    """Forget the optimizer state of the parameters another rank steps (after a checkpoint's whole state loads)."""
+    for p in _optimizer_params(optimizer):
+        if owners.get(id(p), rank) != rank:
+            optimizer.state.pop(p, None)
+
+
+def gather_optimizer_state(optimizer: Any, owners: dict[int, int], group: Any = None) -> dict:
+    """``zero1``: ``optimizer.state_dict()`` with every parameter's state, on rank 0 (``{}`` on the others): each
+    owner's entries are broadcast tensor by tensor (on the parameter's device, which the process group's backend
+    reaches) and held on the host for the state dict, then forgotten again. A collective: every rank calls it."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    params = _optimizer_params(optimizer)
+    mine = {}
+    for i, p in enumerate(params):
+        if owners.get(id(p)) == rank and optimizer.state.get(p):
+            mine[i] = {k: ("tensor", tuple(v.shape), v.dtype, v.device.type) if isinstance(v, torch.Tensor)
+                       else ("value", v) for k, v in optimizer.state[p].items()}
+    metas: list = [None] * world
+    dist.all_gather_object(metas, mine, group=group)
+    added = []
+    for i, p in enumerate(params):
+        owner = owners.get(id(p))
+        if owner is None or i not in metas[owner]:
+            continue
+        entry = {}
+        for key, meta in metas[owner][i].items():
+            if meta[0] == "value":
+                entry[key] = meta[1]
+                continue
+            _, shape, dtype, where = meta
+            if rank == owner:
+                t = optimizer.state[p][key].to(p.device)
+            else:
+                t = torch.empty(shape, dtype=dtype, device=p.device)
+            dist.broadcast(t, src=owner, group=group)
+            entry[key] = t.to("cpu") if where == "cpu" or rank == 0 else t
+        if rank == 0 and owner != 0:
+            optimizer.state[p] = entry
+            added.append(p)
+    if rank != 0:
+        return {}
+    try:
+        return optimizer.state_dict()
+    finally:
+        for p in added:
+            optimizer.state.pop(p, None)
+
+
 def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     """The trainable parameters of a swapped GPT by segment of ``lit_liger._dist.GRADS_READY``: ``[0]`` outside the
     Blocks, embedding and ``ln_f`` (the lm_head: no callback, reduced when backward ends); ``[j]`` the Blocks from
@@ -399,8 +499,12 @@ def _make_replica_class() -> type:
         ``all_reduce`` / ``barrier`` / ``broadcast`` and checkpoints (rank 0 writes the module's own
         ``state_dict``) are DDPStrategy's."""
 
-        def __init__(self, **kwargs: Any) -> None:
+        def __init__(self, shard_optimizer: bool = False, **kwargs: Any) -> None:
             super().__init__(**kwargs)
+            self.shard_optimizer = shard_optimizer  # ``zero1``: each rank steps (and keeps the state of) its share
+            self.own_min = SMALL  # (zero1) parameters smaller than this are stepped by every rank
+            self.owners: dict[int, int] = {}  # (zero1) id(parameter) -> the rank that steps it
+            self.broadcasts = 0  # (zero1) optimizer steps followed by the owners' broadcast
             self.accumulating = False
             self._backward_sync_control = _ReplicaSync(self)
             self._modules: list[torch.nn.Module] = []
@@ -433,6 +537,68 @@ def _make_replica_class() -> type:
             if self._ready not in _dist.GRADS_READY:
                 _dist.GRADS_READY.append(self._ready)
             return module
+
+        def _rank_world(self) -> tuple[int, int]:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+            return 0, 1
+
+        def setup_optimizer(self, optimizer: Any) -> Any:
+            """``zero1``: decide which rank steps each parameter of ``optimizer``; a checkpoint's optimizer state loaded
+            into it later keeps only this rank's share."""
+            optimizer = super().setup_optimizer(optimizer)
+            rank, world = self._rank_world()
+            if self.shard_optimizer and world > 1:
+                params = _optimizer_params(optimizer)
+                # (a model so small that every parameter is under own_min still shards its larger ones: tests)
+                least = min(self.own_min, max(1, sum(p.numel() for p in params) // 64))
+                owners = optimizer_owners(params, world, least)
+                self.owners.update(owners)
+                if rank == 0:
+                    share = [sum(p.numel() for p in params if owners.get(id(p)) == r) for r in range(world)]
+                    total = sum(p.numel() for p in params)
+                    print(f"lit-liger: zero1: {len(owners)} of {len(params)} parameters stepped by one device each "
+                          f"(elements per device {', '.join(f'{n / total:.0%}' for n in share)} of {total:,}); the "
+                          f"other {len(params) - len(owners)} (small) by every device", flush=True)
+                optimizer.register_load_state_dict_post_hook(
+                    lambda opt: _drop_others_state(opt, self.owners, self._rank_world()[0]))
+                _drop_others_state(optimizer, self.owners, rank)
+            return optimizer
+
+        def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+            """``zero1``: the optimizer steps this rank's share (the other parameters' gradients are hidden from it for
+            the step), then each parameter is broadcast from the rank that stepped it."""
+            if not self.owners:
+                return super().optimizer_step(optimizer, **kwargs)
+            import torch.distributed as dist
+
+            rank, _ = self._rank_world()
+            inner = getattr(optimizer, "optimizer", optimizer)
+            params = _optimizer_params(inner)
+            hidden = [(p, p.grad) for p in params if self.owners.get(id(p), rank) != rank]
+            for p, _ in hidden:
+                p.grad = None
+                inner.state.pop(p, None)
+            try:
+                out = super().optimizer_step(optimizer, **kwargs)
+            finally:
+                for p, g in hidden:
+                    p.grad = g
+            works = [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True)
+                     for p in params if id(p) in self.owners]
+            for work in works:
+                work.wait()
+            self.broadcasts += 1
+            return out
+
+        def get_optimizer_state(self, optimizer: Any) -> dict:
+            """``zero1``: the whole optimizer state, gathered on rank 0 (a checkpoint as stock's); ``{}`` on the
+            other ranks, which write nothing."""
+            if not self.owners:
+                return super().get_optimizer_state(optimizer)
+            return gather_optimizer_state(getattr(optimizer, "optimizer", optimizer), self.owners)
 
         def _ready(self, gpt: torch.nn.Module, segment: int) -> None:
             """``_dist.GRADS_READY``: in a synchronizing backward, start the all-reduce of ``segment``'s gradients
@@ -470,6 +636,7 @@ def _make_replica_class() -> type:
             if self._ready in _dist.GRADS_READY:
                 _dist.GRADS_READY.remove(self._ready)
             self._modules.clear()
+            self.owners.clear()
             super().teardown()
 
     return ReplicaStrategy

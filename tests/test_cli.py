@@ -905,6 +905,33 @@ def test_data_parallel_replica_two_processes(assets, tmp_path, command):
         assert torch.linalg.vector_norm(saved["liger"][k] - v) <= 1e-4 * torch.linalg.vector_norm(v) + 1e-7, k
 
 
+def test_data_parallel_zero1_two_processes(assets, tmp_path):
+    """``--liger.data_parallel zero1`` (full fine-tuning, 2 CPU processes): the replica with the optimizer's state
+    sharded gives the replica's losses and weights, and its mid-run checkpoint holds the whole optimizer state, equal
+    to the replica's."""
+    runs = {}
+    for name, liger in (("replicate", ["--liger.data_parallel", "replicate"]),
+                        ("zero1", ["--liger.data_parallel", "zero1"])):
+        runs[name] = _two_process_run(assets, tmp_path, "finetune_full", name, [*liger, "--train.save_interval", "2"])
+    (ref, _), (ours, out) = runs["replicate"], runs["zero1"]
+    assert out.count("the optimizer's state sharded across them") == 1, out[-3000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("lit-liger: zero1: "))
+    shares = [int(x.rstrip("%")) for x in line.split("elements per device ")[1].split(" of ")[0].split(", ")]
+    assert len(shares) == 2 and min(shares) >= 40, line  # (both devices step a share, near half)
+    assert len(ours) == len(ref) == 3 and all(abs(a - b) / abs(b) < LOSS_TOL for a, b in zip(ours, ref)), (ours, ref)
+    saved = {n: torch.load(tmp_path / n / "step-000002" / "lit_model.pth", weights_only=True) for n in runs}
+    for k, v in saved["replicate"]["model"].items():
+        assert torch.linalg.vector_norm(saved["zero1"]["model"][k] - v) <= 1e-4 * torch.linalg.vector_norm(v) + 1e-7, k
+    opt = {n: s["optimizer"]["state"] for n, s in saved.items()}
+    n_params = len(saved["replicate"]["model"])
+    assert len(opt["zero1"]) == len(opt["replicate"]) == n_params
+    for i, entry in opt["replicate"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            a, b = opt["zero1"][i][key].float(), entry[key].float()
+            assert torch.linalg.vector_norm(a - b) <= 1e-3 * torch.linalg.vector_norm(b) + 1e-9, (i, key)
+        assert float(opt["zero1"][i]["step"]) == float(entry["step"]) == 2.0
+
+
 def test_data_parallel_litgpt_keeps_litgpt_strategy(assets, tmp_path):
     """``--liger.data_parallel litgpt``: litgpt's own strategy (FSDP2 for LoRA; said in the log)."""
     _, out = _two_process_run(assets, tmp_path, "finetune_lora", "litgpt", ["--liger.data_parallel", "litgpt"],

@@ -43,7 +43,7 @@ def test_estimate_counts_what_trains():
     ("litgpt.finetune.lora", "Llama-3.2-1B", True, 80, "replicate"),
     ("litgpt.finetune.full", "Llama-3.2-1B", False, 80, "replicate"),
     ("litgpt.finetune.lora", "Llama-3.1-8B", True, 80, "replicate"),
-    ("litgpt.finetune.full", "Llama-3.1-8B", False, 80, "litgpt"),  # (ZeRO-2 would fit: opt-in, AUTO_SHARD)
+    ("litgpt.finetune.full", "Llama-3.1-8B", False, 80, "zero1"),  # (the replica fits with half of Adam's state)
     ("litgpt.finetune.full", "Llama-3.1-8B", False, 141, "replicate"),  # an H200 holds the whole state
     ("litgpt.finetune.full", "Llama-3.1-70B", False, 80, "litgpt"),
 ])
@@ -53,8 +53,8 @@ def test_decide(module, model, lora, device, plan):
     assert chosen.name == plan, chosen
     if plan == "replicate":
         assert "fits one device" in chosen.why and est.replicated() <= dp.MEMORY_FRACTION * device * GiB
-    elif model == "Llama-3.1-8B":
-        assert "ZeRO-2 without recomputed Blocks would fit" in chosen.why and "--liger.data_parallel shard" in chosen.why
+    elif plan == "zero1":
+        assert est.replicated() > est.budget >= est.zero1(2) and "optimizer state sharded" in chosen.why
     else:
         assert "no lighter plan fits" in chosen.why
 
@@ -62,16 +62,32 @@ def test_decide(module, model, lora, device, plan):
 def test_decide_shards_where_asked(monkeypatch):
     """With AUTO_SHARD the 8B full fine-tune on 80 GB at 4 x 2048 tokens per micro-batch gets ZeRO-2 with recomputed Blocks:
     the estimate counts whole gradients while micro-batches accumulate (FSDP1 under no_backward_sync); with room for
-    the activations, none recomputed."""
+    the activations, the replica with its optimizer state sharded comes first."""
     monkeypatch.setattr(dp, "AUTO_SHARD", True)
     est, _, _ = _estimate("litgpt.finetune.full", "Llama-3.1-8B", 80, seq=2048)
     plan = dp.decide(est, 2, can_shard=True)
     assert plan.name == "shard" and plan.checkpoint
     assert est.zero2(2, False) - est.zero2(2, False, accumulating=False) == pytest.approx(est.grads / 2)
+    assert est.zero1(2) > est.budget
+    # where the weights gathered beside their shard fit, the replica with its optimizer state sharded (zero1) fits too
+    # (it holds the weights once): it comes first
     roomy = dp.Estimate(**{**vars(est), "device": (est.zero2(2, False) + 1) / dp.MEMORY_FRACTION})
-    assert roomy.replicated() > roomy.budget
-    assert dp.decide(roomy, 2, can_shard=True).name == "shard" and not dp.decide(roomy, 2, can_shard=True).checkpoint
-    assert dp.decide(roomy, 2, can_shard=False).name == "litgpt"  # (LoRA's FSDP2 recipe: no ZeRO-2 plan here)
+    assert roomy.replicated() > roomy.budget and roomy.zero1(2) < roomy.zero2(2, False)
+    assert dp.decide(roomy, 2, can_shard=True).name == "zero1"
+    tight = dp.Estimate(**{**vars(est), "device": (est.zero2(2, True) + 1) / dp.MEMORY_FRACTION})
+    assert dp.decide(tight, 2, can_shard=False).name == "litgpt"  # (LoRA's FSDP2 recipe: no ZeRO-2 plan here)
+
+
+def test_optimizer_owners_balance_the_large_parameters():
+    """zero1: each parameter of at least ``min_numel`` elements to one rank, largest first to the least-loaded; the
+    small ones to nobody (every rank steps them); the same answer for the same parameters."""
+    params = [torch.empty(n) for n in (1000, 10, 600, 500, 400, 64, 3)]
+    owners = dp.optimizer_owners(params, 2, min_numel=64)
+    assert [owners.get(id(p)) for p in params] == [0, None, 1, 1, 0, 1, None]
+    load = [sum(p.numel() for p in params if owners.get(id(p)) == r) for r in range(2)]
+    assert load == [1400, 1164]
+    assert dp.optimizer_owners(params, 2, min_numel=64) == owners
+    assert set(dp.optimizer_owners(params, 3, min_numel=1).values()) == {0, 1, 2}
 
 
 def _args(tmp_path: Path, **over) -> dict:
@@ -112,12 +128,16 @@ def test_choose_from_recipe_arguments(tmp_path):
     assert plan.name == "litgpt" and "FSDP2" in plan.why
     plan, _ = dp.choose(full, _args(tmp_path), "shard")
     assert plan.name == "shard" and not plan.checkpoint
+    plan, _ = dp.choose(full, _args(tmp_path), "zero1")
+    assert plan.name == "zero1" and "as asked" in plan.why
 
 
 def test_plan_line_names_the_way_back():
-    line = dp.Plan("replicate", "why").line("finetune_full", 2)
-    assert line.startswith("lit-liger: data parallel on 2 devices, finetune_full: the whole model on every device")
-    assert line.endswith("--liger.data_parallel litgpt keeps litgpt's")
+    for name in ("replicate", "zero1"):
+        line = dp.Plan(name, "why").line("finetune_full", 2)
+        assert line.startswith("lit-liger: data parallel on 2 devices, finetune_full: the whole model on every device")
+        assert line.endswith("--liger.data_parallel litgpt keeps litgpt's")
+    assert "optimizer's state sharded" in dp.Plan("zero1", "why").line("finetune_full", 2)
 
 
 def test_segments_follow_the_cuts(monkeypatch):

@@ -615,3 +615,117 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
     assert captures >= 2, captures
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
+
+
+# ----------------------------------------------------------------------------------------------
+# zero1: the replica with the optimizer's state sharded (ReplicaStrategy(shard_optimizer=True))
+# ----------------------------------------------------------------------------------------------
+def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool) -> None:
+    faulthandler.enable()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, HERE)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _finish(_zero1_run(rank, world, fused), queue)
+
+
+def _zero1_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 32),
+                               torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
+
+
+def _zero1_run(rank: int, world: int, fused: bool):
+    """Each rank: a replica (rank 1 starts from other weights) under ``ReplicaStrategy(shard_optimizer=True)`` with
+    every parameter of >= 30 elements given to one rank (the last bias, 8, stays everyone's), AdamW (``fused`` or
+    PyTorch's default), four optimizer steps of two accumulated micro-batches of rank-dependent data. Rank 0 also
+    trains one process's model on both ranks' data. Then the optimizer state is gathered (every rank; rank 0 gets it
+    whole), loaded back into every rank (each keeps its share), and one more step runs."""
+    import copy
+
+    from lightning.fabric.plugins import Precision
+
+    from lit_liger.dataparallel import replica_class
+
+    ours = _zero1_model(0 if rank == 0 else 7)
+    ref = copy.deepcopy(_zero1_model(0))
+    strategy = replica_class()(shard_optimizer=True)
+    strategy.precision = Precision()
+    strategy.own_min = 30
+    model = strategy.setup_module(ours)
+    kw = {"lr": 0.05, "weight_decay": 0.1, **({"fused": True} if fused else {})}
+    optimizer = strategy.setup_optimizer(torch.optim.AdamW(model.parameters(), **kw))
+    ref_opt = torch.optim.AdamW(ref.parameters(), **kw)
+
+    def data(step: int, r: int, micro: int):
+        g = torch.Generator().manual_seed(1000 * step + 10 * r + micro)
+        return torch.randn(6, 24, generator=g), torch.randn(6, 8, generator=g)
+
+    def train(steps) -> None:
+        for step in steps:
+            for micro in range(2):
+                x, y = data(step, rank, micro)
+                with strategy._backward_sync_control.no_backward_sync(model, micro == 0):
+                    strategy.backward(torch.nn.functional.mse_loss(model(x), y) / 2, model)
+            strategy.optimizer_step(optimizer)
+            optimizer.zero_grad()
+            if rank == 0:
+                for r in range(world):
+                    for micro in range(2):
+                        x, y = data(step, r, micro)
+                        (torch.nn.functional.mse_loss(ref(x), y) / (2 * world)).backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+
+    train(range(4))
+    ref_sd = copy.deepcopy(ref_opt.state_dict()) if rank == 0 else None
+    n_params = len(list(model.parameters()))
+    held = len(optimizer.state)
+    owned = sum(1 for o in strategy.owners.values() if o == rank)
+    full = strategy.get_optimizer_state(optimizer)
+    gathered = len(full.get("state", {}))
+    full_list = [full]
+    dist.broadcast_object_list(full_list, src=0)
+    optimizer.load_state_dict(copy.deepcopy(full_list[0]))
+    after_load = len(optimizer.state)
+    train(range(4, 5))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flats = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(flats, flat)
+    result = None
+    if rank == 0:
+        ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+        state_err = 0.0
+        for i, entry in full["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                a, b = entry[key].float().cpu(), ref_sd["state"][i][key].float()
+                state_err = max(state_err, ((a - b).norm() / b.norm().clamp_min(1e-12)).item())
+        result = {"ranks_same": max((f - flats[0]).abs().max().item() for f in flats),
+                  "vs_ref": ((flats[0] - ref_flat).norm() / ref_flat.norm()).item(),
+                  "held": held, "owned": owned, "n_params": n_params, "gathered": gathered,
+                  "after_load": after_load, "state_err": state_err, "broadcasts": strategy.broadcasts,
+                  "n_owned": len(strategy.owners),
+                  "steps": sorted({float(e["step"]) for e in full["state"].values()})}
+    return result
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_zero1_replica_steps_its_share_and_checkpoints_whole_state(fused):
+    """CPU (gloo), fp32, 2 processes: the replicas with the optimizer's state sharded (``zero1``) end with the same
+    weights on both ranks, equal to one process's AdamW over both ranks' data (four steps, then a fifth after the
+    state was gathered and loaded back); each rank holds the state of its share of the owned parameters plus the
+    small ones every rank steps; the gathered state (rank 0) has every parameter's moments, equal to one process's,
+    and loading it back keeps each rank's share only."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    spawn_ranks(_zero1_worker, (2, _free_port(), queue, fused))
+    r = queue.get(timeout=60)
+    assert r["ranks_same"] == 0.0, r
+    assert r["vs_ref"] <= 1e-5, r
+    assert r["n_owned"] == 7 and r["n_params"] == 8, r
+    assert r["held"] == r["owned"] + (r["n_params"] - r["n_owned"]) and 0 < r["owned"] < r["n_owned"], r
+    assert r["after_load"] == r["held"], r
+    assert r["gathered"] == r["n_params"] and r["state_err"] <= 1e-5, r
+    assert r["steps"] == [4.0], r
+    assert r["broadcasts"] == 5, r
