@@ -392,6 +392,27 @@ def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
     return out
 
 
+#: ``zero1``: the optimizer step runs in this many chunks of the parameters (by elements, in the optimizer's order),
+#: each chunk's broadcast beside the next one's step
+ZERO1_CHUNKS = 4
+#: the optimizers ``zero1`` shards: each parameter's update reads its own gradient and state only, so that hiding the
+#: other ranks' gradients for a step (and stepping in chunks) leaves every update as it was
+PER_PARAMETER = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta")
+
+
+def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
+    """``params`` in order, cut into at most ``n`` runs of about equal elements."""
+    total = sum(p.numel() for p in params) or 1
+    out: list[list[torch.Tensor]] = [[]]
+    seen = 0
+    for p in params:
+        if out[-1] and seen >= total * len(out) / n:
+            out.append([])
+        out[-1].append(p)
+        seen += p.numel()
+    return out
+
+
 def _drop_others_state(optimizer: Any, owners: dict[int, int], rank: int) -> None:
     """Forget the optimizer state of the parameters another rank steps (after a checkpoint's whole state loads)."""
     for p in _optimizer_params(optimizer):
@@ -550,7 +571,17 @@ def _make_replica_class() -> type:
             into it later keeps only this rank's share."""
             optimizer = super().setup_optimizer(optimizer)
             rank, world = self._rank_world()
-            if self.shard_optimizer and world > 1:
+            inner = getattr(optimizer, "optimizer", optimizer)
+            why = None
+            if not (type(inner).__module__.startswith("torch.optim") and type(inner).__name__ in PER_PARAMETER):
+                why = (f"{type(inner).__name__} is not one of torch.optim's optimizers known to update each parameter "
+                       "from its own gradient alone")
+            elif getattr(self.precision, "scaler", None) is not None:
+                why = "a gradient scaler (16-mixed) skips steps by every gradient, which one device no longer sees"
+            if self.shard_optimizer and world > 1 and why is not None:
+                if rank == 0:
+                    print(f"lit-liger: zero1: {why}; the optimizer's state stays whole on every device", flush=True)
+            elif self.shard_optimizer and world > 1:
                 params = _optimizer_params(optimizer)
                 # (a model so small that every parameter is under own_min still shards its larger ones: tests)
                 least = min(self.own_min, max(1, sum(p.numel() for p in params) // 64))
@@ -577,17 +608,24 @@ def _make_replica_class() -> type:
             rank, _ = self._rank_world()
             inner = getattr(optimizer, "optimizer", optimizer)
             params = _optimizer_params(inner)
-            hidden = [(p, p.grad) for p in params if self.owners.get(id(p), rank) != rank]
-            for p, _ in hidden:
-                p.grad = None
-                inner.state.pop(p, None)
+            grads = {id(p): p.grad for p in params}
+            for p in params:
+                if self.owners.get(id(p), rank) != rank:
+                    inner.state.pop(p, None)
+            works, out = [], None
             try:
-                out = super().optimizer_step(optimizer, **kwargs)
+                # in chunks of the parameters: each chunk's broadcast runs beside the next chunk's step
+                for chunk in _chunks(params, 1 if kwargs else ZERO1_CHUNKS):  # (a closure runs once)
+                    mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
+                    for p in params:
+                        p.grad = grads[id(p)] if id(p) in mine else None
+                    if mine:
+                        out = super().optimizer_step(optimizer, **kwargs)
+                    works += [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True)
+                              for p in chunk if id(p) in self.owners]
             finally:
-                for p, g in hidden:
-                    p.grad = g
-            works = [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True)
-                     for p in params if id(p) in self.owners]
+                for p in params:
+                    p.grad = grads[id(p)]
             for work in works:
                 work.wait()
             self.broadcasts += 1

@@ -90,6 +90,17 @@ def test_optimizer_owners_balance_the_large_parameters():
     assert set(dp.optimizer_owners(params, 3, min_numel=1).values()) == {0, 1, 2}
 
 
+def test_zero1_steps_in_chunks_of_about_equal_elements():
+    """zero1's step runs in chunks (each chunk's broadcast beside the next chunk's step): the parameters in order, every
+    one in exactly one chunk, cut at about equal elements."""
+    params = [torch.empty(n) for n in (10,) * 8]
+    assert [[p.numel() for p in c] for c in dp._chunks(params, 4)] == [[10, 10]] * 4
+    mixed = [torch.empty(n) for n in (10, 10, 10, 10, 1, 100, 5)]
+    chunks = dp._chunks(mixed, 4)
+    assert [p for c in chunks for p in c] == mixed and len(chunks) <= 4
+    assert dp._chunks(mixed, 1) == [mixed]
+
+
 def _args(tmp_path: Path, **over) -> dict:
     from litgpt.args import TrainArgs
 
