@@ -159,7 +159,7 @@ MAX_GRAPHS = 48
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device)
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0, "long": 0, "released": 0}
+                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0}
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -168,6 +168,32 @@ CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "fo
 #: captured over uncaptured step time 2.47x / 1.06x / 1.00x / 1.00x at 2k / 4k / 8k / 16k tokens for Llama-3.2-1B
 #: (products 1.2e11 ... 1.0e12), 1.09x / 1.03x / 1.01x / 0.99x for Llama-3.1-8B (4.5e11 ... 3.6e12)
 CAPTURE_MAX_WORK = 5 * 10**11
+
+#: lit-liger's replica plan in several processes: the packed lengths a run can see are captured together at its first
+#: packed step (``GraphRunner._precapture``), the same step in every process. Measured on 2 x H200 (Llama-3.2-1B LoRA,
+#: micro-batch 4, 500 iterations, ``benchmarks/results/x2-2026-11-27``): captured one by one as each process met a
+#: length, the other process waited at the next all-reduce: 4 stalls of ~160 ms in the 400 timed iterations, which
+#: held 2 GPUs to 1.68x one GPU's tokens/s (1.80x without them)
+PRECAPTURE_REPLICAS = True
+
+
+def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None) -> list[int]:
+    """The packed lengths (``lit_liger.buckets.packed_bucket_length``'s ladder) that a micro-batch of ``samples``
+    samples of at most ``max_len`` tokens each can be padded up to, at most ``max_tokens`` (None: no bound); shortest
+    first."""
+    from .buckets import packed_bucket_length
+
+    out, length = [], packed_bucket_length(max(1, samples))
+    while length <= packed_bucket_length(samples * max_len):
+        if max_tokens is None or length <= max_tokens:
+            out.append(length)
+        length = packed_bucket_length(length + 1)
+    return out
+
+
+def _several_replicas() -> bool:
+    return _dist.liger_replica()
+
 
 #: the share of the device's memory the graphs' pool may hold: past it, the graphs are released and micro-batches as
 #: long as the one that went over run uncaptured from then on (``GraphRunner.give_up_above``)
@@ -199,6 +225,8 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     extra = ""
     if stats.get("long"):
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
+    if stats.get("precaptured"):
+        extra += f"; {stats['precaptured']} of the shapes captured at the first step (data parallel)"
     if stats.get("released"):
         extra += f"; graphs released {stats['released']} time(s) for memory"
     return (f"lit-liger: CUDA graphs: {stats['captures']} input shapes captured in {total:.2f} s{share} (per phase: "
@@ -467,6 +495,8 @@ class GraphRunner:
         # micro-batches of more tokens run uncaptured (LigerConfig.cuda_graphs_max_tokens, lowered by give_up_above)
         self.max_tokens: int | None = getattr(gpt, "_liger_graphs_max_tokens", None)
         self.pool_bytes = 0  # the pool's growth over this runner's captures (reserved memory; reset with the pool)
+        self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
+        self.precaptured_n = 0
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -595,53 +625,15 @@ class GraphRunner:
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
-            release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
-            if RECAPTURE_ON_GROWTH and self.graphs and \
-                    idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
-                self.graphs.clear()  # the next captures start a new pool, sized by this (largest so far) shape
-                self.pool = self._mempool = None
-                release = True  # the old pool's memory goes before the new shape's warm-up needs its own
-                self.regrown += 1
-            if release:  # one synchronize + empty_cache per capture, whichever of the two asked for it
-                t0 = time.perf_counter()
-                torch.cuda.synchronize(idx.device)
-                torch.cuda.empty_cache()
-                CAPTURE_STATS["release"] += time.perf_counter() - t0
-            before = _reserved(idx.device)
-            try:
-                with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
-                    graphs = _Graphs(self, idx, params, plan)
-            except torch.cuda.OutOfMemoryError as e:  # no memory for this shape's graphs: this and longer shapes
-                _end_allocating(self.pool, idx.device)  # run uncaptured, the shorter ones are captured again
-                _repair_generator(idx.device)
-                self.give_up_above(idx.numel() - 1, f"out of memory capturing {idx.numel():,} tokens "
-                                                    f"({str(e).splitlines()[0][:120]})")
-                return None
-            except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
-                import traceback
-
-                self.error = traceback.format_exc()
-                _end_allocating(self.pool, idx.device)
-                self.reset()
-                repaired = _repair_generator(idx.device)
-                self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                if not repaired:
-                    self.disabled += " (PyTorch's CUDA generator may be unusable after it: random ops such as dropout can fail)"
-                self.warn_once(self.disabled)
-                return None
-            # the warm-up and capture may have registered lazily created buffers (LoRA's index buffer)
-            if self._tree_changed():
-                self._walk()
-            self.addresses = self._fingerprint()
-            self.graphs[key] = graphs
-            self._drop_unused_buffers()
-            self.captures += 1
-            CAPTURE_STATS["captures"] += 1
-            self.pool_bytes += max(0, _reserved(idx.device) - before)
-            budget = POOL_FRACTION * _total_memory(idx.device)
-            if self.pool_bytes > budget:
-                self.give_up_above(idx.numel() - 1, f"their memory pool reached {self.pool_bytes / 2**30:.1f} GiB, "
-                                                    f"over its budget of {budget / 2**30:.1f} GiB")
+            if PRECAPTURE_REPLICAS and not self.precaptured and plan is not None and _several_replicas():
+                self.precaptured = True
+                self._precapture(idx, plan, params)
+                graphs = self.graphs.get(key)
+                if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
+                    return None  # (the pool's budget or a failure stopped the captures there)
+        if graphs is None:
+            graphs = self._capture(key, idx, params, plan)
+            if graphs is None:
                 return None
             self.replays += 1
             CAPTURE_STATS["replays"] += 1
@@ -652,6 +644,105 @@ class GraphRunner:
         self.replays += 1
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
+
+    def _capture(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any) -> _Graphs | None:
+        """Capture the graphs of ``idx`` (and a packed batch's ``plan``) under ``key``, or None: out of memory (this and
+        longer shapes run uncaptured from now on), the pool over its budget (the same), or a capture failure (no more
+        captures for this model); each said once."""
+        release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
+        if RECAPTURE_ON_GROWTH and self.graphs and \
+                idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
+            self.graphs.clear()  # the next captures start a new pool, sized by this (largest so far) shape
+            self.pool = self._mempool = None
+            release = True  # the old pool's memory goes before the new shape's warm-up needs its own
+            self.regrown += 1
+        if release:  # one synchronize + empty_cache per capture, whichever of the two asked for it
+            t0 = time.perf_counter()
+            torch.cuda.synchronize(idx.device)
+            torch.cuda.empty_cache()
+            CAPTURE_STATS["release"] += time.perf_counter() - t0
+        before = _reserved(idx.device)
+        try:
+            with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
+                graphs = _Graphs(self, idx, params, plan)
+        except torch.cuda.OutOfMemoryError as e:  # no memory for this shape's graphs: this and longer shapes
+            _end_allocating(self.pool, idx.device)  # run uncaptured, the shorter ones are captured again
+            _repair_generator(idx.device)
+            self.give_up_above(idx.numel() - 1, f"out of memory capturing {idx.numel():,} tokens "
+                                                f"({str(e).splitlines()[0][:120]})")
+            return None
+        except Exception as e:  # noqa: BLE001 - any capture failure: run uncaptured from now on
+            import traceback
+
+            self.error = traceback.format_exc()
+            _end_allocating(self.pool, idx.device)
+            self.reset()
+            repaired = _repair_generator(idx.device)
+            self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if not repaired:
+                self.disabled += " (PyTorch's CUDA generator may be unusable after it: random ops such as dropout can fail)"
+            self.warn_once(self.disabled)
+            return None
+        # the warm-up and capture may have registered lazily created buffers (LoRA's index buffer)
+        if self._tree_changed():
+            self._walk()
+        self.addresses = self._fingerprint()
+        self.graphs[key] = graphs
+        self._drop_unused_buffers()
+        self.captures += 1
+        CAPTURE_STATS["captures"] += 1
+        self.pool_bytes += max(0, _reserved(idx.device) - before)
+        budget = POOL_FRACTION * _total_memory(idx.device)
+        if self.pool_bytes > budget:
+            self.give_up_above(idx.numel() - 1, f"their memory pool reached {self.pool_bytes / 2**30:.1f} GiB, "
+                                                f"over its budget of {budget / 2**30:.1f} GiB")
+            return None
+        return graphs
+
+    def _precapture(self, idx: torch.Tensor, plan: Any, params: list[nn.Parameter]) -> None:
+        """(:data:`PRECAPTURE_REPLICAS`: lit-liger's replica plan in several processes) At the first packed
+        micro-batch, capture every packed length the run can see (the bucket ladder up to ``samples x
+        max_seq_length``, longest first, within ``max_tokens`` and the pool's budget; lengths that the memory plan
+        would recompute are left to their own step), so that the processes capture at the same step. Captured one by
+        one as they come, a length that one process meets first stalls the others at the next all-reduce for as
+        long as its capture takes."""
+        from . import adapter
+        from .packing import Pack, Plan, _layout
+
+        gpt = self.gpt
+        S = plan.pack.cu_seqlens.numel() - 2
+        T = min(int(getattr(gpt, "max_seq_length", 0) or 0), gpt.cos.size(0))
+        if S < 2 or T <= 0:
+            return
+        lengths = precapture_lengths(S, T, self.max_tokens)
+        if not lengths:
+            return
+        saved = gpt.__dict__.get("_liger_mem_now")
+        t0, n0 = time.perf_counter(), self.captures
+        try:
+            for L in reversed(lengths):
+                if len(self.graphs) >= MAX_GRAPHS or self.disabled:
+                    break
+                real = min(L, S * T)  # (samples of at most T tokens, then the bucket's pad segment, as real ones)
+                sizes = [real // S + (i < real % S) for i in range(S)]
+                _, n, bounds, _, positions, _ = _layout(sizes, T, lambda _real, L=L: L, gpt.cos.size(0))
+                sidx = torch.ones((1, n), dtype=idx.dtype, device=idx.device)
+                if adapter._memory_plan_here(gpt, sidx) != (0, False):
+                    continue
+                gpt._liger_mem_now = (0, False)
+                cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
+                splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
+                key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), 0)
+                if key not in self.graphs and self._capture(key, sidx, params, splan) is None:
+                    break
+        finally:
+            gpt._liger_mem_now = saved
+        self.precaptured_n = self.captures - n0
+        CAPTURE_STATS["precaptured"] += self.precaptured_n
+        if self.precaptured_n and _dist.rank_zero():
+            print(f"lit-liger: CUDA graphs: {self.precaptured_n} packed lengths up to {max(lengths):,} tokens captured "
+                  f"at the first step in {time.perf_counter() - t0:.1f} s (every process at once: data parallel)",
+                  flush=True)
 
     def give_up_above(self, max_tokens: int, why: str) -> None:
         """Release every graph and the pool, and capture no micro-batch of more than ``max_tokens`` tokens from now

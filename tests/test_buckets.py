@@ -702,3 +702,18 @@ def test_release_drops_graphs_and_pool():
     assert line.startswith("lit-liger: training ended: the CUDA graphs of 2 input shapes and their memory pool released")
     assert not runner.graphs and not runner.buffers and runner.pool is None and runner.addresses is None
     assert release(wrapper) is None
+
+
+def test_precapture_lengths_are_the_packed_ladder():
+    """A replica's lengths captured at its first packed step (lit_liger.graphs.PRECAPTURE_REPLICAS): every bucket a
+    packed micro-batch of 4 samples of at most 512 tokens can get, within a token bound; each one is its own bucket."""
+    from lit_liger.buckets import packed_bucket_length
+    from lit_liger.graphs import precapture_lengths
+
+    lengths = precapture_lengths(4, 512)
+    assert lengths == [64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]
+    assert all(packed_bucket_length(L) == L for L in lengths)
+    seen = {packed_bucket_length(n) for n in range(4, 4 * 512 + 1)}
+    assert set(lengths) == seen
+    assert precapture_lengths(4, 512, max_tokens=1000) == lengths[:11]
+    assert max(precapture_lengths(3, 100)) == 320  # (3 x 100 tokens pad up to 320)

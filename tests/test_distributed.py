@@ -562,7 +562,7 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
             loss = litgpt_ce(model(x.to(device))[..., :-1, :], y.to(device)[..., 1:], chunk_size=0)
             strategy.backward(loss / 3, None)
     result = None
-    captures = runner_for(ours).captures if gpu else 0
+    captures = (runner_for(ours).captures, runner_for(ours).precaptured_n) if gpu else (0, 0)
     from lit_liger.dataparallel import grad_segments
 
     segments = grad_segments(ours)
@@ -605,14 +605,16 @@ def test_replica_strategy_reduces_once_per_step():
 @pytest.mark.parametrize("graphs", [True, False])
 def test_gpu_replica_strategy_graphs_direct_grads(graphs):
     """Two GPUs (NCCL), bf16 full training: the replica captures its steps (full training, gradients straight into
-    ``.grad``, which a DDP replica cannot), packs, replays its backward as one graph per segment with the upper
+    ``.grad``, which a DDP replica cannot; every packed length of the first micro-batch's sample count at its step,
+    synthetic inputs, then replayed on real ones), packs, replays its backward as one graph per segment with the upper
     segments' all-reduce started between them, and its reduced gradients are one process's over both ranks' data."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    errs, reductions, flags, captures, (early, expected, _) = _replica_result(gpu=True)
+    errs, reductions, flags, captures, (early, expected, _) = _replica_result(gpu=True, graphs=graphs)
     assert reductions == 1 and flags == (True, True, True, False)
     assert early == expected >= 1, (early, expected)  # (between the backward graphs of the segments)
-    assert captures >= 2, captures
+    if graphs:  # (the packed lengths of the first micro-batch's sample count captured at its step: PRECAPTURE_REPLICAS)
+        assert captures[1] >= 4 and captures[0] >= captures[1], captures
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
 
