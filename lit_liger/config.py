@@ -93,8 +93,9 @@ class LigerConfig:
             recipes that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
             ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it); built and CPU-tested, not yet run
             on GPUs, so ``"auto"`` only names it where it would fit. The plan and why are printed. Measured on 2 x
-            H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.68x one GPU's tokens/s, full fine-tuning
-            1.42x, where litgpt's sharding ran 0.054x and 0.32x. The Trainer keeps the user's strategy.
+            H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.81x one GPU's tokens/s, full fine-tuning
+            1.41x, where litgpt's sharding ran 0.054x and 0.32x; Llama-3.1-8B full fine-tuning with ``"zero1"``
+            3.45x stock litgpt's 2-GPU run. The Trainer keeps the user's strategy.
         replicate_frozen_base: the earlier name of ``data_parallel="replicate"`` (true forces it; false leaves
             ``data_parallel`` to decide).
         fp8: float8 GEMMs for the Block projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``;
