@@ -693,6 +693,14 @@ def _zero1_run(rank: int, world: int, fused: bool):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     flats = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(flats, flat)
+    # an optimizer not known to update each parameter from its own gradient: its state stays whole (said on rank 0)
+    class Custom(torch.optim.SGD):
+        pass
+
+    other = replica_class()(shard_optimizer=True)
+    other.precision = Precision()
+    other.setup_optimizer(Custom(model.parameters(), lr=0.1))
+    kept_whole = not other.owners
     result = None
     if rank == 0:
         ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
@@ -705,7 +713,7 @@ def _zero1_run(rank: int, world: int, fused: bool):
                   "vs_ref": ((flats[0] - ref_flat).norm() / ref_flat.norm()).item(),
                   "held": held, "owned": owned, "n_params": n_params, "gathered": gathered,
                   "after_load": after_load, "state_err": state_err, "broadcasts": strategy.broadcasts,
-                  "n_owned": len(strategy.owners),
+                  "n_owned": len(strategy.owners), "kept_whole": kept_whole,
                   "steps": sorted({float(e["step"]) for e in full["state"].values()})}
     return result
 
@@ -731,3 +739,4 @@ def test_zero1_replica_steps_its_share_and_checkpoints_whole_state(fused):
     assert r["gathered"] == r["n_params"] and r["state_err"] <= 1e-5, r
     assert r["steps"] == [4.0], r
     assert r["broadcasts"] == 5, r
+    assert r["kept_whole"], r
