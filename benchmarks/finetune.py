@@ -229,6 +229,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.GEMM_INTO_GRAD = False
+    if os.environ.get("LIT_LIGER_BENCH_STEP_OVERLAP") == "0":  # the recipe's liger-step-after-reduce variant
+        from lit_liger import dataparallel
+
+        dataparallel.OVERLAP_STEP = False
     _run_and_record(stats_path, argv)
 
 

@@ -87,6 +87,8 @@ VARIANTS = {
     "liger-dp-shard": ["--liger.data_parallel", "shard"],
     "liger-dp-zero1": ["--liger.data_parallel", "zero1"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
+    # ... and the replica's optimizer step after every all-reduce (lit_liger.dataparallel.OVERLAP_STEP off)
+    "liger-step-after-reduce": ["--liger", "true"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
@@ -96,7 +98,8 @@ _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS
 _NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
 VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
                "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
-               "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"}}
+               "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
+               "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

@@ -284,6 +284,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
         from ._dist import several_processes, whole_model
         from .adapter import TRAINING_TOKENS
+        from . import profiling
         from .graphs import CAPTURE_STATS, capture_report
 
         restore = None
@@ -297,7 +298,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                  and whole_model() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
-            with defer:
+            with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)):
                 out = fit(*args, **kwargs)
         finally:
             if restore is not None:

@@ -319,7 +319,8 @@ def start_reduce(params: list[torch.nn.Parameter], group: Any = None) -> list:
     asynchronously (NCCL runs beside the work queued after); :func:`finish_reduce` waits for it. A parameter without a
     gradient gets zeros first, so that every rank issues the same collectives in the same order (the parameters'
     order). Large gradients are reduced in place, one collective each; small ones through one flat buffer per dtype.
-    Returns the pending work."""
+    Returns the pending work: ``(work, flat buffer or None, its gradients, the parameters)`` per collective, in the
+    order issued."""
     import torch.distributed as dist
 
     if not params or dist.get_world_size(group) == 1:
@@ -335,22 +336,24 @@ def start_reduce(params: list[torch.nn.Parameter], group: Any = None) -> list:
     if not nccl:  # (gloo has no average: divide first, as DDP's default hook does)
         torch._foreach_div_(grads, float(world))
     pending = []
-    small: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
+    small: dict[torch.dtype, list[tuple[torch.Tensor, torch.nn.Parameter]]] = {}
+    for p, g in zip(params, grads):
         if g.numel() < SMALL or not g.is_contiguous():
-            small.setdefault(g.dtype, []).append(g)
+            small.setdefault(g.dtype, []).append((g, p))
         else:
-            pending.append((dist.all_reduce(g, op=op, group=group, async_op=True), None, None))
-    for tensors in small.values():
+            pending.append((dist.all_reduce(g, op=op, group=group, async_op=True), None, None, [p]))
+    for pairs in small.values():
+        tensors = [g for g, _ in pairs]
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        pending.append((dist.all_reduce(flat, op=op, group=group, async_op=True), flat, tensors))
+        pending.append((dist.all_reduce(flat, op=op, group=group, async_op=True), flat, tensors,
+                        [p for _, p in pairs]))
     return pending
 
 
 def finish_reduce(pending: list) -> int:
     """Wait for :func:`start_reduce`'s work (the current stream waits; the host does not) and copy the flat buffers
     back. Returns the number of collectives."""
-    for work, flat, tensors in pending:
+    for work, flat, tensors, _ in pending:
         work.wait()
         if flat is not None:
             pieces = torch.split(flat, [t.numel() for t in tensors])
@@ -398,6 +401,10 @@ ZERO1_CHUNKS = 4
 #: the optimizers ``zero1`` shards: each parameter's update reads its own gradient and state only, so that hiding the
 #: other ranks' gradients for a step (and stepping in chunks) leaves every update as it was
 PER_PARAMETER = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta")
+#: the replica's optimizer steps in :data:`ZERO1_CHUNKS` chunks, in the order the last backward's all-reduces were
+#: issued, each once its own all-reduces are done: the step of the Blocks reduced under the backward runs beside the
+#: all-reduce of the gradients that are final only when backward ends (the lm_head, the lowest Blocks, the embedding)
+OVERLAP_STEP = True
 
 
 def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
@@ -410,6 +417,38 @@ def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
             out.append([])
         out[-1].append(p)
         seen += p.numel()
+    return out
+
+
+def _per_parameter(optimizer: Any) -> bool:
+    """``optimizer`` is one of ``torch.optim``'s :data:`PER_PARAMETER` optimizers."""
+    return type(optimizer).__module__.startswith("torch.optim") and type(optimizer).__name__ in PER_PARAMETER
+
+
+def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tuple[list, list[torch.Tensor]]]:
+    """The optimizer step's chunks, ``(the all-reduces to wait for, the parameters to step)``: :func:`start_reduce`'s
+    ``pending`` work in the order issued, cut into at most ``n`` runs of about equal elements of ``params`` (the
+    optimizer's), each with the parameters its work reduced; the parameters no work covers step in the first chunk.
+    With nothing pending, ``params`` in order, cut the same way (:func:`_chunks`)."""
+    if not pending:
+        return [([], chunk) for chunk in _chunks(params, n)]
+    wanted = {id(p): p for p in params}
+    covered: set[int] = set()
+    sizes = []
+    for entry in pending:
+        mine = [p for p in entry[3] if id(p) in wanted and id(p) not in covered]
+        covered.update(id(p) for p in mine)
+        sizes.append((entry, mine))
+    rest = [p for p in params if id(p) not in covered]
+    total = sum(p.numel() for _, mine in sizes for p in mine) or 1
+    out: list[tuple[list, list[torch.Tensor]]] = [([], rest)]
+    seen = 0
+    for entry, mine in sizes:
+        if out[-1][0] and seen >= total * len(out) / n:
+            out.append(([], []))
+        out[-1][0].append(entry)
+        out[-1][1].extend(mine)
+        seen += sum(p.numel() for p in mine)
     return out
 
 
@@ -531,7 +570,9 @@ def _make_replica_class() -> type:
             self._modules: list[torch.nn.Module] = []
             self.reductions = 0  # synchronizing backwards
             self.early = 0  # segments whose all-reduce started during a backward
-            self._pending: list = []
+            self._pending: list = []  # all-reduces started in this backward
+            self._unfinished: list = []  # ... and left to the optimizer step (after the backward)
+            self.split_steps = 0  # optimizer steps taken in chunks (OVERLAP_STEP, zero1)
             self._started: set[int] = set()
             self._segments: dict[int, list] = {}
 
@@ -573,7 +614,7 @@ def _make_replica_class() -> type:
             rank, world = self._rank_world()
             inner = getattr(optimizer, "optimizer", optimizer)
             why = None
-            if not (type(inner).__module__.startswith("torch.optim") and type(inner).__name__ in PER_PARAMETER):
+            if not _per_parameter(inner):
                 why = (f"{type(inner).__name__} is not one of torch.optim's optimizers known to update each parameter "
                        "from its own gradient alone")
             elif getattr(self.precision, "scaler", None) is not None:
@@ -599,14 +640,22 @@ def _make_replica_class() -> type:
             return optimizer
 
         def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-            """``zero1``: the optimizer steps this rank's share (the other parameters' gradients are hidden from it for
-            the step), then each parameter is broadcast from the rank that stepped it."""
-            if not self.owners:
-                return super().optimizer_step(optimizer, **kwargs)
+            """The step of the gradients the last synchronizing backward reduced, in chunks in the order their
+            all-reduces were issued: each chunk steps once its own all-reduces are done, beside the later ones
+            (:data:`OVERLAP_STEP`; an optimizer :data:`PER_PARAMETER` of ``torch.optim`` without a closure, else the
+            gradients are all reduced first and the optimizer steps once). ``zero1``: each chunk steps this rank's
+            share only (the other parameters' gradients are hidden from it for the step), then broadcasts each of its
+            parameters from the rank that stepped it, beside the next chunk's step."""
+            pending, self._unfinished = self._unfinished, []
+            inner = getattr(optimizer, "optimizer", optimizer)
+            split = not kwargs and _per_parameter(inner) and (bool(self.owners) or (OVERLAP_STEP and bool(pending)))
+            if not split:
+                finish_reduce(pending)
+                if not self.owners or kwargs:  # (a closure runs once: zero1 then steps every parameter)
+                    return super().optimizer_step(optimizer, **kwargs)
             import torch.distributed as dist
 
             rank, _ = self._rank_world()
-            inner = getattr(optimizer, "optimizer", optimizer)
             params = _optimizer_params(inner)
             grads = {id(p): p.grad for p in params}
             for p in params:
@@ -614,8 +663,8 @@ def _make_replica_class() -> type:
                     inner.state.pop(p, None)
             works, out = [], None
             try:
-                # in chunks of the parameters: each chunk's broadcast runs beside the next chunk's step
-                for chunk in _chunks(params, 1 if kwargs else ZERO1_CHUNKS):  # (a closure runs once)
+                for entries, chunk in _step_chunks(params, pending, ZERO1_CHUNKS):
+                    finish_reduce(entries)
                     mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
                     for p in params:
                         p.grad = grads[id(p)] if id(p) in mine else None
@@ -628,8 +677,23 @@ def _make_replica_class() -> type:
                     p.grad = grads[id(p)]
             for work in works:
                 work.wait()
-            self.broadcasts += 1
+            self.broadcasts += bool(self.owners)
+            self.split_steps += 1
             return out
+
+        def finish_gradients(self) -> None:
+            """Wait for the all-reduces the last synchronizing backward left to :meth:`optimizer_step` (the current
+            stream waits): before anything but the step reads or adds to the gradients."""
+            pending, self._unfinished = self._unfinished, []
+            finish_reduce(pending)
+
+        def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            self.finish_gradients()
+            return super().clip_gradients_norm(*args, **kwargs)
+
+        def clip_gradients_value(self, *args: Any, **kwargs: Any) -> None:
+            self.finish_gradients()
+            return super().clip_gradients_value(*args, **kwargs)
 
         def get_optimizer_state(self, optimizer: Any) -> dict:
             """``zero1``: the whole optimizer state, gathered on rank 0 (a checkpoint as stock's); ``{}`` on the
@@ -657,18 +721,24 @@ def _make_replica_class() -> type:
             self.early += bool(params)
 
         def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
+            """The backward, then (outside ``no_backward_sync``) the all-reduce of the gradients its segments did not
+            start, left running for :meth:`optimizer_step` (:meth:`finish_gradients`)."""
+            self.finish_gradients()  # (a backward after a reducing one without a step between: its sums first)
             try:
                 super().backward(tensor, module, *args, **kwargs)
                 if not self.accumulating:
                     self.reductions += 1
                     rest = [p for p in _unique_trainable(self._modules) if id(p) not in self._started]
                     self._pending += start_reduce(rest)
-                    finish_reduce(self._pending)
+                    self._unfinished, self._pending = self._pending, []
             finally:
+                finish_reduce(self._pending)  # (a backward that failed: nothing left in flight)
                 self._pending, self._started = [], set()
 
         def teardown(self) -> None:
             from . import _dist
+
+            self.finish_gradients()
 
             _dist.REPLICA[0] = False
             if self._ready in _dist.GRADS_READY:

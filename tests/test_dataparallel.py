@@ -101,6 +101,23 @@ def test_zero1_steps_in_chunks_of_about_equal_elements():
     assert dp._chunks(mixed, 1) == [mixed]
 
 
+def test_step_chunks_follow_the_all_reduces_in_the_order_issued():
+    """The replica's step chunks: the pending all-reduces in the order issued, cut at about equal elements, each chunk
+    with the optimizer's parameters its work reduced; the parameters no work covers step in the first chunk, and work
+    for a parameter the optimizer does not hold is still waited for in its run."""
+    a, b, c, d, e, f = (torch.nn.Parameter(torch.empty(n)) for n in (40, 40, 40, 30, 10, 5))
+    outside = torch.nn.Parameter(torch.empty(50))  # (reduced, but in no param group)
+    pending = [("w-c", None, None, [c]), ("w-a", None, None, [a]), ("flat", None, None, [e, outside, d]),
+               ("w-b", None, None, [b])]
+    chunks = dp._step_chunks([a, b, c, d, e, f], pending, 4)
+    assert [w[0] for ws, _ in chunks for w in ws] == ["w-c", "w-a", "flat", "w-b"]  # every work once, in order
+    assert [[id(p) for p in ps] for _, ps in chunks] == [[id(f), id(c)], [id(a)], [id(e), id(d)], [id(b)]]
+    together = dp._step_chunks([a, b, c, d, e, f], pending, 2)
+    assert [[w[0] for w in ws] for ws, _ in together] == [["w-c", "w-a"], ["flat", "w-b"]]
+    assert sorted(id(p) for _, ps in together for p in ps) == sorted(map(id, (a, b, c, d, e, f)))
+    assert [[p.numel() for p in c] for _, c in dp._step_chunks([a, b], [], 2)] == [[40], [40]]
+
+
 def _args(tmp_path: Path, **over) -> dict:
     from litgpt.args import TrainArgs
 

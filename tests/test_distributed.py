@@ -561,6 +561,8 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
         with strategy._backward_sync_control.no_backward_sync(model, i < 2):
             loss = litgpt_ce(model(x.to(device))[..., :-1, :], y.to(device)[..., 1:], chunk_size=0)
             strategy.backward(loss / 3, None)
+    assert strategy._unfinished  # (the last all-reduces are left to the optimizer step: read the sums after them)
+    strategy.finish_gradients()
     result = None
     captures = (runner_for(ours).captures, runner_for(ours).precaptured_n) if gpu else (0, 0)
     from lit_liger.dataparallel import grad_segments
@@ -622,12 +624,12 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
 # ----------------------------------------------------------------------------------------------
 # zero1: the replica with the optimizer's state sharded (ReplicaStrategy(shard_optimizer=True))
 # ----------------------------------------------------------------------------------------------
-def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool) -> None:
+def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True) -> None:
     faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.path.insert(0, HERE)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    _finish(_zero1_run(rank, world, fused), queue)
+    _finish(_zero1_run(rank, world, fused, shard), queue)
 
 
 def _zero1_model(seed: int) -> torch.nn.Module:
@@ -636,21 +638,25 @@ def _zero1_model(seed: int) -> torch.nn.Module:
                                torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
 
 
-def _zero1_run(rank: int, world: int, fused: bool):
-    """Each rank: a replica (rank 1 starts from other weights) under ``ReplicaStrategy(shard_optimizer=True)`` with
-    every parameter of >= 30 elements given to one rank (the last bias, 8, stays everyone's), AdamW (``fused`` or
-    PyTorch's default), four optimizer steps of two accumulated micro-batches of rank-dependent data. Rank 0 also
-    trains one process's model on both ranks' data. Then the optimizer state is gathered (every rank; rank 0 gets it
-    whole), loaded back into every rank (each keeps its share), and one more step runs."""
+def _zero1_run(rank: int, world: int, fused: bool, shard: bool = True):
+    """Each rank: a replica (rank 1 starts from other weights) under ``ReplicaStrategy(shard_optimizer=shard)`` with
+    (zero1) every parameter of >= 30 elements given to one rank (the last bias, 8, stays everyone's), AdamW (``fused``
+    or PyTorch's default), four optimizer steps of two accumulated micro-batches of rank-dependent data, the third
+    clipped by ``clip_gradients_norm``. Every gradient of >= 30 elements is all-reduced on its own, so the step runs
+    in several chunks, each after its own all-reduces. Rank 0 also trains one process's model on both ranks' data.
+    Then the optimizer state is gathered (every rank; rank 0 gets it whole), loaded back into every rank (zero1: each
+    keeps its share), and one more step runs."""
     import copy
 
     from lightning.fabric.plugins import Precision
 
+    from lit_liger import dataparallel
     from lit_liger.dataparallel import replica_class
 
+    dataparallel.SMALL = 30  # (one all-reduce per weight: the step's chunks wait for different work)
     ours = _zero1_model(0 if rank == 0 else 7)
     ref = copy.deepcopy(_zero1_model(0))
-    strategy = replica_class()(shard_optimizer=True)
+    strategy = replica_class()(shard_optimizer=shard)
     strategy.precision = Precision()
     strategy.own_min = 30
     model = strategy.setup_module(ours)
@@ -668,6 +674,10 @@ def _zero1_run(rank: int, world: int, fused: bool):
                 x, y = data(step, rank, micro)
                 with strategy._backward_sync_control.no_backward_sync(model, micro == 0):
                     strategy.backward(torch.nn.functional.mse_loss(model(x), y) / 2, model)
+            unfinished.append(len(strategy._unfinished))
+            if step == 2:
+                strategy.clip_gradients_norm(model, optimizer, max_norm=0.05)
+                unfinished.append(len(strategy._unfinished))
             strategy.optimizer_step(optimizer)
             optimizer.zero_grad()
             if rank == 0:
@@ -675,9 +685,12 @@ def _zero1_run(rank: int, world: int, fused: bool):
                     for micro in range(2):
                         x, y = data(step, r, micro)
                         (torch.nn.functional.mse_loss(ref(x), y) / (2 * world)).backward()
+                if step == 2:
+                    torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm=0.05)
                 ref_opt.step()
                 ref_opt.zero_grad()
 
+    unfinished: list[int] = []
     train(range(4))
     ref_sd = copy.deepcopy(ref_opt.state_dict()) if rank == 0 else None
     n_params = len(list(model.parameters()))
@@ -713,7 +726,8 @@ def _zero1_run(rank: int, world: int, fused: bool):
                   "vs_ref": ((flats[0] - ref_flat).norm() / ref_flat.norm()).item(),
                   "held": held, "owned": owned, "n_params": n_params, "gathered": gathered,
                   "after_load": after_load, "state_err": state_err, "broadcasts": strategy.broadcasts,
-                  "n_owned": len(strategy.owners), "kept_whole": kept_whole,
+                  "n_owned": len(strategy.owners), "kept_whole": kept_whole, "unfinished": unfinished,
+                  "split_steps": strategy.split_steps,
                   "steps": sorted({float(e["step"]) for e in full["state"].values()})}
     return result
 
@@ -738,5 +752,28 @@ def test_zero1_replica_steps_its_share_and_checkpoints_whole_state(fused):
     assert r["after_load"] == r["held"], r
     assert r["gathered"] == r["n_params"] and r["state_err"] <= 1e-5, r
     assert r["steps"] == [4.0], r
-    assert r["broadcasts"] == 5, r
+    assert r["broadcasts"] == 5 and r["split_steps"] == 5, r
     assert r["kept_whole"], r
+    # the last backward's 8 all-reduces (7 tensors of >= 30 elements, one flat for the last bias) are left to the
+    # step; a clip waits for them first
+    assert r["unfinished"] == [8, 8, 8, 0, 8, 8], r
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_replica_steps_in_chunks_as_its_all_reduces_finish(fused):
+    """CPU (gloo), fp32, 2 processes, the replica (no sharding): the optimizer steps in chunks, each once the
+    all-reduces of its gradients are done (``OVERLAP_STEP``), and the weights equal one process's AdamW over both
+    ranks' data, a clipped step included (the clip waits for every all-reduce); the checkpointed state is whole."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    spawn_ranks(_zero1_worker, (2, _free_port(), queue, fused, False))
+    r = queue.get(timeout=60)
+    assert r["ranks_same"] == 0.0, r
+    assert r["vs_ref"] <= 1e-5, r
+    # (the clipped step waited for every all-reduce: it steps at once)
+    assert r["n_owned"] == 0 and r["broadcasts"] == 0 and r["split_steps"] == 4, r
+    assert r["held"] == r["n_params"] == r["after_load"] == r["gathered"] == 8 and r["state_err"] <= 1e-5, r
+    assert r["steps"] == [4.0], r
+    assert r["unfinished"] == [8, 8, 8, 0, 8, 8], r

@@ -1,0 +1,184 @@
+"""Where a real training run's iterations go, per process: ``LIT_LIGER_PROFILE=DIR[,FIRST[,COUNT]]``.
+
+Set in the environment of a ``lit-liger`` training command (every rank inherits it), it profiles the training
+iterations ``FIRST`` .. ``FIRST + COUNT - 1`` (counted by the model's training forwards; default 200 and 20) with
+``torch.profiler`` on each process, and writes ``DIR/rank{R}-trace.json`` (the Chrome trace) and
+``DIR/rank{R}-summary.json``, and prints one line per rank:
+
+* ``wall_ms``: the window on the host, the device synchronized at both ends;
+* per CUDA stream, the time some kernel ran (``busy_ms``) and kernel time by category (collectives, matrix
+  multiplies, the optimizer, the rest);
+* the compute stream's idle time (the window less its busy time) and the collectives' time that no compute kernel
+  ran beside (``exposed_collective_ms``).
+
+It changes nothing else in the run (the profiler's own overhead aside: compare tok/s with a run without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ENV", "iterations", "summarize_trace", "window"]
+
+ENV = "LIT_LIGER_PROFILE"
+#: kernel-name substrings (lower case) -> category, the first match wins
+CATEGORIES = (("collective", ("nccl",)),
+              ("optimizer", ("adam", "multi_tensor", "foreach", "sgd")),
+              ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "sm90_", "sm80_", "cublas", "matmul")),
+              ("attention", ("flash", "fmha", "attention", "attn")))
+
+
+def window(env: dict | None = None) -> tuple[Path, int, int] | None:
+    """``(directory, first iteration, count)`` from :data:`ENV`, or None when it is unset or empty."""
+    value = (os.environ if env is None else env).get(ENV, "").strip()
+    if not value:
+        return None
+    parts = value.split(",")
+    try:
+        first = int(parts[1]) if len(parts) > 1 and parts[1].strip() else 200
+        count = int(parts[2]) if len(parts) > 2 and parts[2].strip() else 20
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r}: expected DIR[,FIRST[,COUNT]] with whole numbers") from None
+    if first < 0 or count < 1:
+        raise ValueError(f"{ENV}={value!r}: FIRST must be >= 0 and COUNT >= 1")
+    return Path(parts[0]), first, count
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """Length of the union ``xs`` outside the union ``ys`` (both sorted, disjoint)."""
+    total, j = 0.0, 0
+    for a, b in xs:
+        covered = 0.0
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            covered += min(b, ys[k][1]) - max(a, ys[k][0])
+            k += 1
+        total += (b - a) - covered
+    return total
+
+
+def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict[str, Any]:
+    """The summary of a Chrome trace's kernel events (``cat`` ``kernel``, microsecond ``ts``/``dur``,
+    ``args.stream``) over a window of ``wall_ms`` and ``iterations``: see the module's docstring."""
+    streams: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.get("cat") != "kernel" or "dur" not in e:
+            continue
+        s = str((e.get("args") or {}).get("stream", e.get("tid")))
+        st = streams.setdefault(s, {"intervals": [], "collective": [], "by_category": {}, "kernels": 0})
+        a, b = float(e["ts"]) / 1e3, (float(e["ts"]) + float(e["dur"])) / 1e3
+        cat = category(str(e.get("name", "")))
+        st["by_category"][cat] = st["by_category"].get(cat, 0.0) + (b - a)
+        st["kernels"] += 1
+        (st["collective"] if cat == "collective" else st["intervals"]).append((a, b))
+    out_streams = {}
+    for s, st in streams.items():
+        busy = _union(st["intervals"] + st["collective"])
+        out_streams[s] = {"busy_ms": round(_length(busy), 3), "kernels": st["kernels"],
+                          "by_category_ms": {k: round(v, 3) for k, v in sorted(st["by_category"].items(),
+                                                                                key=lambda kv: -kv[1])}}
+    compute = max(streams, key=lambda s: _length(_union(streams[s]["intervals"])), default=None)
+    result: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "iterations": iterations,
+                              "wall_ms_per_iteration": round(wall_ms / max(iterations, 1), 3), "streams": out_streams}
+    if compute is not None:
+        work = _union([iv for st in streams.values() for iv in st["intervals"]])
+        comm = _union([iv for st in streams.values() for iv in st["collective"]])
+        busy = _length(_union(streams[compute]["intervals"]))
+        result.update({"compute_stream": compute, "compute_busy_ms": round(busy, 3),
+                       "compute_idle_ms": round(max(wall_ms - busy, 0.0), 3),
+                       "collective_ms": round(_length(comm), 3),
+                       "exposed_collective_ms": round(_minus(comm, work), 3)})
+    return result
+
+
+@contextlib.contextmanager
+def iterations(model: Any, rank: int = 0) -> Iterator[None]:
+    """During a training loop: profile the window of :func:`window` (nothing when :data:`ENV` is unset), counted by
+    ``model``'s forwards in training mode."""
+    spec = window()
+    if spec is None or not isinstance(model, torch.nn.Module):
+        yield
+        return
+    directory, first, count = spec
+    directory.mkdir(parents=True, exist_ok=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    state: dict[str, Any] = {"seen": 0, "prof": None, "t0": 0.0, "done": False}
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def stop() -> None:
+        prof = state["prof"]
+        if prof is None:
+            return
+        sync()
+        wall = (time.perf_counter() - state["t0"]) * 1e3
+        prof.__exit__(None, None, None)
+        state["prof"], state["done"] = None, True
+        trace = directory / f"rank{rank}-trace.json"
+        prof.export_chrome_trace(str(trace))
+        with open(trace) as f:
+            events = json.load(f).get("traceEvents", [])
+        summary = summarize_trace(events, wall, state["seen"] - first)
+        summary.update({"rank": rank, "first_iteration": first})
+        (directory / f"rank{rank}-summary.json").write_text(json.dumps(summary, indent=1))
+        keys = ("wall_ms_per_iteration", "compute_busy_ms", "compute_idle_ms", "collective_ms",
+                "exposed_collective_ms")
+        print(f"lit-liger: profile rank {rank}, iterations {first}-{state['seen'] - 1}: "
+              + ", ".join(f"{k} {summary[k]}" for k in keys if k in summary) + f" ({directory})", flush=True)
+
+    def pre_hook(module: torch.nn.Module, args: Any) -> None:
+        if not module.training or state["done"]:
+            return
+        if state["seen"] == first + count:
+            stop()
+        elif state["seen"] == first:
+            sync()
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            state["prof"] = profile(activities=activities)
+            state["prof"].__enter__()
+            state["t0"] = time.perf_counter()
+        state["seen"] += 1
+
+    handle = model.register_forward_pre_hook(pre_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        if state["prof"] is not None:  # (the loop ended inside the window: what ran is summarized)
+            stop()

@@ -1,0 +1,75 @@
+"""``LIT_LIGER_PROFILE``: the window's parsing, the trace summary's arithmetic, and the window counted by training
+forwards (CPU)."""
+
+import json
+
+import pytest
+import torch
+
+from lit_liger import profiling
+
+
+def test_window_parses_directory_first_and_count(tmp_path):
+    assert profiling.window({}) is None
+    assert profiling.window({profiling.ENV: " "}) is None
+    assert profiling.window({profiling.ENV: str(tmp_path)}) == (tmp_path, 200, 20)
+    assert profiling.window({profiling.ENV: f"{tmp_path},5"}) == (tmp_path, 5, 20)
+    assert profiling.window({profiling.ENV: f"{tmp_path},5,3"}) == (tmp_path, 5, 3)
+    for bad in (f"{tmp_path},x", f"{tmp_path},1,0", f"{tmp_path},-1,2"):
+        with pytest.raises(ValueError, match=profiling.ENV):
+            profiling.window({profiling.ENV: bad})
+
+
+def _kernel(name, start_ms, end_ms, stream):
+    return {"cat": "kernel", "name": name, "ts": start_ms * 1e3, "dur": (end_ms - start_ms) * 1e3,
+            "args": {"stream": stream}}
+
+
+def test_summary_splits_busy_idle_and_exposed_collectives():
+    events = [_kernel("sm90_xmma_gemm_bf16", 0, 10, 7), _kernel("triton_rms_norm", 8, 12, 7),
+              _kernel("multi_tensor_apply_kernel_adam", 14, 20, 7),
+              _kernel("ncclDevKernel_AllReduce_Sum_bf16", 5, 16, 20), _kernel("ncclDevKernel_Broadcast", 25, 30, 20),
+              {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99e3}]
+    s = profiling.summarize_trace(events, wall_ms=40.0, iterations=2)
+    assert s["compute_stream"] == "7"
+    assert s["compute_busy_ms"] == pytest.approx(18.0)  # [0, 12] and [14, 20]
+    assert s["compute_idle_ms"] == pytest.approx(22.0)
+    assert s["collective_ms"] == pytest.approx(16.0)  # [5, 16] and [25, 30]
+    assert s["exposed_collective_ms"] == pytest.approx(7.0)  # [12, 14] and [25, 30]
+    assert s["wall_ms_per_iteration"] == pytest.approx(20.0)
+    cats = s["streams"]["7"]["by_category_ms"]
+    assert cats == pytest.approx({"matmul": 10.0, "other": 4.0, "optimizer": 6.0})
+    assert s["streams"]["20"]["by_category_ms"] == pytest.approx({"collective": 16.0})
+
+
+def test_iterations_profile_the_window_of_training_forwards(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(profiling.ENV, f"{tmp_path},2,3")
+    model = torch.nn.Linear(4, 4)
+    hooks = len(model._forward_pre_hooks)
+    with profiling.iterations(model, rank=1):
+        for i in range(7):
+            model.train(i != 3)  # (an evaluation forward is not an iteration)
+            model(torch.randn(2, 4)).sum().backward()
+    assert len(model._forward_pre_hooks) == hooks
+    summary = json.loads((tmp_path / "rank1-summary.json").read_text())
+    assert summary["iterations"] == 3 and summary["first_iteration"] == 2 and summary["rank"] == 1
+    assert summary["wall_ms"] > 0
+    assert (tmp_path / "rank1-trace.json").exists()
+    assert "lit-liger: profile rank 1, iterations 2-4" in capsys.readouterr().out
+
+
+def test_iterations_summarize_a_loop_that_ends_inside_the_window(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiling.ENV, f"{tmp_path},1,50")
+    model = torch.nn.Linear(4, 4)
+    with profiling.iterations(model):
+        for _ in range(4):
+            model(torch.randn(2, 4))
+    assert json.loads((tmp_path / "rank0-summary.json").read_text())["iterations"] == 3
+
+
+def test_iterations_do_nothing_without_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(profiling.ENV, raising=False)
+    model = torch.nn.Linear(4, 4)
+    with profiling.iterations(model):
+        assert not model._forward_pre_hooks
+        model(torch.randn(2, 4))
