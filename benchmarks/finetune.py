@@ -229,6 +229,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.GEMM_INTO_GRAD = False
+    if os.environ.get("LIT_LIGER_BENCH_MEMORY_FRACTION"):  # the memory plan's share of the device (a sweep)
+        from lit_liger import memplan
+
+        memplan.MEMORY_FRACTION = float(os.environ["LIT_LIGER_BENCH_MEMORY_FRACTION"])
     if os.environ.get("LIT_LIGER_BENCH_STEP_OVERLAP") == "0":  # the recipe's liger-step-after-reduce variant
         from lit_liger import dataparallel
 
