@@ -86,6 +86,7 @@ VARIANTS = {
     "liger-replicated": ["--liger.data_parallel", "replicate"],
     "liger-dp-shard": ["--liger.data_parallel", "shard"],
     "liger-dp-zero1": ["--liger.data_parallel", "zero1"],
+    "liger-dp-zero1-no-graphs": ["--liger.data_parallel", "zero1", "--liger.cuda_graphs", "false"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # ... and the replica's optimizer step after every all-reduce (lit_liger.dataparallel.OVERLAP_STEP off)
     "liger-step-after-reduce": ["--liger", "true"],

@@ -496,6 +496,7 @@ class GraphRunner:
         # micro-batches of more tokens run uncaptured (LigerConfig.cuda_graphs_max_tokens, lowered by give_up_above)
         self.max_tokens: int | None = getattr(gpt, "_liger_graphs_max_tokens", None)
         self.pool_bytes = 0  # the pool's growth over this runner's captures (reserved memory; reset with the pool)
+        self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
@@ -662,7 +663,7 @@ class GraphRunner:
             torch.cuda.synchronize(idx.device)
             torch.cuda.empty_cache()
             CAPTURE_STATS["release"] += time.perf_counter() - t0
-        before = _reserved(idx.device)
+        before, made = _reserved(idx.device), self.grad_bytes_made
         try:
             with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                 graphs = _Graphs(self, idx, params, plan)
@@ -692,7 +693,10 @@ class GraphRunner:
         self._drop_unused_buffers()
         self.captures += 1
         CAPTURE_STATS["captures"] += 1
-        self.pool_bytes += max(0, _reserved(idx.device) - before)
+        # (the gradient buffers made for it are no graph's cost: they become the parameters' .grad, which the step
+        # holds anyway; at Llama-3.1-8B full fine-tuning they are 16 GB, and counted they took the pool over its budget
+        # within 4 shapes, 2 x H200, benchmarks/results/h200x2-2026-11-27b)
+        self.pool_bytes += max(0, _reserved(idx.device) - before - (self.grad_bytes_made - made))
         budget = POOL_FRACTION * _total_memory(idx.device)
         if self.pool_bytes > budget:
             self.give_up_above(idx.numel() - 1, f"their memory pool reached {self.pool_bytes / 2**30:.1f} GiB, "
@@ -776,6 +780,7 @@ class GraphRunner:
             buf = self.buffers.get(id(p))
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
                 buf = self.buffers[id(p)] = torch.empty_like(p, memory_format=torch.contiguous_format)
+                self.grad_bytes_made += buf.numel() * buf.element_size()
             out.append(buf)
         return out
 

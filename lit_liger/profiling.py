@@ -169,7 +169,9 @@ def iterations(model: Any, rank: int = 0) -> Iterator[None]:
             stop()
         elif state["seen"] == first:
             sync()
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            # (kernels only on CUDA: the summary reads nothing else, and tracing every host op slowed a host-bound
+            # 8B step by half; a CPU run traces its ops, for a trace at all)
+            activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
             state["prof"] = profile(activities=activities)
             state["prof"].__enter__()
             state["t0"] = time.perf_counter()

@@ -253,6 +253,26 @@ def test_pool_over_budget_releases_the_graphs(monkeypatch):
     assert graphs.CAPTURE_STATS["released"] == before["released"] + 1
 
 
+def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
+    """The gradient buffers a capture makes become the parameters' ``.grad`` (memory the step holds anyway): the
+    reserved memory they add is not the graphs' pool."""
+    cfg, model, runner, _ = _runner(monkeypatch)
+    reserved = iter([0, 10 * GiB, 10 * GiB, 10 * GiB])
+    monkeypatch.setattr(graphs, "_reserved", lambda device: next(reserved))
+    def make(runner_, idx, params, plan):  # (the captured backward writes every buffer)
+        return types.SimpleNamespace(grads=runner_.grad_buffers(params), params=params, static_idx=idx)
+
+    monkeypatch.setattr(graphs, "_Graphs", make)
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    assert runner.hidden(x[:, :6]) == "replayed"
+    assert grad_bytes > 0 and runner.grad_bytes_made == grad_bytes
+    assert runner.pool_bytes == 10 * GiB - grad_bytes
+    assert runner.hidden(x[:, :8]) == "replayed"  # (its buffers exist: the next shape's growth counts whole)
+    assert runner.grad_bytes_made == grad_bytes and runner.pool_bytes == 10 * GiB - grad_bytes
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
