@@ -87,6 +87,8 @@ VARIANTS = {
     "liger-dp-shard": ["--liger.data_parallel", "shard"],
     "liger-dp-zero1": ["--liger.data_parallel", "zero1"],
     "liger-dp-zero1-no-graphs": ["--liger.data_parallel", "zero1", "--liger.cuda_graphs", "false"],
+    # ... zero1 with gradients all-reduced and each stepped parameter broadcast (lit_liger.dataparallel.ZERO1_P2P off)
+    "liger-dp-zero1-bcast": ["--liger.data_parallel", "zero1"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # ... and the replica's optimizer step after every all-reduce (lit_liger.dataparallel.OVERLAP_STEP off)
     "liger-step-after-reduce": ["--liger", "true"],
@@ -100,7 +102,8 @@ _NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training un
 VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
                "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
                "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
-               "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"}}
+               "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"},
+               "liger-dp-zero1-bcast": {"LIT_LIGER_BENCH_ZERO1_P2P": "0"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

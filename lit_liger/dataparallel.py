@@ -46,7 +46,7 @@ from .memplan import kept_bytes_per_token
 
 __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate", "finish_reduce",
            "gather_optimizer_state", "grad_segments", "optimizer_owners", "reduce_gradients", "replica_class",
-           "start_reduce", "strategy_factory"]
+           "start_owner_reduce", "start_reduce", "strategy_factory"]
 
 #: the share of a device's memory that a plan's estimated training state may fill (the rest: the CUDA context,
 #: NCCL's buffers, the allocator's fragmentation, CUDA graphs' pools, the estimate's own error)
@@ -82,8 +82,12 @@ class Estimate:
         return self.weights + self.grads + self.optimizer + self.activations + OVERHEAD
 
     def zero1(self, world: int) -> float:
-        """A replica whose optimizer state is split between the ``world`` devices (``zero1``)."""
-        return self.weights + self.grads + self.optimizer / world + self.activations + OVERHEAD
+        """A replica whose optimizer state is split between the ``world`` devices (``zero1``), with the buffers that
+        receive the other ranks' gradients of the parameters this rank steps (:data:`ZERO1_P2P`): at most two
+        groups of them at once (the segment whose backward just ended and the one before; the last group, the
+        embedding, lm_head and lowest Blocks, until the step), counted as half of them."""
+        recv = self.grads * (world - 1) / world / 2 if ZERO1_P2P else 0.0
+        return self.weights + self.grads + self.optimizer / world + recv + self.activations + OVERHEAD
 
     def zero2(self, world: int, checkpoint: bool, accumulating: bool = True) -> float:
         """FSDP ``SHARD_GRAD_OP``: the weights gathered through forward and backward beside this rank's shard,
@@ -350,10 +354,58 @@ def start_reduce(params: list[torch.nn.Parameter], group: Any = None) -> list:
     return pending
 
 
+def start_owner_reduce(params: list[torch.nn.Parameter], owners: dict[int, int], group: Any = None) -> list:
+    """``zero1``: start averaging each of ``params``' ``.grad`` into the rank that steps it (``owners``: ``id(p)`` ->
+    rank) by point-to-point sends: each rank sends the gradients it does not step to their owner and receives the
+    other ranks' gradients of those it steps into new buffers, every send and receive of the call in one batch (on 2
+    GPUs both directions of the link carry half of the gradients at once, where an all-reduce moves each byte twice).
+    The other ranks' gradients of a parameter are then stale here: only its owner steps it. A parameter without a
+    gradient gets zeros first (the same messages on every rank). Returns the pending work, one entry for
+    :func:`finish_reduce`: ``(works, "owner", [(gradient, receive buffers)], params)``."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if not params or world == 1:
+        return []
+    ops, mine = [], []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        owner = owners[id(p)]
+        if owner == rank:
+            bufs = [torch.empty_like(p.grad) for _ in range(world - 1)]
+            peers = [r for r in range(world) if r != rank]
+            ops += [dist.P2POp(dist.irecv, b, peer, group) for b, peer in zip(bufs, peers)]
+            mine.append((p.grad, bufs))
+        else:
+            ops.append(dist.P2POp(dist.isend, p.grad, owner, group))
+    if dist.get_backend(group) == "nccl":
+        works = dist.batch_isend_irecv(ops)
+    else:  # (gloo: one by one; each rank's sends and receives to a peer are in the same order)
+        works = [op.op(op.tensor, op.peer, op.group) for op in ops]
+    return [(works, "owner", mine, list(params))]
+
+
+def _finish_owner(works: list, mine: list) -> None:
+    for work in works:
+        work.wait()
+    if not mine:
+        return
+    grads = [g for g, _ in mine]
+    for j in range(len(mine[0][1])):
+        torch._foreach_add_(grads, [bufs[j] for _, bufs in mine])
+    torch._foreach_div_(grads, float(len(mine[0][1]) + 1))
+    for _, bufs in mine:
+        bufs.clear()  # (their memory goes back once the stream has read them)
+
+
 def finish_reduce(pending: list) -> int:
-    """Wait for :func:`start_reduce`'s work (the current stream waits; the host does not) and copy the flat buffers
-    back. Returns the number of collectives."""
+    """Wait for :func:`start_reduce`'s (and :func:`start_owner_reduce`'s) work (the current stream waits; the host
+    does not), copy the flat buffers back and add the received gradients. Returns the number of collectives."""
     for work, flat, tensors, _ in pending:
+        if flat == "owner":
+            _finish_owner(work, tensors)
+            continue
         work.wait()
         if flat is not None:
             pieces = torch.split(flat, [t.numel() for t in tensors])
@@ -405,6 +457,11 @@ PER_PARAMETER = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam"
 #: issued, each once its own all-reduces are done: the step of the Blocks reduced under the backward runs beside the
 #: all-reduce of the gradients that are final only when backward ends (the lm_head, the lowest Blocks, the embedding)
 OVERLAP_STEP = True
+#: ``zero1`` moves gradients and stepped parameters point to point (:func:`start_owner_reduce`, the step's
+#: exchange): each rank sends the gradients it does not step to their owner, and each owner sends what it stepped to
+#: the others, every message of a group in one batch. Off: gradients all-reduced (the average everywhere), then one
+#: broadcast per stepped parameter (twice the bytes on 2 GPUs, each broadcast one direction of the link at a time)
+ZERO1_P2P = True
 
 
 def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
@@ -670,8 +727,7 @@ def _make_replica_class() -> type:
                         p.grad = grads[id(p)] if id(p) in mine else None
                     if mine:
                         out = super().optimizer_step(optimizer, **kwargs)
-                    works += [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True)
-                              for p in chunk if id(p) in self.owners]
+                    works += self._share_stepped([p for p in chunk if id(p) in self.owners])
             finally:
                 for p in params:
                     p.grad = grads[id(p)]
@@ -681,15 +737,68 @@ def _make_replica_class() -> type:
             self.split_steps += 1
             return out
 
+        def _share_stepped(self, params: list[torch.Tensor]) -> list:
+            """zero1: each of ``params`` (stepped by its owner) from its owner to every other rank, asynchronously:
+            point-to-point sends and receives in one batch (:data:`ZERO1_P2P`), else one broadcast each."""
+            import torch.distributed as dist
+
+            if not params:
+                return []
+            if not ZERO1_P2P:
+                return [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True) for p in params]
+            rank, world = self._rank_world()
+            ops = []
+            for p in params:
+                owner = self.owners[id(p)]
+                if owner == rank:
+                    ops += [dist.P2POp(dist.isend, p.data, peer) for peer in range(world) if peer != rank]
+                else:
+                    ops.append(dist.P2POp(dist.irecv, p.data, owner))
+            if dist.get_backend() == "nccl":
+                return dist.batch_isend_irecv(ops)
+            return [op.op(op.tensor, op.peer, op.group) for op in ops]
+
         def finish_gradients(self) -> None:
             """Wait for the all-reduces the last synchronizing backward left to :meth:`optimizer_step` (the current
             stream waits): before anything but the step reads or adds to the gradients."""
             pending, self._unfinished = self._unfinished, []
             finish_reduce(pending)
 
-        def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        def clip_gradients_norm(self, module: Any, optimizer: Any, max_norm: float | int, norm_type: float | int = 2.0,
+                                error_if_nonfinite: bool = True) -> torch.Tensor:
+            """Clip by the norm of the whole averaged gradient. zero1 (:data:`ZERO1_P2P`): a parameter's averaged
+            gradient is on its owner only, so each rank takes the norm of those it steps (and a share of those every
+            rank steps) and the ranks combine them: the norm one process would see."""
             self.finish_gradients()
-            return super().clip_gradients_norm(*args, **kwargs)
+            if not (self.owners and ZERO1_P2P and self._rank_world()[1] > 1):
+                return super().clip_gradients_norm(module, optimizer, max_norm, norm_type=norm_type,
+                                                   error_if_nonfinite=error_if_nonfinite)
+            import torch.distributed as dist
+
+            self.precision.unscale_gradients(optimizer)
+            rank, world = self._rank_world()
+            params = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
+            mine = [p.grad for p in params if self.owners.get(id(p)) == rank]
+            shared = [p.grad for p in params if id(p) not in self.owners]
+            norm_type = float(norm_type)
+            device = params[0].grad.device if params else torch.device("cpu")
+            parts = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float32) for g in mine + shared]
+            if norm_type == float("inf"):
+                local = torch.stack(parts).max() if parts else torch.zeros((), device=device)
+                dist.all_reduce(local, op=dist.ReduceOp.MAX)
+                total = local
+            else:
+                powered = [t.pow(norm_type) for t in parts]
+                local = (torch.stack(powered[:len(mine)]).sum() if mine else torch.zeros((), device=device)) + \
+                    (torch.stack(powered[len(mine):]).sum() / world if shared else torch.zeros((), device=device))
+                dist.all_reduce(local)
+                total = local.pow(1.0 / norm_type)
+            if error_if_nonfinite and not torch.isfinite(total).item():
+                raise RuntimeError(f"The total norm of order {norm_type} for gradients is non-finite, so it cannot "
+                                   "be clipped (error_if_nonfinite=True)")
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            torch._foreach_mul_([p.grad for p in params], coef.to(params[0].grad.dtype) if params else coef)
+            return total
 
         def clip_gradients_value(self, *args: Any, **kwargs: Any) -> None:
             self.finish_gradients()
@@ -717,8 +826,23 @@ def _make_replica_class() -> type:
                 return  # (reduced when backward ends)
             params = [p for p in segments[segment] if id(p) not in self._started]
             self._started.update(id(p) for p in params)
-            self._pending += start_reduce(params)
+            # (zero1: the received gradients of the segments before are added now, their buffers freed: by this
+            # segment's end of backward their messages have long arrived, so the stream does not wait)
+            owner = [e for e in self._pending if e[1] == "owner"]
+            if owner:
+                finish_reduce(owner)
+                self._pending = [e for e in self._pending if e[1] != "owner"]
+            self._pending += self._start(params)
             self.early += bool(params)
+
+        def _start(self, params: list[torch.nn.Parameter]) -> list:
+            """Start reducing ``params``' gradients: zero1 (:data:`ZERO1_P2P`) sends each stepped-by-one-rank
+            parameter's gradient to that rank (:func:`start_owner_reduce`); the rest are all-reduced."""
+            if not (self.owners and ZERO1_P2P):
+                return start_reduce(params)
+            owned = [p for p in params if id(p) in self.owners]
+            shared = [p for p in params if id(p) not in self.owners]
+            return start_reduce(shared) + start_owner_reduce(owned, self.owners)
 
         def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
             """The backward, then (outside ``no_backward_sync``) the all-reduce of the gradients its segments did not
@@ -729,7 +853,7 @@ def _make_replica_class() -> type:
                 if not self.accumulating:
                     self.reductions += 1
                     rest = [p for p in _unique_trainable(self._modules) if id(p) not in self._started]
-                    self._pending += start_reduce(rest)
+                    self._pending += self._start(rest)
                     self._unfinished, self._pending = self._pending, []
             finally:
                 finish_reduce(self._pending)  # (a backward that failed: nothing left in flight)
