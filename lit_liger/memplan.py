@@ -30,13 +30,12 @@ __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "avai
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
 ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
-#: the share of the device's memory a step may fill. The rest: the CUDA context, cuBLAS workspaces, the estimate's error
-#: (4-5% under the measured bytes), the allocator's fragmentation at long lengths (reserved 2-37 GB over allocated on an
-#: H100, ``h100-2026-11-26f``), and room for what runs after training (litgpt's merge, validation, generation). At
-#: 0.9 an 8B LoRA micro-batch of 16k tokens kept every Block on an 80 GB H100 and peaked at 73.1 GB, over half of
-#: stock's 128 GB (issue 47's target); at 0.75 it recomputes about a quarter of the Blocks. Short micro-batches
-#: (activations of a few GB) keep everything either way.
-MEMORY_FRACTION = 0.75
+#: the share of the device's memory a step may fill (the rest: the CUDA context, cuBLAS workspaces, the allocator's
+#: fragmentation, the estimate's error). At 0.9 an 8B LoRA micro-batch of 16k tokens keeps every Block on an 80 GB
+#: H100 and peaks at 73.1 GB, over issue 47's 64 GB (half of stock's); 0.75 would recompute 9 of 32 Blocks (an
+#: estimated 43.1 GiB of activations against 55.0) for about a tenth more step time, near that issue's 1.2x-stock
+#: floor: not measured yet (``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs)
+MEMORY_FRACTION = 0.9
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30
 
