@@ -86,9 +86,10 @@ class LigerConfig:
             and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of
             its memory); if so every device runs a replica (``"replicate"``: no wrapper, lit-liger's single-device
             machinery on each, the gradients all-reduced once per optimizer step, the upper Blocks' under the backward
-            of the lower ones); where only Adam's state does not fit, the same replica with that state split between
-            the devices (``"zero1"``: each steps its share of the parameters and broadcasts it; gradients all-reduced
-            as before; checkpoints hold the whole state); else litgpt's own strategy (``"litgpt"``, which keeps it
+            of the lower ones, the optimizer stepping in chunks as the last all-reduces finish); where only Adam's
+            state does not fit, the same replica with that state split between the devices (``"zero1"``: each
+            gradient sent to the device that steps it, each stepped parameter sent back; checkpoints hold the whole
+            state); else litgpt's own strategy (``"litgpt"``, which keeps it
             always). ``"shard"`` runs the
             recipes that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
             ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it); built and CPU-tested, not yet run

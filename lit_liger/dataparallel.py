@@ -14,10 +14,12 @@ parameters, precision, micro-batch and longest sequence):
   exactly what one device runs (graphs, packing, the deferred log, the fused optimizer), and the strategy all-reduces
   the trainable parameters' gradients once per optimizer step, in the backward that litgpt's loop runs outside
   ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing): each group of upper Blocks' gradients
-  as soon as the backward has passed below them (``lit_liger._dist.GRADS_READY``), the rest when it ends;
+  as soon as the backward has passed below them (``lit_liger._dist.GRADS_READY``), the rest when it ends, and the
+  optimizer steps in chunks as those all-reduces finish (:data:`OVERLAP_STEP`);
 * ``zero1``: the same replica, with the optimizer's state sharded (ZeRO-1): each device keeps Adam's moments of its
-  share of the large parameters only, steps those, and broadcasts them to the others after the step (the gradients
-  stay all-reduced: whatever reads them after backward, a norm or a clip, sees the same on every device). Chosen
+  share of the large parameters only, receives the other devices' gradients of those (point to point,
+  :data:`ZERO1_P2P`), steps them, and sends them to the others after the step (a clip combines the devices' norms).
+  Chosen
   where a replica with the whole optimizer state does not fit and one with its share does (Llama-3.1-8B full
   fine-tuning on 80 GB cards). A checkpoint holds the whole optimizer state, as stock's (:meth:`get_optimizer_state`
   gathers it on rank 0);
@@ -114,8 +116,8 @@ class Plan:
                              "fused optimizer on each; gradients all-reduced once per optimizer step)",
                 "zero1": "the whole model on every device, the optimizer's state sharded across them (ZeRO-1: "
                          "lit-liger's ReplicaStrategy, graphs, packing and the fused optimizer on each; gradients "
-                         "all-reduced once per optimizer step; each device steps its share of the parameters and "
-                         "broadcasts it)",
+                         "sent once per optimizer step to the device that steps them; each device steps its share "
+                         "of the parameters and sends it to the others)",
                 "shard": "FSDP SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, weights gathered from "
                          "forward to backward" + (", every Block recomputed" if self.checkpoint else
                                                   ", no Block recomputed") + ")",
@@ -447,8 +449,9 @@ def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
     return out
 
 
-#: ``zero1``: the optimizer step runs in this many chunks of the parameters (by elements, in the optimizer's order),
-#: each chunk's broadcast beside the next one's step
+#: the replica's optimizer step runs in this many chunks of the parameters (by elements; in the order of the last
+#: backward's reductions, else the optimizer's), each chunk once its gradients are reduced; zero1: each chunk's
+#: parameters sent to the other devices beside the next chunk's step
 ZERO1_CHUNKS = 4
 #: the optimizers ``zero1`` shards: each parameter's update reads its own gradient and state only, so that hiding the
 #: other ranks' gradients for a step (and stepping in chunks) leaves every update as it was
