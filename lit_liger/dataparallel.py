@@ -704,8 +704,9 @@ def _make_replica_class() -> type:
             all-reduces were issued: each chunk steps once its own all-reduces are done, beside the later ones
             (:data:`OVERLAP_STEP`; an optimizer :data:`PER_PARAMETER` of ``torch.optim`` without a closure, else the
             gradients are all reduced first and the optimizer steps once). ``zero1``: each chunk steps this rank's
-            share only (the other parameters' gradients are hidden from it for the step), then broadcasts each of its
-            parameters from the rank that stepped it, beside the next chunk's step."""
+            share only (the other parameters' gradients are hidden from it for the step), then sends each of its
+            parameters from the rank that stepped it to the others (:meth:`_share_stepped`), beside the next chunk's
+            step."""
             pending, self._unfinished = self._unfinished, []
             inner = getattr(optimizer, "optimizer", optimizer)
             split = not kwargs and _per_parameter(inner) and (bool(self.owners) or (OVERLAP_STEP and bool(pending)))
