@@ -192,6 +192,14 @@ def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None
     return out
 
 
+def _describe_key(key: tuple) -> str:
+    """A capture key in words (see ``GraphRunner.hidden``)."""
+    shape, _, training, bounds, recompute = key
+    n = None if bounds is None else bounds - 2
+    what = f"unpacked {tuple(shape)}" if n is None else f"{n} sample{'s' * (n != 1)} packed into {shape[-1]:,} tokens"
+    return what + ("" if training else ", evaluation") + (f", {recompute} Blocks recomputed" if recompute else "")
+
+
 def _several_replicas() -> bool:
     return _dist.liger_replica()
 
@@ -634,9 +642,14 @@ class GraphRunner:
                 if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
                     return None  # (the pool's budget or a failure stopped the captures there)
         if graphs is None:
+            t0 = time.perf_counter()
             graphs = self._capture(key, idx, params, plan)
             if graphs is None:
                 return None
+            if self.precaptured and self.precaptured_n:  # (a replica: the other processes wait for this capture)
+                print(f"lit-liger: CUDA graphs: process {torch.distributed.get_rank()} met a micro-batch outside the "
+                      f"first step's pre-capture ({_describe_key(key)}); captured in {time.perf_counter() - t0:.2f} s",
+                      flush=True)
             self.replays += 1
             CAPTURE_STATS["replays"] += 1
             t0 = time.perf_counter()

@@ -273,6 +273,26 @@ def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
     assert runner.grad_bytes_made == grad_bytes and runner.pool_bytes == 10 * GiB - grad_bytes
 
 
+def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
+    """In a replica whose lengths were captured together at the first step, a later capture stalls the other
+    processes at the next all-reduce: the log says which process met which micro-batch."""
+    cfg, model, runner, _ = _runner(monkeypatch)
+    monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
+    monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan: types.SimpleNamespace(
+        grads=runner_.grad_buffers(params), params=params, static_idx=idx))
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    assert runner.hidden(x) == "replayed"
+    assert "pre-capture" not in capsys.readouterr().out  # (no pre-capture ran: nothing to say)
+    runner.precaptured, runner.precaptured_n = True, 16
+    assert runner.hidden(x[:, :6]) == "replayed"
+    assert "process 1 met a micro-batch outside the first step's pre-capture (unpacked (2, 6))" in capsys.readouterr().out
+    assert graphs._describe_key(((1, 1280), torch.long, True, 6, 0)) == "4 samples packed into 1,280 tokens"
+    assert graphs._describe_key(((1, 640), torch.long, False, 3, 2)) == \
+        "1 sample packed into 640 tokens, evaluation, 2 Blocks recomputed"
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
