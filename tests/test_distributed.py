@@ -440,11 +440,7 @@ def test_ddp_replica_packs_and_matches_single_process():
 
 
 def _ddp_gpu_worker(rank: int, world: int, port: int, queue) -> None:
-    faulthandler.enable()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    sys.path.insert(0, HERE)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    _join(rank, world, port, gpu=True)
     _finish(_ddp_gpu_run(rank), queue)
 
 
@@ -503,13 +499,19 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
 # ----------------------------------------------------------------------------------------------
 # lit-liger's replica plan (lit_liger.dataparallel.ReplicaStrategy)
 # ----------------------------------------------------------------------------------------------
-def _replica_worker(rank: int, world: int, port: int, queue, gpu: bool, graphs: bool = True) -> None:
+def _join(rank: int, world: int, port: int, gpu: bool) -> None:
+    """A spawned rank's set-up: stacks on a fatal signal, the rendezvous, this test folder importable, its GPU
+    (``gpu``: NCCL, else gloo) and the process group."""
     faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.path.insert(0, HERE)
     if gpu:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
+
+
+def _replica_worker(rank: int, world: int, port: int, queue, gpu: bool, graphs: bool = True) -> None:
+    _join(rank, world, port, gpu)
     _finish(_replica_run(rank, gpu, graphs), queue)
 
 
@@ -625,12 +627,7 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
 # zero1: the replica with the optimizer's state sharded (ReplicaStrategy(shard_optimizer=True))
 # ----------------------------------------------------------------------------------------------
 def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False) -> None:
-    faulthandler.enable()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    sys.path.insert(0, HERE)
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
+    _join(rank, world, port, gpu)
     _finish(_zero1_run(rank, world, fused, shard, "cuda" if gpu else "cpu"), queue)
 
 
