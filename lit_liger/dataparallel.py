@@ -393,10 +393,13 @@ def _finish_owner(works: list, mine: list) -> None:
         work.wait()
     if not mine:
         return
-    grads = [g for g, _ in mine]
-    for j in range(len(mine[0][1])):
-        torch._foreach_add_(grads, [bufs[j] for _, bufs in mine])
-    torch._foreach_div_(grads, float(len(mine[0][1]) + 1))
+    grads, peers = [g for g, _ in mine], len(mine[0][1])
+    if peers == 1:  # (2 ranks: the mean of two in one pass over them, rounded once)
+        torch._foreach_lerp_(grads, [bufs[0] for _, bufs in mine], 0.5)
+    else:
+        for j in range(peers):
+            torch._foreach_add_(grads, [bufs[j] for _, bufs in mine])
+        torch._foreach_div_(grads, float(peers + 1))
     for _, bufs in mine:
         bufs.clear()  # (their memory goes back once the stream has read them)
 
