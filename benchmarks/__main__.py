@@ -5,6 +5,8 @@
     finetune     lit-liger finetune_lora/full, --liger false vs true  [--model M] [--methods lora,full] [--smoke]
     recipe       litgpt's LoRA/full recipe on Alpaca-shaped variable-length data, micro-batch 4 and 1,
                  stock vs lit-liger (buckets, CUDA graphs)   [--models M,...] [--micro_batches 4,1] [--smoke]
+    trainer      Trainer + LigerCallback on litgpt's SFT data (LoRA, Llama-3.2-1B), 1 and N GPUs (DDP), stock vs
+                 lit-liger   [--devices 1,2] [--variants stock,liger] [--batches 300]
     convergence  loss curves of a small model, eager vs lit-liger     [--steps 300] [--smoke]
     strategies   Trainer + LigerCallback under FSDP / ModelParallel / DeepSpeed 2 and 3, several GPUs
                  [--strategies fsdp,deepspeed3] [--devices 2]
@@ -13,7 +15,7 @@
     all          kernels, step, finetune and convergence, into one folder   [--out DIR] [--quick] [--smoke] [--tiny]
     plot         re-render the markdown tables and PNG charts of a results folder from its JSON: plot DIR
     chart        the README's LoRA-recipe chart (docs/recipe_lora.png) from the committed recipe results
-    diag         GPU diagnostics (attn-sweep, flex-sweep, op-host, gaps, window-mem, recipe-mem): diag NAME [args]
+    diag         GPU diagnostics (attn-sweep, flex-sweep, op-host, gaps, ddp-capture, ...): diag NAME [args]
 
 The benchmarks take ``--out DIR``; ``lit-liger bench NAME -h`` lists all of its options. Results go to
 ``benchmarks/results/<device>-<date>/`` in a checkout, ``./lit-liger-bench-results/<device>-<date>/`` for an
@@ -79,6 +81,7 @@ _COMMANDS = {
     "strategies": ("strategies", "compare"),
     "scaling": ("scaling", "main"),
     "recipe": ("recipe", "main"),
+    "trainer": ("trainer", "main"),
     "chart": ("chart", "main"),
     "diag": ("diag", "main"),
 }

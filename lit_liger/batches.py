@@ -13,7 +13,8 @@ Two things a training step would otherwise ask of the GPU are known on the host 
 ``LigerCallback`` runs it in the LightningModule's ``on_before_batch_transfer`` (the Trainer's loader iterator exists
 before any callback hook could change its collate). After the batch reaches the device :func:`after_move` unboxes the
 token counts and hands the packed layout to the forward of that batch's ``input_ids``
-(:func:`lit_liger.packing.register`). One process only.
+(:func:`lit_liger.packing.register`). One process, or each process of a replicated model (lit-liger's replica
+plan, Lightning's ``DDPStrategy``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Swaps after the model exists and before the strategy wraps it:
 Idempotent across fit/validate/test/predict (``apply_liger`` restores, then re-applies). The
 report is logged once, on rank zero. Under ``ModelParallelStrategy`` a model swapped before ``configure_model`` shards
 gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all_gather``), and the callback computes
-the float8 weights' scales once after each optimizer step. In one process, with litgpt's SFT collate in the training
+the float8 weights' scales once after each optimizer step. In one process (or each of DDP's), with litgpt's SFT collate in the training
 DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
 ``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
 hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
@@ -112,11 +112,12 @@ class LigerCallback(Callback):
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
-        # one process, litgpt's SFT collate in the training DataLoader: each batch is laid out packed and its token
-        # counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the loader's iterator,
+        # one process or DDP's replicas, litgpt's SFT collate in the training DataLoader: each batch is laid out packed
+        # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the loader's iterator,
         # and with it its collate, exists by now); on_train_batch_start unboxes each batch on the device
         loader = getattr(trainer, "train_dataloader", None)
-        if self._restore_collate is None and isinstance(loader, torch.utils.data.DataLoader) and trainer.world_size == 1:
+        if self._restore_collate is None and isinstance(loader, torch.utils.data.DataLoader) and \
+                (trainer.world_size == 1 or _replicates(trainer.strategy)):
             prep = prep_for(pl_module, loader)
             if prep is not None:
                 self._restore_collate = _prepare_before_transfer(pl_module, prep)
@@ -239,3 +240,12 @@ def _count(batch: Any) -> tuple[int, int]:
         if t:
             return t, s
     return 0, 0
+
+
+def _replicates(strategy: Any) -> bool:
+    """Lightning's ``DDPStrategy`` (or a subclass of the user's, not DeepSpeed's): every process holds the whole model
+    and runs its own batches through it, so each batch's host-side prep is the one process's."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return isinstance(strategy, DDPStrategy) and "DeepSpeed" not in type(strategy).__name__
+

@@ -27,6 +27,8 @@ DIAGS = {
                                      "synchronizing iterations, optimizer, per count of overlapped backward segments"),
     "graph-gain": ("graph_gain", "where CUDA graphs stop paying (step time captured vs not, per model and tokens) "
                                  "and what a Block keeps per token (lit_liger.graphs.CAPTURE_MAX_WORK, memplan)"),
+    "ddp-capture": ("ddp_capture", "why a CUDA-graph capture inside torch's DistributedDataParallel forward fails "
+                                   "(2 GPUs), per DDP setting, with the first failure's traceback"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
                                  "setting (lit_liger/graphs.py) or torch.compile"),
 }
