@@ -88,7 +88,10 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
     torch.cuda.reset_peak_memory_stats()
-    trainer.fit(module, train_dataloaders=data.train_dataloader())
+    from lit_liger import profiling  # (LIT_LIGER_PROFILE=DIR,FIRST,COUNT: a per-rank profile of those batches)
+
+    with profiling.iterations(module.model, int(os.environ.get("LOCAL_RANK", "0"))):
+        trainer.fit(module, train_dataloaders=data.train_dataloader())
     wall = timer.t1 - timer.t0
     tokens = trainer.strategy.reduce(torch.tensor(float(timer.tokens), device=trainer.strategy.root_device),
                                      reduce_op="sum")
@@ -103,9 +106,10 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
            "alloc_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
            "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
            "fused_opt": trainer.optimizers[0].param_groups[0].get("fused"), "device": torch.cuda.get_device_name()}
-    graphs = getattr(module.model, "_liger_graphs", None)
-    if graphs is not None:
-        row.update(captures=graphs.captures, replays=graphs.replays, graphs_off=graphs.disabled or None)
+    if variant != "stock":
+        from lit_liger.graphs import CAPTURE_STATS
+
+        row.update({f"graphs_{k}": CAPTURE_STATS[k] for k in ("captures", "precaptured", "replays")})
     print("ROW " + json.dumps(row), flush=True)
 
 

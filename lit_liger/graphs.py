@@ -201,7 +201,9 @@ def _describe_key(key: tuple) -> str:
 
 
 def _several_replicas() -> bool:
-    return _dist.liger_replica()
+    """Several processes each train the whole model on their own micro-batches (lit-liger's replica plan, or inside
+    DDP's forward): a capture in one stalls the others at the next gradient reduction."""
+    return _dist.replicated()
 
 
 #: the share of the device's memory the graphs' pool may hold: past it, the graphs are released and micro-batches as
@@ -718,10 +720,11 @@ class GraphRunner:
         return graphs
 
     def _precapture(self, idx: torch.Tensor, plan: Any, params: list[nn.Parameter]) -> None:
-        """(:data:`PRECAPTURE_REPLICAS`: lit-liger's replica plan in several processes) At the first packed
+        """(:data:`PRECAPTURE_REPLICAS`: lit-liger's replica plan or DDP, several processes) At the first packed
         micro-batch, capture every packed length the run can see (the bucket ladder up to ``samples x
         max_seq_length``, longest first, within ``max_tokens`` and the pool's budget; lengths that the memory plan
-        would recompute are left to their own step), so that the processes capture at the same step. Captured one by
+        would recompute are left to their own step), then the unpacked ``samples x max_seq_length`` of a batch without
+        padding, so that the processes capture at the same step. Captured one by
         one as they come, a length that one process meets first stalls the others at the next all-reduce for as
         long as its capture takes."""
         from . import adapter
@@ -753,6 +756,17 @@ class GraphRunner:
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), 0)
                 if key not in self.graphs and self._capture(key, sidx, params, splan) is None:
                     break
+            else:
+                # a micro-batch whose samples all fill max_seq_length has no padding to leave out: it runs unpacked
+                # as (samples, max_seq_length). Left to its own step, its capture stalled the other processes
+                # (0.3-3.2 s at iteration 89 of every 2-GPU recipe run, 2 x H200, benchmarks/results/h200x2-2026-11-27b)
+                sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
+                key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, 0)
+                if (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
+                        and len(self.graphs) < MAX_GRAPHS and not self.disabled \
+                        and adapter._memory_plan_here(gpt, sidx) == (0, False):
+                    gpt._liger_mem_now = (0, False)
+                    self._capture(key, sidx, params, None)
         finally:
             if saved is None:
                 gpt.__dict__.pop("_liger_mem_now", None)
@@ -761,9 +775,11 @@ class GraphRunner:
         self.precaptured_n = self.captures - n0
         CAPTURE_STATS["precaptured"] += self.precaptured_n
         if self.precaptured_n and _dist.rank_zero():
-            print(f"lit-liger: CUDA graphs: {self.precaptured_n} packed lengths up to {max(lengths):,} tokens captured "
-                  f"at the first step in {time.perf_counter() - t0:.1f} s (every process at once: data parallel)",
-                  flush=True)
+            full = (S, T) in {k[0] for k in self.graphs if k[3] is None}
+            print(f"lit-liger: CUDA graphs: {self.precaptured_n - full} packed lengths up to {max(lengths):,} tokens"
+                  + (f" and the unpacked {S} x {T:,}" if full else "")
+                  + f" captured at the first step in {time.perf_counter() - t0:.1f} s (every process at once: data "
+                    "parallel)", flush=True)
 
     def give_up_above(self, max_tokens: int, why: str) -> None:
         """Release every graph and the pool, and capture no micro-batch of more than ``max_tokens`` tokens from now

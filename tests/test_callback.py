@@ -255,3 +255,47 @@ def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
     assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
     assert ours.token_counts == stock.token_counts and all(d == "cpu" for d, _ in ours.token_counts)
     assert loader.collate_fn is collate
+
+
+def test_sigterm_check_of_several_processes_is_read_one_batch_later(monkeypatch):
+    """Lightning's loop in several processes broadcasts rank 0's SIGTERM flag before every batch and reads it with
+    ``.item()``, a wait for the GPU per micro-batch; LigerCallback (defer_loss_sync) puts a check in its place that
+    reads the broadcast of the batch before: a SIGTERM stops every rank one batch later, as Lightning stops it."""
+    import os
+    import socket
+    import types
+
+    import torch.distributed as dist
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lit_liger.callback import _LaggedSigtermCheck
+
+    assert hasattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor")  # (what is replaced: Lightning >= 2.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setitem(os.environ, "MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        loop = type("Loop", (), {"_broadcast_sigterm_tensor": lambda self: None})()
+        trainer = types.SimpleNamespace(fit_loop=types.SimpleNamespace(epoch_loop=loop), world_size=1,
+                                        strategy=types.SimpleNamespace(root_device=torch.device("cpu")),
+                                        received_sigterm=False)
+        _LaggedSigtermCheck.install(trainer)
+        assert "_broadcast_sigterm_tensor" not in loop.__dict__  # (one process: Lightning broadcasts nothing)
+        trainer.world_size = 2
+        _LaggedSigtermCheck.install(trainer)
+        check = loop._broadcast_sigterm_tensor
+        assert isinstance(check, _LaggedSigtermCheck)
+        check()
+        check()  # no SIGTERM: batches go on
+        trainer.received_sigterm = True
+        check()  # broadcast now, read at the next batch
+        with pytest.raises(SIGTERMException):
+            check()
+        _LaggedSigtermCheck.remove(trainer)
+        assert "_broadcast_sigterm_tensor" not in loop.__dict__
+    finally:
+        dist.destroy_process_group()

@@ -293,6 +293,42 @@ def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
         "1 sample packed into 640 tokens, evaluation, 2 Blocks recomputed"
 
 
+def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch):
+    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count, then the unpacked
+    ``samples x max_seq_length`` that a batch without padding runs as (it is not packed: nothing to leave out). Left
+    out, that batch's capture stalled every 2-GPU recipe run at its iteration 89."""
+    from lit_liger.packing import Pack, Plan
+
+    cfg, model, runner, _ = _runner(monkeypatch)
+    model.max_seq_length = 24
+    keys = []
+
+    def capture(key, idx, params, plan):
+        keys.append((key, plan is None, tuple(idx.shape)))
+        runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
+        runner.captures += 1
+        return runner.graphs[key]
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False))
+    S = 3
+    idx = torch.ones((1, 40), dtype=torch.long)
+    plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
+                None, 40)
+    params = [p for p in model.parameters() if p.requires_grad]
+    runner._precapture(idx, plan, params)
+    packed = [k for k in keys if not k[1]]
+    assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
+    assert keys[-1] == (((S, 24), torch.long, True, None, 0), True, (S, 24))  # the unpacked full batch, last
+    assert runner.precaptured_n == len(keys)
+    # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
+    runner.graphs.clear()
+    keys.clear()
+    runner.max_tokens = 64
+    runner._precapture(idx, plan, params)
+    assert keys and all(not unpacked for _, unpacked, _ in keys)
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------

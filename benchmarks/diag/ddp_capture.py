@@ -80,12 +80,14 @@ def _rank(rank: int, variant: str, port: int, queue) -> None:
 def main(argv: list[str]) -> None:
     variants = argv or list(VARIANTS)
     ctx = mp.get_context("spawn")
+    # (run by ``diag`` as __main__: the spawned processes need the function from an importable module)
+    from benchmarks.diag import ddp_capture
     for variant in variants:
         queue = ctx.Queue()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        procs = [ctx.Process(target=_rank, args=(r, variant, port, queue)) for r in range(2)]
+        procs = [ctx.Process(target=ddp_capture._rank, args=(r, variant, port, queue)) for r in range(2)]
         for p in procs:
             p.start()
         results = []
