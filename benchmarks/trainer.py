@@ -59,6 +59,15 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
     class Timer(L.Callback):
         def __init__(self) -> None:
             self.tokens, self.t0, self.t1 = 0, None, None
+            # LIT_LIGER_PROFILE=DIR,FIRST,COUNT: a per-rank profile of those batches (counted here: a hook on the GPT
+            # would turn its CUDA graphs off)
+            from lit_liger import profiling
+
+            self.profile = profiling.window_from_env(int(os.environ.get("LOCAL_RANK", "0")))
+
+        def on_train_batch_start(self, trainer, module, batch, i):
+            if self.profile is not None:
+                self.profile.tick()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, i):
             if i == warm - 1:
@@ -88,10 +97,9 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
     torch.cuda.reset_peak_memory_stats()
-    from lit_liger import profiling  # (LIT_LIGER_PROFILE=DIR,FIRST,COUNT: a per-rank profile of those batches)
-
-    with profiling.iterations(module.model, int(os.environ.get("LOCAL_RANK", "0"))):
-        trainer.fit(module, train_dataloaders=data.train_dataloader())
+    trainer.fit(module, train_dataloaders=data.train_dataloader())
+    if timer.profile is not None:
+        timer.profile.close()
     wall = timer.t1 - timer.t0
     tokens = trainer.strategy.reduce(torch.tensor(float(timer.tokens), device=trainer.strategy.root_device),
                                      reduce_op="sum")

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ENV", "iterations", "summarize_trace", "window"]
+__all__ = ["ENV", "Window", "iterations", "summarize_trace", "window", "window_from_env"]
 
 ENV = "LIT_LIGER_PROFILE"
 #: kernel-name substrings (lower case) -> category, the first match wins
@@ -123,64 +123,80 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
     return result
 
 
-@contextlib.contextmanager
-def iterations(model: Any, rank: int = 0) -> Iterator[None]:
-    """During a training loop: profile the window of :func:`window` (nothing when :data:`ENV` is unset), counted by
-    ``model``'s forwards in training mode."""
-    spec = window()
-    if spec is None or not isinstance(model, torch.nn.Module):
-        yield
-        return
-    directory, first, count = spec
-    directory.mkdir(parents=True, exist_ok=True)
-    from torch.profiler import ProfilerActivity, profile
+class Window:
+    """The profile window of :func:`window` over iterations counted by :meth:`tick` (one call before each training
+    iteration); :meth:`close` ends it early (the loop ended inside it: what ran is summarized)."""
 
-    cuda = torch.cuda.is_available()
-    state: dict[str, Any] = {"seen": 0, "prof": None, "t0": 0.0, "done": False}
+    def __init__(self, directory: Path, first: int, count: int, rank: int = 0) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.first, self.count, self.rank = directory, first, count, rank
+        self.cuda = torch.cuda.is_available()
+        self.seen, self.prof, self.t0, self.done = 0, None, 0.0, False
 
-    def sync() -> None:
-        if cuda:
+    def _sync(self) -> None:
+        if self.cuda:
             torch.cuda.synchronize()
 
-    def stop() -> None:
-        prof = state["prof"]
+    def tick(self) -> None:
+        if self.done:
+            return
+        if self.seen == self.first + self.count:
+            self.close()
+        elif self.seen == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._sync()
+            # (kernels only on CUDA: the summary reads nothing else, and tracing every host op slowed a host-bound
+            # 8B step by half; a CPU run traces its ops, for a trace at all)
+            self.prof = profile(activities=[ProfilerActivity.CUDA] if self.cuda else [ProfilerActivity.CPU])
+            self.prof.__enter__()
+            self.t0 = time.perf_counter()
+        self.seen += 1
+
+    def close(self) -> None:
+        prof = self.prof
         if prof is None:
             return
-        sync()
-        wall = (time.perf_counter() - state["t0"]) * 1e3
+        self._sync()
+        wall = (time.perf_counter() - self.t0) * 1e3
         prof.__exit__(None, None, None)
-        state["prof"], state["done"] = None, True
-        trace = directory / f"rank{rank}-trace.json"
+        self.prof, self.done = None, True
+        trace = self.directory / f"rank{self.rank}-trace.json"
         prof.export_chrome_trace(str(trace))
         with open(trace) as f:
             events = json.load(f).get("traceEvents", [])
-        summary = summarize_trace(events, wall, state["seen"] - first)
-        summary.update({"rank": rank, "first_iteration": first})
-        (directory / f"rank{rank}-summary.json").write_text(json.dumps(summary, indent=1))
+        summary = summarize_trace(events, wall, self.seen - self.first)
+        summary.update({"rank": self.rank, "first_iteration": self.first})
+        (self.directory / f"rank{self.rank}-summary.json").write_text(json.dumps(summary, indent=1))
         keys = ("wall_ms_per_iteration", "compute_busy_ms", "compute_idle_ms", "collective_ms",
                 "exposed_collective_ms")
-        print(f"lit-liger: profile rank {rank}, iterations {first}-{state['seen'] - 1}: "
-              + ", ".join(f"{k} {summary[k]}" for k in keys if k in summary) + f" ({directory})", flush=True)
+        print(f"lit-liger: profile rank {self.rank}, iterations {self.first}-{self.seen - 1}: "
+              + ", ".join(f"{k} {summary[k]}" for k in keys if k in summary) + f" ({self.directory})", flush=True)
+
+
+def window_from_env(rank: int = 0) -> Window | None:
+    """A :class:`Window` from :data:`ENV`, or None when it is unset."""
+    spec = window()
+    return None if spec is None else Window(*spec, rank=rank)
+
+
+@contextlib.contextmanager
+def iterations(model: Any, rank: int = 0) -> Iterator[None]:
+    """During a training loop: profile the window of :func:`window` (nothing when :data:`ENV` is unset), counted by
+    ``model``'s forwards in training mode (a hook on ``model``: pass the training loop's wrapper, not the swapped GPT,
+    whose CUDA graphs step aside for a module hook)."""
+    win = window_from_env(rank) if isinstance(model, torch.nn.Module) else None
+    if win is None:
+        yield
+        return
 
     def pre_hook(module: torch.nn.Module, args: Any) -> None:
-        if not module.training or state["done"]:
-            return
-        if state["seen"] == first + count:
-            stop()
-        elif state["seen"] == first:
-            sync()
-            # (kernels only on CUDA: the summary reads nothing else, and tracing every host op slowed a host-bound
-            # 8B step by half; a CPU run traces its ops, for a trace at all)
-            activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-            state["prof"] = profile(activities=activities)
-            state["prof"].__enter__()
-            state["t0"] = time.perf_counter()
-        state["seen"] += 1
+        if module.training:
+            win.tick()
 
     handle = model.register_forward_pre_hook(pre_hook)
     try:
         yield
     finally:
         handle.remove()
-        if state["prof"] is not None:  # (the loop ended inside the window: what ran is summarized)
-            stop()
+        win.close()
