@@ -69,7 +69,9 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
             if self.profile is not None:
                 self.profile.tick()
 
-        def on_train_batch_end(self, trainer, module, outputs, batch, i):
+        def on_train_batch_end(self, trainer, module, outputs, batch, _i):
+            # (counted over epochs: under DDP each rank's epoch holds 1 / N of the data set)
+            i = self.n = getattr(self, "n", -1) + 1
             if i == warm - 1:
                 torch.cuda.synchronize()
                 self.t0 = time.perf_counter()
@@ -93,7 +95,8 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
     torch.manual_seed(0)
     module = Module()
     trainer = L.Trainer(accelerator="cuda", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                        precision="bf16-true", max_steps=batches // 4, accumulate_grad_batches=4, logger=False,
+                        precision="bf16-true", max_epochs=-1, accumulate_grad_batches=4, logger=False,
+                        max_steps=batches // 4 + 4,  # (an epoch's end steps a partial accumulation: a few to spare)
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
     torch.cuda.reset_peak_memory_stats()
