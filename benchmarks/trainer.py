@@ -112,7 +112,8 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
     n = sum(p.numel() for name, p in module.model.named_parameters() if p.dim() == 2 and "wte" not in name)
     peak = C.nominal_bf16_TFLOPs(torch.cuda.get_device_name()) or 989.4
     tok_s = float(tokens) / wall
-    row = {"devices": devices, "variant": variant, "tok_s": round(tok_s), "ms_per_batch": round(1e3 * wall / (batches - warm), 2),
+    row = {"devices": devices, "variant": variant, "tok_s": round(tok_s),
+           "ms_per_batch": round(1e3 * wall / (batches - warm), 2),
            "mfu_per_gpu": round(4 * n * tok_s / devices / (peak * 1e12), 4), "tokens": int(tokens),
            "alloc_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
            "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),

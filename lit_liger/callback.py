@@ -10,11 +10,12 @@ Swaps after the model exists and before the strategy wraps it:
 Idempotent across fit/validate/test/predict (``apply_liger`` restores, then re-applies). The
 report is logged once, on rank zero. Under ``ModelParallelStrategy`` a model swapped before ``configure_model`` shards
 gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all_gather``), and the callback computes
-the float8 weights' scales once after each optimizer step. In one process (or each of DDP's), with litgpt's SFT collate in the training
-DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
+the float8 weights' scales once after each optimizer step. In one process (or each of DDP's), with litgpt's SFT
+collate in the training DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
 ``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
 hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
-kernel (``LigerConfig.fused_optimizer``). Optional metrics: tokens/s and peak GPU memory through
+kernel (``LigerConfig.fused_optimizer``). In several processes Lightning's per-batch broadcast of the SIGTERM flag
+is read one batch later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s and peak GPU memory through
 Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
 """
 
@@ -114,8 +115,9 @@ class LigerCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
         # one process or DDP's replicas, litgpt's SFT collate in the training DataLoader: each batch is laid out packed
-        # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the loader's iterator,
-        # and with it its collate, exists by now); on_train_batch_start unboxes each batch on the device
+        # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the
+        # loader's iterator, and with it its collate, exists by now); on_train_batch_start unboxes each batch on the
+        # device
         loader = getattr(trainer, "train_dataloader", None)
         if self._restore_collate is None and isinstance(loader, torch.utils.data.DataLoader) and \
                 (trainer.world_size == 1 or _replicates(trainer.strategy)):
@@ -257,9 +259,11 @@ def _replicates(strategy: Any) -> bool:
 
 class _LaggedSigtermCheck:
     """Lightning's training loop, in several processes, broadcasts rank 0's "SIGTERM received" flag before every batch
-    and reads it with ``.item()`` (``_TrainingEpochLoop._broadcast_sigterm_tensor``, Lightning 2.6): the host waits for
-    the GPU at every micro-batch, so it never prepares the next batch while the GPU runs this one. Measured under DDP (2 x
-    H200, Llama-3.2-1B LoRA, micro-batch 4, CUDA graphs): 31.3 ms per micro-batch against 15.2 on one GPU.
+    and reads it with ``.item()`` (``_TrainingEpochLoop._broadcast_sigterm_tensor``, Lightning 2.6): the host waits
+    for the GPU at every micro-batch, so it never prepares the next batch while the GPU runs this one. Measured under
+    DDP (2 x H200, Llama-3.2-1B LoRA, micro-batch 4): 31.3 ms per micro-batch against 15.2 on one GPU; with this check
+    and the replicas' lengths captured together at the first step, 17.1 against 14.1 (benchmarks/results/
+    h200x2-2026-11-27c).
 
     This check broadcasts the same flag into a device tensor, copies it to pinned host memory without waiting, and
     reads the copy of the batch before (``LigerConfig.defer_loss_sync``): every rank reads the same value at the same

@@ -233,7 +233,10 @@ class LigerConfig:
             ``--train.log_interval 1`` litgpt's loop waited three times per iteration: its running loss's NaN check,
             ``.item()``, and the CSV logger's reading of the token counts) and the host prepares the next iteration
             while the GPU runs this one. The values printed and logged are the same; each line appears when the next
-            iteration logs, and ``iter_time`` is then the loop's period, not one iteration's latency.
+            iteration logs, and ``iter_time`` is then the loop's period, not one iteration's latency. Under the
+            Trainer in several processes (``LigerCallback``): Lightning's per-batch broadcast of rank 0's "SIGTERM
+            received" flag, which it reads with ``.item()``, is read one batch later (a SIGTERM stops every rank one
+            batch later, as Lightning stops it).
     """
 
     rms_norm: bool = True

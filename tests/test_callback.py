@@ -299,3 +299,19 @@ def test_sigterm_check_of_several_processes_is_read_one_batch_later(monkeypatch)
         assert "_broadcast_sigterm_tensor" not in loop.__dict__
     finally:
         dist.destroy_process_group()
+
+
+def test_host_side_batch_prep_under_ddp_but_not_deepspeed_or_fsdp():
+    """The batches' host-side prep (packed layout, token counts on the host) runs where every process holds the whole
+    model and runs its own batches: one process or Lightning's DDPStrategy (a user's subclass too), not DeepSpeed's
+    subclass of it, not FSDP."""
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+
+    from lit_liger.callback import _replicates
+
+    class MyDDP(DDPStrategy):
+        pass
+
+    assert _replicates(DDPStrategy()) and _replicates(MyDDP())
+    assert not _replicates(FSDPStrategy())
+    assert not _replicates(DeepSpeedStrategy.__new__(DeepSpeedStrategy))  # (no deepspeed package needed)
