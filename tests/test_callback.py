@@ -315,3 +315,49 @@ def test_host_side_batch_prep_under_ddp_but_not_deepspeed_or_fsdp():
     assert _replicates(DDPStrategy()) and _replicates(MyDDP())
     assert not _replicates(FSDPStrategy())
     assert not _replicates(DeepSpeedStrategy.__new__(DeepSpeedStrategy))  # (no deepspeed package needed)
+
+
+class _DDPSFTModule(SFTModule):
+    """SFTModule that logs, from inside each training step, what rank 0's launcher hands back to the test process
+    (``callback_metrics``): whether Lightning's per-batch SIGTERM check is LigerCallback's, and whether the batches
+    are prepared on the host (``lit_liger.batches``)."""
+
+    def training_step(self, batch, batch_idx):
+        from lit_liger.callback import _LaggedSigtermCheck
+
+        loss = super().training_step(batch, batch_idx)
+        loop = self.trainer.fit_loop.epoch_loop
+        self.log("lagged_sigterm_check", float(isinstance(loop.__dict__.get("_broadcast_sigterm_tensor"),
+                                                          _LaggedSigtermCheck)), reduce_fx="min")
+        self.log("host_prep", float(any(getattr(cb, "_restore_collate", None) is not None
+                                        for cb in self.trainer.callbacks)), reduce_fx="min")
+        return loss
+
+
+def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
+    """Two processes (Lightning's ``ddp_fork`` on CPU, gloo), litgpt's SFT collate: with LigerCallback the batches are
+    packed on the host and Lightning's SIGTERM check is read one batch later; rank 0's weights after 3 steps equal
+    stock's under the same strategy."""
+    from lit_liger import adapter as adapter_mod
+
+    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    stock, ours = _stock_and_ours(_DDPSFTModule)
+
+    def fit(module, cb, root):
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=3, callbacks=[cb] if cb else [],
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=root)
+        trainer.fit(module, _sft_loader(n=12))
+        return trainer
+
+    a = fit(stock, None, tmp_path / "a")
+    b = fit(ours, LigerCallback(log_metrics=False), tmp_path / "b")
+    assert float(a.callback_metrics["lagged_sigterm_check"]) == 0.0
+    assert float(b.callback_metrics["lagged_sigterm_check"]) == 1.0
+    assert float(a.callback_metrics["host_prep"]) == 0.0 and float(b.callback_metrics["host_prep"]) == 1.0
+    moved = 0
+    for (name, p), q, r in zip(ours.model.named_parameters(), stock.model.parameters(), _stock_and_ours(SFTModule)[0]
+                               .model.parameters()):
+        assert rel_err(p, q) <= 1e-4, name
+        moved += bool((q - r).abs().max() > 1e-6)
+    assert moved > 0  # (rank 0's trained weights came back to this process)
