@@ -121,7 +121,28 @@ def environment() -> dict[str, Any]:
             capability=f"{props.major}.{props.minor}",
             total_memory_GiB=round(props.total_memory / GiB, 2),
         )
+        gpus = _gpu_state()
+        if gpus:
+            env["gpus"] = gpus
     return env
+
+
+def _gpu_state() -> list[str]:
+    """Each visible GPU's clocks, power limit and throttle reasons as ``nvidia-smi`` reports them now (empty without
+    it): two instances of one machine kind once ran the same 2-GPU recipe at 15,878 and 28,415 tok/s
+    (results/h200x2-2026-11-27c), and nothing in the JSON told them apart."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    fields = "index,name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
 def default_out_dir(smoke: bool) -> Path:
