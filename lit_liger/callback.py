@@ -15,8 +15,9 @@ collate in the training DataLoader, each batch is laid out packed and its token 
 ``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
 hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
 kernel (``LigerConfig.fused_optimizer``). In several processes Lightning's per-batch broadcast of the SIGTERM flag
-is read one batch later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s and peak GPU memory through
-Lightning's ``Throughput`` utility, logged to the Trainer's logger every ``log_every_n_steps``.
+is read one batch later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s
+and peak GPU memory through Lightning's ``Throughput`` utility, logged to the Trainer's logger every
+``log_every_n_steps``.
 """
 
 from __future__ import annotations
