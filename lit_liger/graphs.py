@@ -467,6 +467,15 @@ def _tensor_hooked(p: torch.Tensor) -> bool:
 
 _ACCUMULATE_GRAD_STREAM = r"The AccumulateGrad node's stream does not match the stream of the node that produced"
 
+#: said with a capture failure inside a DistributedDataParallel forward. DDP's constructor makes the parameters'
+#: gradient accumulators on the stream current then; on the legacy default stream, the captured backward makes that
+#: stream wait for the capturing one, which CUDA refuses ("operation would make the legacy stream depend on a capturing
+#: blocking stream": torch's DDP wrapped by hand, 2 x H200, benchmarks/results/h200x2-2026-11-27c/f2-ddp-capture.log).
+#: Lightning's DDPStrategy constructs it on a side stream, and captures
+_DDP_STREAM_HINT = (" (inside DistributedDataParallel: construct it on a side stream, `with torch.cuda.stream("
+                    "torch.cuda.Stream()): model = DistributedDataParallel(model, ...)`, as PyTorch's notes on CUDA "
+                    "graphs ask; Lightning's DDPStrategy does)")
+
 
 class GraphRunner:
     """The captured graphs of one swapped GPT (held by the GPT as ``_liger_graphs``).
@@ -696,6 +705,8 @@ class GraphRunner:
             self.reset()
             repaired = _repair_generator(idx.device)
             self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if _dist.replicated() and not _dist.liger_replica():
+                self.disabled += _DDP_STREAM_HINT
             if not repaired:
                 self.disabled += " (PyTorch's CUDA generator may be unusable after it: random ops such as dropout can fail)"
             self.warn_once(self.disabled)

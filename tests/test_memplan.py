@@ -236,6 +236,27 @@ def test_out_of_memory_in_capture_falls_back_for_that_length(monkeypatch):
     assert torch.isfinite(loss)
 
 
+def test_capture_failure_inside_ddp_says_how_to_construct_it(monkeypatch):
+    """A capture that fails inside a DistributedDataParallel forward says to construct DDP on a side stream (DDP made on
+    the default stream puts the gradient accumulators there, and the captured backward then fails); elsewhere the
+    warning is the failure alone."""
+    from lit_liger import _dist
+
+    def fail(runner_, idx, params, plan=None):
+        raise RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
+
+    x = torch.randint(0, 100, (2, 12))
+    for inside_ddp in (False, True):
+        cfg, model, runner, _ = _runner(monkeypatch)
+        monkeypatch.setattr(graphs, "_Graphs", fail)
+        monkeypatch.setattr(graphs, "_repair_generator", lambda device: True)
+        monkeypatch.setattr(_dist, "replicated", lambda: inside_ddp)
+        with pytest.warns(UserWarning, match="capture failed: RuntimeError") as record:
+            assert runner.hidden(x) is None
+        said = " ".join(str(w.message) for w in record)
+        assert ("construct it on a side stream" in said) is inside_ddp, said
+
+
 def test_pool_over_budget_releases_the_graphs(monkeypatch):
     cfg, model, runner, before = _runner(monkeypatch)
     monkeypatch.setattr(graphs, "POOL_FRACTION", 0.25)  # 25 GiB of the stubbed 100

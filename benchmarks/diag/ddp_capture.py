@@ -1,18 +1,24 @@
 """Why a CUDA-graph capture inside ``DistributedDataParallel``'s forward fails (2 GPUs, NCCL), per DDP setting.
 
+Found in ``h200x2-2026-11-27c``: DDP constructed on the default stream makes the parameters' gradient accumulators
+there, and the captured backward then makes the legacy stream wait for the capturing one ("operation would make the
+legacy stream depend on a capturing blocking stream"). The ``side-stream`` variant is the remedy (not run yet).
+
     python -m benchmarks diag ddp-capture [VARIANT ...]
 
 Each variant runs in two fresh processes (one per GPU): a 2-layer Llama-3.2-1B-wide LoRA model in bf16, swapped with
 CUDA graphs and packing, wrapped in torch's DDP, three micro-batches (two lengths) forward and backward. Prints, per
 variant, the captures and replays of rank 0's graph runner, and the first capture failure's whole traceback.
 
-Variants: ``default``; ``no-buffers`` (``broadcast_buffers=False``); ``relaxed`` / ``global`` (the capture's
-``capture_error_mode``); ``static`` (``static_graph=True``); ``bucket-view`` (``gradient_as_bucket_view=True``);
+Variants: ``default``; ``side-stream`` (DDP constructed in a ``torch.cuda.stream(torch.cuda.Stream())`` context, as
+PyTorch's notes on CUDA graphs ask and Lightning's ``DDPStrategy`` does; the expected fix); ``no-buffers``
+(``broadcast_buffers=False``); ``relaxed`` / ``global`` (the capture's ``capture_error_mode``); ``static`` (``static_graph=True``); ``bucket-view`` (``gradient_as_bucket_view=True``);
 ``no-ddp`` (the same processes and process group, no DDP wrapper: the control).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ("default", "no-buffers", "relaxed", "global", "static", "bucket-view", "no-ddp")
+VARIANTS = ("default", "side-stream", "no-buffers", "relaxed", "global", "static", "bucket-view", "no-ddp")
 
 
 def _rank(rank: int, variant: str, port: int, queue) -> None:
@@ -48,7 +54,11 @@ def _rank(rank: int, variant: str, port: int, queue) -> None:
     apply_liger(gpt, LigerConfig(cuda_graphs=True, packing=True))
     kw = {"no-buffers": {"broadcast_buffers": False}, "static": {"static_graph": True},
           "bucket-view": {"gradient_as_bucket_view": True}}.get(variant, {})
-    model = gpt if variant == "no-ddp" else torch.nn.parallel.DistributedDataParallel(gpt, device_ids=[rank], **kw)
+    if variant == "no-ddp":
+        model = gpt
+    else:  # ("side-stream": constructed on a side stream, as PyTorch's notes on CUDA graphs and Lightning do)
+        with torch.cuda.stream(torch.cuda.Stream()) if variant == "side-stream" else contextlib.nullcontext():
+            model = torch.nn.parallel.DistributedDataParallel(gpt, device_ids=[rank], **kw)
     result = {"variant": variant, "rank": rank}
     try:
         for i, lengths in enumerate([(100, 300, 90), (50, 120), (100, 300, 90)]):
