@@ -15,7 +15,7 @@ collate in the training DataLoader, each batch is laid out packed and its token 
 ``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
 hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
 kernel (``LigerConfig.fused_optimizer``). In several processes Lightning's per-batch broadcast of the SIGTERM flag
-is read one batch later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s
+is read two batches later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s
 and peak GPU memory through Lightning's ``Throughput`` utility, logged to the Trainer's logger every
 ``log_every_n_steps``.
 """
@@ -262,39 +262,56 @@ class _LaggedSigtermCheck:
     """Lightning's training loop, in several processes, broadcasts rank 0's "SIGTERM received" flag before every batch
     and reads it with ``.item()`` (``_TrainingEpochLoop._broadcast_sigterm_tensor``, Lightning 2.6): the host waits
     for the GPU at every micro-batch, so it never prepares the next batch while the GPU runs this one. Measured under
-    DDP (2 x H200, Llama-3.2-1B LoRA, micro-batch 4): 31.3 ms per micro-batch against 15.2 on one GPU; with this check
-    and the replicas' lengths captured together at the first step, 17.1 against 14.1 (benchmarks/results/
-    h200x2-2026-11-27c).
+    DDP (2 x H200, Llama-3.2-1B LoRA, micro-batch 4): 31.3 ms per micro-batch against 15.2 on one GPU; with a check
+    read one batch later and the replicas' lengths captured together at the first step, 17.1 against 14.1
+    (benchmarks/results/h200x2-2026-11-27c).
 
-    This check broadcasts the same flag into a device tensor, copies it to pinned host memory without waiting, and
-    reads the copy of the batch before (``LigerConfig.defer_loss_sync``): every rank reads the same value at the same
-    batch, one batch later than Lightning would, and then stops as Lightning does (barrier, ``SIGTERMException``)."""
+    This check broadcasts the same flag without the compute stream waiting for it: the broadcast's result is copied to
+    pinned host memory on a side stream that waits for it, and the host reads the copy :data:`LAG` batches later (a ring
+    of :data:`SLOTS` flags; a slot is reused only after its copy was read). Every rank reads the same value at the same
+    batch, :data:`LAG` batches later than Lightning would, and then stops as Lightning does (barrier,
+    ``SIGTERMException``). A broadcast the compute stream waited for would hold every rank's GPU to the slower rank's
+    at every micro-batch, where the gradients' all-reduce does once per optimizer step (the measurement above waited
+    so; reading two batches later without that wait is not measured yet). On CPU (gloo) the broadcast is synchronous
+    and only the reading lags."""
+
+    SLOTS = 4
+    LAG = 2
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         device = trainer.strategy.root_device
-        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
-        cuda = device.type == "cuda"
-        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
-        self.event = torch.cuda.Event() if cuda else None
-        self.pending = False
+        self.cuda = device.type == "cuda"
+        self.flags = torch.zeros(self.SLOTS, dtype=torch.int32, device=device)
+        self.host = torch.zeros(self.SLOTS, dtype=torch.int32, pin_memory=self.cuda)
+        self.events = [torch.cuda.Event() for _ in range(self.SLOTS)] if self.cuda else []
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.n = 0
 
     def __call__(self) -> None:
-        if self.pending:
-            if self.event is not None:
-                self.event.synchronize()  # (the broadcast of the batch before: done unless the GPU is a batch behind)
-            if int(self.host[0]) == 1:
+        if self.n >= self.LAG:
+            j = (self.n - self.LAG) % self.SLOTS
+            if self.cuda:
+                self.events[j].synchronize()  # (done unless this rank's GPU or the other's is LAG batches behind)
+            if int(self.host[j]) == 1:
                 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
                 with contextlib.suppress(Exception):
                     torch.distributed.barrier()  # (as Lightning: no rank left waiting in a collective)
                 raise SIGTERMException()
-        self.flag.fill_(1 if getattr(self.trainer, "received_sigterm", False) else 0)
-        torch.distributed.broadcast(self.flag, src=0)
-        self.host.copy_(self.flag, non_blocking=self.event is not None)
-        if self.event is not None:
-            self.event.record()
-        self.pending = True
+        i = self.n % self.SLOTS
+        flag = self.flags[i:i + 1]
+        flag.fill_(1 if getattr(self.trainer, "received_sigterm", False) else 0)
+        if self.cuda:
+            work = torch.distributed.broadcast(flag, src=0, async_op=True)
+            with torch.cuda.stream(self.stream):
+                work.wait()  # (this side stream waits for the broadcast; the compute stream does not)
+                self.host[i:i + 1].copy_(flag, non_blocking=True)
+                self.events[i].record()
+        else:
+            torch.distributed.broadcast(flag, src=0)
+            self.host[i:i + 1].copy_(flag)
+        self.n += 1
 
     @staticmethod
     def install(trainer: Trainer) -> None:

@@ -235,8 +235,8 @@ class LigerConfig:
             while the GPU runs this one. The values printed and logged are the same; each line appears when the next
             iteration logs, and ``iter_time`` is then the loop's period, not one iteration's latency. Under the
             Trainer in several processes (``LigerCallback``): Lightning's per-batch broadcast of rank 0's "SIGTERM
-            received" flag, which it reads with ``.item()``, is read one batch later (a SIGTERM stops every rank one
-            batch later, as Lightning stops it).
+            received" flag, which it reads with ``.item()``, is read two batches later, and no GPU waits for it (a
+            SIGTERM stops every rank two batches later, as Lightning stops it).
     """
 
     rms_norm: bool = True

@@ -257,10 +257,10 @@ def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
     assert loader.collate_fn is collate
 
 
-def test_sigterm_check_of_several_processes_is_read_one_batch_later(monkeypatch):
+def test_sigterm_check_of_several_processes_is_read_later(monkeypatch):
     """Lightning's loop in several processes broadcasts rank 0's SIGTERM flag before every batch and reads it with
     ``.item()``, a wait for the GPU per micro-batch; LigerCallback (defer_loss_sync) puts a check in its place that
-    reads the broadcast of the batch before: a SIGTERM stops every rank one batch later, as Lightning stops it."""
+    reads the broadcast of two batches before: a SIGTERM stops every rank two batches later, as Lightning stops it."""
     import os
     import socket
     import types
@@ -289,10 +289,11 @@ def test_sigterm_check_of_several_processes_is_read_one_batch_later(monkeypatch)
         _LaggedSigtermCheck.install(trainer)
         check = loop._broadcast_sigterm_tensor
         assert isinstance(check, _LaggedSigtermCheck)
-        check()
-        check()  # no SIGTERM: batches go on
+        for _ in range(6):  # no SIGTERM: batches go on (past the ring's 4 slots)
+            check()
         trainer.received_sigterm = True
-        check()  # broadcast now, read at the next batch
+        check()  # broadcast now, read two batches later
+        check()
         with pytest.raises(SIGTERMException):
             check()
         _LaggedSigtermCheck.remove(trainer)
@@ -336,7 +337,7 @@ class _DDPSFTModule(SFTModule):
 
 def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
     """Two processes (Lightning's ``ddp_fork`` on CPU, gloo), litgpt's SFT collate: with LigerCallback the batches are
-    packed on the host and Lightning's SIGTERM check is read one batch later; rank 0's weights after 3 steps equal
+    packed on the host and Lightning's SIGTERM check is read two batches later; rank 0's weights after 3 steps equal
     stock's under the same strategy."""
     from lit_liger import adapter as adapter_mod
 
