@@ -64,10 +64,26 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
             from lit_liger import profiling
 
             self.profile = profiling.window_from_env(int(os.environ.get("LOCAL_RANK", "0")))
+            # LIT_LIGER_BENCH_CPROFILE=DIR,FIRST,COUNT: the host's Python (cProfile) over those batches, per rank:
+            # DIR/cprofile-{devices}gpu-rank{R}.txt (where a host-bound step's time goes; it slows that window)
+            spec = os.environ.get("LIT_LIGER_BENCH_CPROFILE", "").split(",")
+            self.cprof = (Path(spec[0]), int(spec[1]), int(spec[2])) if len(spec) == 3 else None
+            self.seen = 0
 
         def on_train_batch_start(self, trainer, module, batch, i):
             if self.profile is not None:
                 self.profile.tick()
+            if self.cprof is not None:
+                import cProfile
+
+                out, first, count = self.cprof
+                if self.seen == first:
+                    self.prof = cProfile.Profile()
+                    self.prof.enable()
+                elif self.seen == first + count:
+                    self.prof.disable()
+                    _dump_cprofile(self.prof, out, devices, count)
+            self.seen += 1
 
         def on_train_batch_end(self, trainer, module, outputs, batch, _i):
             # (counted over epochs: under DDP each rank's epoch holds 1 / N of the data set)
@@ -123,6 +139,21 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
 
         row.update({f"graphs_{k}": CAPTURE_STATS[k] for k in ("captures", "precaptured", "replays")})
     print("ROW " + json.dumps(row), flush=True)
+
+
+def _dump_cprofile(prof, out: Path, devices: int, count: int) -> None:
+    """``prof``'s top functions by own time and by cumulative time, per batch, to ``out``."""
+    import io
+    import pstats
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    text.write(f"cProfile over {count} training batches ({devices} GPU(s)); divide times by {count} for per batch\n")
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(60)
+    rank = os.environ.get("LOCAL_RANK", "0")
+    (out / f"cprofile-{devices}gpu-rank{rank}.txt").write_text(text.getvalue())
 
 
 def main(argv: list[str]) -> None:
