@@ -55,6 +55,7 @@ class LigerCallback(Callback):
         self._samples = 0
         self._backward_thread: Any = None
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
+        self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
 
@@ -125,6 +126,8 @@ class LigerCallback(Callback):
             prep = prep_for(pl_module, loader)
             if prep is not None:
                 self._restore_collate = _prepare_before_transfer(pl_module, prep)
+                if trainer.world_size > 1:  # DDP: the token counts unboxed once its forward has moved the batch
+                    self._boxed = _BoxedCounts(pl_module)
         # the Trainer calls backward from this thread: run it here (LigerConfig.caller_thread_backward), until
         # on_train_end puts the thread's setting back
         if self._backward_thread is None:
@@ -141,7 +144,10 @@ class LigerCallback(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._restore_collate is not None:
-            after_move(batch)  # (the Trainer moved it to the device before this hook)
+            # (the Trainer moved it to the device before this hook; under DDP its forward moves it again)
+            after_move(batch, unbox_counts=self._boxed is None)
+            if self._boxed is not None:
+                self._boxed.batch = batch
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _LaggedSigtermCheck.remove(trainer)
@@ -173,6 +179,9 @@ class LigerCallback(Callback):
         if self._restore_collate is not None:
             self._restore_collate()
             self._restore_collate = None
+        if self._boxed is not None:
+            self._boxed.remove()
+            self._boxed = None
 
     def _clear_fp8_scales(self, pl_module: LightningModule) -> None:
         """After fitting the weights may change without an optimizer step (``trainer.validate(ckpt_path=...)``): each
@@ -226,7 +235,9 @@ def _prepare_before_transfer(pl_module: LightningModule, prep: HostPrep) -> Call
     own = pl_module.on_before_batch_transfer
 
     def hook(batch: Any, dataloader_idx: int) -> Any:
-        return prep(own(batch, dataloader_idx))
+        batch = own(batch, dataloader_idx)
+        trainer = getattr(pl_module, "_trainer", None)
+        return prep(batch) if trainer is None or trainer.training else batch  # (validation batches: the user's)
 
     pl_module.on_before_batch_transfer = hook  # (an instance attribute over the class's method)
 
@@ -234,6 +245,29 @@ def _prepare_before_transfer(pl_module: LightningModule, prep: HostPrep) -> Call
         pl_module.__dict__.pop("on_before_batch_transfer", None)
 
     return restore
+
+
+class _BoxedCounts:
+    """Under ``DistributedDataParallel`` a training batch's token counts stay boxed (:class:`lit_liger.batches.HostPrep`)
+    past its forward's move of the inputs (``_to_kwargs``: every CPU tensor copied to the device from pageable
+    memory, which waits for the GPU's queued work, at every micro-batch); a forward pre-hook on the LightningModule,
+    which runs inside DDP's forward after that move, unboxes them in the arguments the step receives and in the batch
+    the loop holds (``batch``, which its later hooks see)."""
+
+    def __init__(self, pl_module: LightningModule) -> None:
+        self.batch: Any = None
+        self.handle = pl_module.register_forward_pre_hook(self._unbox, with_kwargs=True)
+
+    def _unbox(self, _module: Any, args: tuple, kwargs: dict) -> None:
+        from .batches import unbox
+
+        for value in (*args, *kwargs.values(), self.batch):
+            unbox(value)
+        self.batch = None
+
+    def remove(self) -> None:
+        self.handle.remove()
+        self.batch = None
 
 
 def _count(batch: Any) -> tuple[int, int]:

@@ -302,6 +302,40 @@ def test_sigterm_check_of_several_processes_is_read_later(monkeypatch):
         dist.destroy_process_group()
 
 
+def test_ddp_moves_the_batch_without_the_boxed_token_counts():
+    """Under DDP the token counts stay boxed through its forward's move of the inputs (torch's ``_to_kwargs``, the
+    function DDP calls: the box has no ``.to``, so no CPU tensor of it is copied, a copy that would wait for the GPU),
+    and the LightningModule's forward pre-hook unboxes them in the moved copy the step receives and in the loop's own
+    batch; the hook goes with ``remove``."""
+    from torch.distributed.utils import _to_kwargs
+
+    from lit_liger.batches import HostPrep
+    from lit_liger.callback import _BoxedCounts
+
+    seen = []
+
+    class Step(L.LightningModule):
+        def forward(self, batch):
+            seen.append(batch["token_counts"])
+            return batch.get("input_ids")
+
+    batch = HostPrep(pack=False, bucketed=False)({"input_ids": torch.ones(2, 3, dtype=torch.long),
+                                                  "token_counts": {"raw": torch.tensor([3, 2])}})
+    boxed = batch["token_counts"]
+    module = Step()
+    hook = _BoxedCounts(module)
+    hook.batch = batch
+    inputs, _ = _to_kwargs((batch,), {}, torch.device("meta"), False)  # (a device the copy would go to)
+    (moved,) = inputs[0]
+    assert moved is not batch and moved["input_ids"].device.type == "meta" and moved["token_counts"] is boxed
+    module(moved)
+    assert seen[-1] is boxed.value and seen[-1]["raw"].device.type == "cpu" and batch["token_counts"] is boxed.value
+    hook.remove()
+    again = HostPrep(pack=False, bucketed=False)({"token_counts": {"raw": torch.tensor([1])}})
+    module(again)
+    assert seen[-1] is again["token_counts"] and not isinstance(seen[-1], dict)  # no hook any more
+
+
 def test_host_side_batch_prep_under_ddp_but_not_deepspeed_or_fsdp():
     """The batches' host-side prep (packed layout, token counts on the host) runs where every process holds the whole
     model and runs its own batches: one process or Lightning's DDPStrategy (a user's subclass too), not DeepSpeed's
@@ -334,6 +368,11 @@ class _DDPSFTModule(SFTModule):
                                         for cb in self.trainer.callbacks)), reduce_fx="min")
         return loss
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        counts = batch["token_counts"]  # (the loop's own batch, as callbacks see it: unboxed too)
+        self.log("counts_on_host", float(isinstance(counts, dict) and counts["raw"].device.type == "cpu"),
+                 reduce_fx="min")
+
 
 def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
     """Two processes (Lightning's ``ddp_fork`` on CPU, gloo), litgpt's SFT collate: with LigerCallback the batches are
@@ -356,6 +395,7 @@ def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
     assert float(a.callback_metrics["lagged_sigterm_check"]) == 0.0
     assert float(b.callback_metrics["lagged_sigterm_check"]) == 1.0
     assert float(a.callback_metrics["host_prep"]) == 0.0 and float(b.callback_metrics["host_prep"]) == 1.0
+    assert float(a.callback_metrics["counts_on_host"]) == float(b.callback_metrics["counts_on_host"]) == 1.0
     moved = 0
     for (name, p), q, r in zip(ours.model.named_parameters(), stock.model.parameters(), _stock_and_ours(SFTModule)[0]
                                .model.parameters()):

@@ -476,7 +476,8 @@ def _ddp_gpu_run(rank: int):
                 (loss / 6).backward()
         errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
                 for (n, p), q in zip(graphed.named_parameters(), plain.parameters()) if p.grad is not None}
-        result = (errs, runner.captures, runner.replays, (runner.disabled, (runner.error or "")[-3000:]))
+        result = (errs, runner.captures, runner.precaptured_n, runner.replays,
+                  (runner.disabled, (runner.error or "")[-3000:]))
     return result
 
 
@@ -490,8 +491,11 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     spawn_ranks(_ddp_gpu_worker, (2, _free_port(), queue))
-    errs, captures, replays, (disabled, error) = queue.get(timeout=60)
-    assert not disabled and captures == 2 and replays == 3, (captures, replays, disabled, error)
+    errs, captures, precaptured, replays, (disabled, error) = queue.get(timeout=60)
+    # (DDP's replicas capture the packed lengths the run can see at the first step, every process at once: 16 on 2 x
+    # H200, benchmarks/results/h200x2-2026-11-27d/g1-pytest.log; the three micro-batches all replay those graphs)
+    assert not disabled and captures == precaptured >= 2 and replays == 3, (captures, precaptured, replays, disabled,
+                                                                             error)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
 
