@@ -64,6 +64,8 @@ VARIANTS = {
     "stock-again": ["--liger", "false"],
     "stock-no-cudnn": ["--liger", "false"],
     "liger-no-dropout": ["--liger", "true", "--lora_dropout", "0"],
+    # issue 47's governance off: no memory plan, every length captured (the headline recipes' speed before it)
+    "liger-no-plan": ["--liger.activation_checkpointing", "false", "--liger.cuda_graphs_max_tokens", "100000000"],
     "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # captured (torch >= 2.10)
     "liger-ckpt-no-graphs": ["--liger.activation_checkpointing", "true", "--liger.cuda_graphs", "false"],
     "liger-ckpt-lean": ["--liger.activation_checkpointing", "true", "--liger.flce_mode", "lean"],

@@ -98,7 +98,7 @@ def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
     """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`). Inside a checkpointed Block
     (``LigerConfig.activation_checkpointing``) a frozen MLP runs as :func:`glu_mlp`: its ``(B, T, I)``
     tensors exist one chunk of rows at a time, in the Block's recompute and in its backward."""
-    if _IN_CHECKPOINTED_BLOCK[0] and (weights := _frozen_mlp_weights(mlp, x)) is not None:
+    if (_IN_CHECKPOINTED_BLOCK[0] or _MLP_RECOMPUTED[0]) and (weights := _frozen_mlp_weights(mlp, x)) is not None:
         return glu_mlp(x, *weights, activation=activation)
     reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
     return _glu_proj(mlp.proj, mlp.fc_1(x), mlp.fc_2(x), activation, reuse)  # fc_1, fc_2: (B, T, I)
@@ -127,6 +127,9 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
 
 #: > 0 while a Block runs under LigerConfig.activation_checkpointing (its forward and its recompute in backward)
 _IN_CHECKPOINTED_BLOCK = [0]
+#: > 0 while a Block runs whose MLP inputs the memory plan has recomputed in backward (``lit_liger.memplan.MemPlan.mlp``):
+#: a frozen MLP runs as ``glu_mlp``, a trained one as ``recompute_mlp`` does
+_MLP_RECOMPUTED = [0]
 
 
 def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -562,7 +565,7 @@ class _BlockMixin:
         path (eager or compiled), outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no
         autocast."""
         proj = self.mlp.proj
-        return (getattr(self, "_liger_recompute_mlp", False) and not _IN_CHECKPOINTED_BLOCK[0]
+        return ((getattr(self, "_liger_recompute_mlp", False) or _MLP_RECOMPUTED[0]) and not _IN_CHECKPOINTED_BLOCK[0]
                 and use_triton(x) and type(proj) is nn.Linear
                 and proj.weight.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
                 and _called_plainly(proj))
@@ -746,7 +749,7 @@ class _GPTMixin:
         # is capped at their size, or its buffer (a (rows, V) chunk, 125 MiB at 512 rows of a 128k vocabulary)
         # would be the step's peak (measured, H100, Llama-3.2-1B LoRA at 1 x 512: 125 of the step's 163 MiB).
         # Not under torch.compile (the sizes may be symbolic there): the kernel's default chunk.
-        recomputed = getattr(self, "_liger_mem_now", (0, False))[0]
+        recomputed = getattr(self, "_liger_mem_now", (0, False, 0))[0]
         if recomputed and not torch.compiler.is_compiling():
             return recomputed * x.numel() * x.element_size()
         return None
@@ -769,9 +772,10 @@ class _GPTMixin:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         ri = self.config.rope_indices
         # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
-        # with `offload`) and rerun in backward (see _memory_plan_here, lit_liger.memplan)
-        recompute, offload = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
-                              else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
+        # with `offload`) and rerun in backward, the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
+        # lit_liger.memplan)
+        recompute, offload, mlp = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
+                                   else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self.config.n_layer), 1)}
         for block_idx, block in enumerate(self.transformer.h):
@@ -797,6 +801,12 @@ class _GPTMixin:
                     with _checkpoint_early_stop(False):
                         x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=False,
                                         preserve_rng_state=True)
+            elif block_idx < recompute + mlp:
+                _MLP_RECOMPUTED[0] += 1
+                try:
+                    x = block(x, c, s, pack, None, None)
+                finally:
+                    _MLP_RECOMPUTED[0] -= 1
             else:
                 x = block(x, c, s, pack, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
@@ -822,30 +832,47 @@ def _packing_why(gpt: nn.Module) -> str | None:
 _CHECKPOINT_WARNED = False
 
 
-def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool]:
-    """``(Blocks recomputed, their inputs offloaded)`` for this forward of ``idx``: ``activation_checkpointing``
-    ``True`` every Block, ``False`` none, ``None`` (automatic) :func:`lit_liger.memplan.decide` from the micro-batch's
-    tokens and the device's memory now (a CUDA device, eager mode; the log says each plan that recomputes more than
-    any before it)."""
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int]:
+    """``(Blocks recomputed, their inputs offloaded, Blocks above them whose MLP inputs are recomputed)`` for this
+    forward of ``idx``: ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None`` (automatic)
+    :func:`lit_liger.memplan.decide` from the micro-batch's tokens and the device's memory now (a CUDA device, eager
+    mode; the log says each plan that recomputes more than any before it)."""
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not _checkpoint_blocks_here(gpt):
-        return 0, False
+        return 0, False, 0
     n = gpt.config.n_layer
     if setting is True:
-        return n, False
+        return n, False, 0
     if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return 0, False
+        return 0, False, 0
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
-    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model())
+    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model(),
+                             mlp=lambda: _mlp_recomputable(gpt, idx))
     if plan is None:
-        return 0, False
-    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False])
-    if (plan.recompute, plan.offload) > tuple(said):
-        said[:] = [plan.recompute, plan.offload]
+        return 0, False, 0
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False, 0])
+    if (plan.recompute, plan.offload, plan.mlp) > tuple(said):
+        said[:] = [plan.recompute, plan.offload, plan.mlp]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
-    return plan.recompute, plan.offload
+    return plan.recompute, plan.offload, plan.mlp
+
+
+def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
+    """Every Block's GLU MLP can leave its two ``(B, T, I)`` inputs to its backward (the memory plan's MLP level):
+    frozen plain projections (``glu_mlp``: it keeps its ``(B, T, C)`` input) or trained ones that
+    ``recompute_mlp`` fuses with ``norm_2``; the Triton path."""
+    if not use_triton(idx) or torch.is_autocast_enabled(idx.device.type):
+        return False
+    for block in gpt.transformer.h:
+        mlp = getattr(block, "mlp", None)
+        if not isinstance(block, _BlockMixin) or not isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)):
+            return False
+        frozen = all(_frozen_linear(m) is not None for m in (mlp.fc_1, mlp.fc_2, mlp.proj))
+        if not frozen and not (block._liger_fuse_norm_2(structure_only=True) and type(mlp.proj) is nn.Linear):
+            return False
+    return True
 
 
 def _checkpoint_blocks_here(gpt: nn.Module) -> bool:

@@ -183,9 +183,12 @@ class LigerConfig:
             training thread does the same.
         activation_checkpointing: ``None`` (default, automatic): planned per training micro-batch from its token count,
             the model's widths and the device's memory at that moment (``lit_liger.memplan``): every Block's
-            activations kept where they fit; else the fewest Blocks recomputed as below; else every Block recomputed
-            and their inputs kept in pinned host memory (copied on a side stream). The log says each plan that
-            recomputes more than any before it. One CUDA process or a lit-liger replica; off elsewhere.
+            activations kept where they fit (within ``memplan.MEMORY_FRACTION``, 75%, of the device); else the mix
+            that fits with the fewest added FLOPs of Blocks recomputed as below and Blocks whose GLU MLP keeps
+            neither ``(B, T, I)`` input (recomputed in backward: ``glu_mlp`` for a frozen MLP, ``recompute_mlp``'s
+            function for a trained one); else every Block recomputed and their inputs kept in pinned host memory
+            (copied on a side stream). The log says each plan that recomputes more than any before it. One CUDA
+            process, a lit-liger replica or DDP (no offload there); off under sharding strategies.
             ``True``: in training (fused loss on), keep only each transformer Block's input for the
             backward and recompute the Block's forward there (``torch.utils.checkpoint``, non-reentrant, with the
             RNG state restored so that LoRA dropout draws the same masks). Saved activations drop from all of every

@@ -194,10 +194,11 @@ def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None
 
 def _describe_key(key: tuple) -> str:
     """A capture key in words (see ``GraphRunner.hidden``)."""
-    shape, _, training, bounds, recompute = key
+    shape, _, training, bounds, (recompute, mlp) = key
     n = None if bounds is None else bounds - 2
     what = f"unpacked {tuple(shape)}" if n is None else f"{n} sample{'s' * (n != 1)} packed into {shape[-1]:,} tokens"
-    return what + ("" if training else ", evaluation") + (f", {recompute} Blocks recomputed" if recompute else "")
+    return (what + ("" if training else ", evaluation") + (f", {recompute} Blocks recomputed" if recompute else "")
+            + (f", {mlp} Blocks' MLP inputs recomputed" if mlp else ""))
 
 
 def _several_replicas() -> bool:
@@ -579,7 +580,7 @@ class GraphRunner:
             return "active dropout (e.g. LoRA dropout > 0)"
         if self._sharded:
             return "sharded or wrapped parameters"
-        recomputed, offloaded = getattr(gpt, "_liger_mem_now", (0, False))
+        recomputed, offloaded, _ = getattr(gpt, "_liger_mem_now", (0, False, 0))
         if offloaded:
             return ""  # (Block inputs in host memory: a long micro-batch with no memory to spare for a pool)
         if recomputed and (why := checkpointed_capture_why()):
@@ -637,7 +638,7 @@ class GraphRunner:
         # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
         # the memory plan decides which Blocks the captured body recomputes)
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
-               getattr(gpt, "_liger_mem_now", (0, False))[0])
+               getattr(gpt, "_liger_mem_now", (0, False, 0))[0::2])
         graphs = self.graphs.get(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
@@ -759,12 +760,12 @@ class GraphRunner:
                 sizes = [real // S + (i < real % S) for i in range(S)]
                 _, n, bounds, _, positions, _ = _layout(sizes, T, lambda _real, L=L: L, gpt.cos.size(0))
                 sidx = torch.ones((1, n), dtype=idx.dtype, device=idx.device)
-                if adapter._memory_plan_here(gpt, sidx) != (0, False):
+                if adapter._memory_plan_here(gpt, sidx) != (0, False, 0):
                     continue
-                gpt._liger_mem_now = (0, False)
+                gpt._liger_mem_now = (0, False, 0)
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
-                key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), 0)
+                key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
                 if key not in self.graphs and self._capture(key, sidx, params, splan) is None:
                     break
             else:
@@ -772,11 +773,11 @@ class GraphRunner:
                 # as (samples, max_seq_length). Left to its own step, its capture stalled the other processes
                 # (0.3-3.2 s at iteration 89 of every 2-GPU recipe run, 2 x H200, benchmarks/results/h200x2-2026-11-27b)
                 sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
-                key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, 0)
+                key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
                 if (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
-                        and adapter._memory_plan_here(gpt, sidx) == (0, False):
-                    gpt._liger_mem_now = (0, False)
+                        and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
+                    gpt._liger_mem_now = (0, False, 0)
                     self._capture(key, sidx, params, None)
         finally:
             if saved is None:

@@ -6,8 +6,12 @@ swapped GPT asks :func:`decide` what this micro-batch can keep, from its token c
 device's memory now (what is allocated, and the gradients the backward will allocate):
 
 * keep every Block's activations (no added time) where they fit;
-* else recompute the lowest ``k`` Blocks in backward (each keeps only its ``(B, T, C)`` input), the fewest that fit:
-  each costs one more forward of one Block;
+* else the least added compute that fits, of: recompute the lowest ``k`` Blocks in backward (each keeps only its
+  ``(B, T, C)`` input; each costs one more forward of one Block, attention included), and, in ``m`` of the Blocks
+  above them, keep neither of the GLU MLP's two ``(B, T, I)`` inputs (``LigerConfig.recompute_mlp`` for those Blocks:
+  two more GEMMs each, the MLP's up-projections; more bytes per added FLOP than a whole Block, the more so at long
+  lengths, where attention is most of a Block's forward). The MLP level applies where the Blocks' MLPs read
+  ``norm_2`` through plain Linears (LoRA on attention only, full training; not 4-bit weights);
 * else recompute every Block and keep their inputs in pinned host memory (``offload``): copied out on a side stream
   as the forward passes each Block, back when its backward needs it. A Block's compute at such lengths (seconds)
   hides the copy (a ``(T, C)`` bf16 tensor: 1 GiB at 128k tokens of width 4096, ~40 ms over PCIe 4).
@@ -24,20 +28,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "available_bytes", "decide",
-           "kept_bytes_per_token", "offloaded", "plan_for"]
+__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "available_bytes", "block_forward_flops",
+           "decide", "kept_bytes_per_token", "mlp_recompute_flops", "offloaded", "plan_for"]
 
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
 ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
 #: the share of the device's memory a step may fill (the rest: the CUDA context, cuBLAS workspaces, the allocator's
-#: fragmentation, the estimate's error). At 0.9 an 8B LoRA micro-batch of 16k tokens keeps every Block on an 80 GB
-#: H100 and peaks at 73.1 GB, over issue 47's 64 GB (half of stock's); 0.75 would recompute 9 of 32 Blocks (an
-#: estimated 43.1 GiB of activations against 55.0) for about a tenth more step time, near that issue's 1.2x-stock
-#: floor: not measured yet (``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs)
-MEMORY_FRACTION = 0.9
+#: fragmentation, the estimate's error, and what runs beside or after training: validation, litgpt's merge and
+#: generation). At 0.9 an 8B LoRA micro-batch of 16k tokens kept every Block on an 80 GB H100 and peaked at 73.1 GB
+#: (benchmarks/results/h100-2026-11-26f), over issue 47's 64 GB (half of stock's); at 0.75 the plan recomputes the MLP
+#: inputs of 13 of 32 Blocks there (estimated: 43.6 GiB of activations against 55.0, about 7% more step FLOPs; the
+#: fewest whole Blocks that fit, 9, would add 12%). ``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs
+MEMORY_FRACTION = 0.75
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30
+
+
+def block_forward_flops(config: Any, tokens: int) -> float:
+    """FLOPs per token of one Block's forward: its matrix multiplies and causal attention over a sequence of
+    ``tokens`` (an upper bound for a packed micro-batch of shorter documents)."""
+    C, hs = config.n_embd, config.head_size
+    intermediate = getattr(config, "intermediate_size", None) or 4 * C
+    qkv = C * (config.n_head + 2 * config.n_query_groups) * hs
+    return 2 * (qkv + config.n_head * hs * C + 3 * C * intermediate) + 2 * tokens * config.n_head * hs
+
+
+def mlp_recompute_flops(config: Any) -> float:
+    """FLOPs per token that recomputing one Block's ``fc_1`` and ``fc_2`` outputs adds."""
+    return 4 * config.n_embd * (getattr(config, "intermediate_size", None) or 4 * config.n_embd)
 
 
 def kept_bytes_per_token(config: Any, elt: int = 2) -> int:
@@ -55,34 +74,56 @@ class MemPlan:
     offload: bool
     need: float
     available: float
+    mlp: int = 0  # Blocks above the recomputed ones whose fc_1 / fc_2 outputs are recomputed in backward
 
     def line(self, tokens: int, n_layer: int) -> str:
         gib = 2**30
-        if not self.recompute:
+        if not self.recompute and not self.mlp:
             what = "every Block's activations kept"
         elif self.offload:
             what = f"all {n_layer} Blocks recomputed in backward, their inputs kept in pinned host memory"
         else:
             what = f"{self.recompute} of {n_layer} Blocks recomputed in backward"
+            if self.mlp:
+                what = (f"{self.mlp} of {n_layer} Blocks' MLP inputs recomputed in backward (recompute_mlp)"
+                        + (f", {what}" if self.recompute else ""))
         fits = "" if self.need <= self.available else " (does not fit: the run may run out of memory)"
         return (f"lit-liger: memory plan at {tokens:,} tokens per micro-batch: {what}; estimated "
                 f"{self.need / gib:.1f} GiB for {self.available / gib:.1f} GiB free{fits} "
                 "(--liger.activation_checkpointing true|false overrides)")
 
 
-def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offload: bool = True) -> MemPlan:
+def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offload: bool = True,
+           mlp: bool = False) -> MemPlan:
     """The plan for a micro-batch of ``tokens`` tokens through the Blocks of ``config`` with ``available`` bytes for
-    its activations: the fewest recomputed Blocks that fit, then host offload (``allow_offload``)."""
+    its activations: keep everything where it fits; else the recomputed Blocks (and with ``mlp``, Blocks whose MLP
+    inputs are recomputed) that fit with the fewest added FLOPs; then host offload (``allow_offload``)."""
     n = config.n_layer
     kept = kept_bytes_per_token(config, elt) * tokens  # one Block, not recomputed
     inp = config.n_embd * elt * tokens  # one recomputed Block's input
+    # an MLP-level Block keeps neither (B, T, I) input of its GLU; a frozen MLP (``glu_mlp``) keeps its (B, T, C) input
+    # instead, so its saving is counted for both kinds
+    glu = ((2 * (getattr(config, "intermediate_size", None) or 4 * config.n_embd) - config.n_embd) * elt * tokens
+           if mlp else 0)
     loss = 3 * inp + LOSS_CHUNK  # the final hidden states, their gradient, the loss's chunk
-    # the backward's transient beside what is kept: one Block's gradients (about its activations' size), and with a
-    # recomputed Block its rerun's activations too
+    block_cost, mlp_cost = block_forward_flops(config, tokens), mlp_recompute_flops(config)
+    best = None
     for k in range(n + 1):
+        # the backward's transient beside what is kept: one Block's gradients (about its activations' size), and
+        # with a recomputed Block its rerun's activations too
         need = (n - k) * kept + k * inp + loss + kept * (2 if k else 1)
+        m = 0
+        if need > available and glu:
+            m = min(n - k, -(-int(need - available) // glu))
+        need -= m * glu
         if need <= available:
-            return MemPlan(k, False, need, available)
+            cost = k * block_cost + m * mlp_cost
+            if best is None or cost < best[0]:
+                best = (cost, MemPlan(k, False, need, available, m))
+            if not m:
+                break  # (more recomputed Blocks only add time from here)
+    if best is not None:
+        return best[1]
     need = loss + 2 * kept
     if allow_offload:
         return MemPlan(n, True, need, available)
@@ -101,13 +142,14 @@ def _total_memory(device: Any) -> int:
     return _TOTAL[index]
 
 
-def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bool = True) -> MemPlan | None:
+def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bool = True,
+             mlp: Any = False) -> MemPlan | None:
     """:func:`decide` for a training micro-batch of ``tokens`` through the swapped ``gpt`` on ``device``; None off
     CUDA (CPU runs: nothing to plan). Reading the allocator's statistics costs ~100 us of host time, a few percent of
     a short captured step, so a micro-batch whose activations fit by a wide margin what was free at the last reading
     (less room for everything that can have appeared since: the optimizer's state and gradients of every trainable
-    parameter) is planned from that reading; it is taken again every :data:`REREAD_EVERY` calls. ``allow_offload``:
-    see :func:`decide`."""
+    parameter) is planned from that reading; it is taken again every :data:`REREAD_EVERY` calls. ``allow_offload``,
+    ``mlp`` (or a function that says it, asked only where something must be recomputed): see :func:`decide`."""
     if getattr(device, "type", None) != "cuda":
         return None
     memo = gpt.__dict__.get("_liger_mem_memo")
@@ -115,12 +157,15 @@ def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bo
         available, trainable = memo[0], memo[1]
         memo[2] += 1
         plan = decide(gpt.config, tokens, available - 3 * trainable - 2**30, elt)
-        if plan.recompute == 0:
+        if plan.recompute == 0 and plan.mlp == 0:
             return MemPlan(0, False, plan.need, available)
     available = available_bytes(gpt, device)
     trainable = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad)
     gpt.__dict__["_liger_mem_memo"] = [available, trainable, 0]
-    return decide(gpt.config, tokens, available, elt, allow_offload)
+    plan = decide(gpt.config, tokens, available, elt, allow_offload)
+    if plan.recompute and (mlp() if callable(mlp) else mlp):  # (the MLP level asked about only where it may help)
+        plan = decide(gpt.config, tokens, available, elt, allow_offload, mlp=True)
+    return plan
 
 
 #: training forwards planned from one reading of the allocator (see :func:`plan_for`)

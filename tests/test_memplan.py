@@ -53,6 +53,85 @@ def test_decide_keeps_then_recomputes_the_fewest_then_offloads():
     assert "--liger.activation_checkpointing true|false overrides" in line
 
 
+def test_mlp_level_where_it_buys_more_memory_per_added_flop():
+    """With the MLP level (``mlp=True``): at 16k tokens on a device that cannot keep every Block (8B, 44 GiB free),
+    the plan recomputes MLP inputs only, fits, and adds fewer FLOPs than the fewest whole Blocks that fit; at 32k it
+    mixes both, still cheaper; where everything fits it keeps everything, and without the level it is the Block plan."""
+    cfg = _config("Llama-3.1-8B")
+    free = 44 * GiB
+    for T in (16384, 32768):
+        blocks = memplan.decide(cfg, T, free)
+        mixed = memplan.decide(cfg, T, free, mlp=True)
+        assert blocks.mlp == 0 and 0 < blocks.recompute < cfg.n_layer and blocks.need <= free
+        assert mixed.mlp > 0 and mixed.need <= free and mixed.recompute < blocks.recompute
+
+        def added(p):
+            return p.recompute * memplan.block_forward_flops(cfg, T) + p.mlp * memplan.mlp_recompute_flops(cfg)
+
+        assert added(mixed) < added(blocks)
+        # the fewest MLP-level Blocks for its recomputed ones: one fewer would not fit
+        one_fewer = memplan.MemPlan(mixed.recompute, False, mixed.need + (2 * cfg.intermediate_size - cfg.n_embd) * 2 * T,
+                                    free, mixed.mlp - 1)
+        assert one_fewer.need > free
+    assert memplan.decide(cfg, 16384, free, mlp=True).recompute == 0
+    assert memplan.decide(cfg, 2048, free, mlp=True) == memplan.decide(cfg, 2048, free)
+    line = memplan.decide(cfg, 32768, free, mlp=True).line(32768, 32)
+    assert "Blocks' MLP inputs recomputed in backward (recompute_mlp)" in line and "Blocks recomputed" in line
+    # per token: q, k, v (32 + 2 x 8 heads of 128), the output projection, the GLU's three; causal attention over 16k
+    assert memplan.block_forward_flops(cfg, 16384) == 2 * (4096 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 14336) \
+        + 2 * 16384 * 4096
+    assert memplan.mlp_recompute_flops(cfg) == 2 * 2 * 4096 * 14336
+
+
+def test_mlp_level_applies_to_plain_projections_only():
+    """The MLP level is offered where every Block's MLP can leave its inputs to backward: LoRA on attention only
+    (frozen plain projections) and full training (fused with norm_2); not LoRA on the MLP; not off the Triton path."""
+    from test_adapter import _pair, tiny_config
+
+    cfg, _, attn_only = _lora_pair(dropout=0.0, lora_mlp=False)
+    _, _, on_mlp = _lora_pair(dropout=0.0, lora_mlp=True)
+    _, full = _pair(tiny_config("Llama-3.2-1B"))
+    x, _ = _data(cfg)
+    for model in (attn_only, on_mlp, full):
+        apply_liger(model)
+    assert adapter._mlp_recomputable(attn_only, x) and adapter._mlp_recomputable(full, x)
+    assert not adapter._mlp_recomputable(on_mlp, x)
+    apply_liger(full, LigerConfig(recompute_norm=False))
+    assert not adapter._mlp_recomputable(full, x)
+
+
+@pytest.mark.parametrize(("kind", "recompute", "mlp"), [("lora", 0, 2), ("lora", 1, 1), ("full", 0, 2)])
+def test_planned_mlp_level_same_as_keeping(kind, recompute, mlp, monkeypatch):
+    """A plan with MLP-level Blocks (``MemPlan.mlp``), alone or above a recomputed Block: LoRA on attention with
+    dropout (the frozen MLPs run as ``glu_mlp``) and full training (``rms_norm_glu_mlp``, recompute_mlp's function)
+    give the losses and gradients of keeping everything, through the recomputing functions, once per MLP-level Block."""
+    from test_adapter import _pair, tiny_config
+
+    if kind == "lora":
+        cfg, plain, auto = _lora_pair(dropout=0.2, lora_mlp=False)
+    else:
+        cfg = tiny_config("Llama-3.2-1B")
+        _, plain = _pair(cfg)
+        auto = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    calls = {"glu_mlp": 0, "rms_norm_glu_mlp": 0}
+    for name in calls:
+        real = getattr(adapter, name)
+        monkeypatch.setattr(adapter, name, lambda *a, _real=real, _name=name, **kw:
+                            calls.__setitem__(_name, calls[_name] + 1) or _real(*a, **kw))
+    _force(monkeypatch, recompute, False, mlp)
+    loss_b, grads_b = _step(auto, x, y)
+    # (a recomputed Block's frozen MLP runs as glu_mlp too, in its forward and again in its rerun)
+    assert calls == ({"glu_mlp": mlp + 2 * recompute, "rms_norm_glu_mlp": 0} if kind == "lora"
+                     else {"glu_mlp": 0, "rms_norm_glu_mlp": mlp}), calls
+    assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, (n, rel_err(grads_b[n], grads_a[n]))
+
+
 def test_dataparallel_estimates_with_the_same_per_token_bytes():
     from lit_liger import dataparallel as dp
 
@@ -65,9 +144,9 @@ def test_dataparallel_estimates_with_the_same_per_token_bytes():
 # ------------------------------------------------------------------------------------------------
 # the plan applied: the same numbers, less kept
 # ------------------------------------------------------------------------------------------------
-def _force(monkeypatch, recompute: int, offload: bool):
-    monkeypatch.setattr(adapter._memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True:
-                        memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0))
+def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0):
+    monkeypatch.setattr(adapter._memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True,
+                        **_: memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0, mlp))
 
 
 @pytest.mark.parametrize(("recompute", "offload"), [(1, False), (2, False), (2, True)])
@@ -139,12 +218,12 @@ def test_explicit_settings_and_cpu_default(monkeypatch):
     """``True``: every Block, ``False``: none, ``None`` on CPU tensors: nothing to plan (no device memory)."""
     cfg, _, model = _lora_pair(dropout=0.0)
     x, _ = _data(cfg)
-    for setting, expected in [(True, (cfg.n_layer, False)), (False, (0, False)), (None, (0, False))]:
+    for setting, expected in [(True, (cfg.n_layer, False, 0)), (False, (0, False, 0)), (None, (0, False, 0))]:
         apply_liger(model, LigerConfig(activation_checkpointing=setting))
         assert adapter._memory_plan_here(model, x) == expected
     with torch.no_grad():
         apply_liger(model, LigerConfig(activation_checkpointing=True))
-        assert adapter._memory_plan_here(model, x) == (0, False)
+        assert adapter._memory_plan_here(model, x) == (0, False, 0)
     assert memplan.plan_for(model, 24, torch.device("cpu")) is None
 
 
@@ -309,9 +388,9 @@ def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
     runner.precaptured, runner.precaptured_n = True, 16
     assert runner.hidden(x[:, :6]) == "replayed"
     assert "process 1 met a micro-batch outside the first step's pre-capture (unpacked (2, 6))" in capsys.readouterr().out
-    assert graphs._describe_key(((1, 1280), torch.long, True, 6, 0)) == "4 samples packed into 1,280 tokens"
-    assert graphs._describe_key(((1, 640), torch.long, False, 3, 2)) == \
-        "1 sample packed into 640 tokens, evaluation, 2 Blocks recomputed"
+    assert graphs._describe_key(((1, 1280), torch.long, True, 6, (0, 0))) == "4 samples packed into 1,280 tokens"
+    assert graphs._describe_key(((1, 640), torch.long, False, 3, (2, 1))) == \
+        "1 sample packed into 640 tokens, evaluation, 2 Blocks recomputed, 1 Blocks' MLP inputs recomputed"
 
 
 def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch):
@@ -331,7 +410,7 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
         return runner.graphs[key]
 
     monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False))
+    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
     S = 3
     idx = torch.ones((1, 40), dtype=torch.long)
     plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
@@ -340,7 +419,7 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     runner._precapture(idx, plan, params)
     packed = [k for k in keys if not k[1]]
     assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
-    assert keys[-1] == (((S, 24), torch.long, True, None, 0), True, (S, 24))  # the unpacked full batch, last
+    assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
     assert runner.precaptured_n == len(keys)
     # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
     runner.graphs.clear()
@@ -355,9 +434,10 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_planned_recompute_and_offload_same_as_keeping(monkeypatch):
-    """Real widths (Llama-3.2-1B, 6 layers, LoRA with dropout, bf16, 2 x 2048 tokens): a device made to look small
-    (``MEMORY_FRACTION``) gets a plan that recomputes some Blocks, then one that offloads; losses and LoRA gradients
-    equal keeping everything, and the step's peak is lower."""
+    """Real widths (Llama-3.2-1B, 6 layers, LoRA on q and v with dropout, bf16, 2 x 2048 tokens): a device made to
+    look small (``MEMORY_FRACTION``) gets a plan that recomputes MLP inputs only, one that also recomputes some
+    Blocks, then one that offloads; losses and LoRA gradients equal keeping everything, and the step's peak is
+    lower."""
     from test_buckets import _gpu_models
 
     cfg, _, plain = _gpu_models(True, dropout=0.05, block_size=2048, n_layer=6)
@@ -365,16 +445,19 @@ def test_gpu_planned_recompute_and_offload_same_as_keeping(monkeypatch):
     apply_liger(plain, LigerConfig(cuda_graphs=False, activation_checkpointing=False))
     apply_liger(auto, LigerConfig(cuda_graphs=False))
     x = torch.randint(0, cfg.vocab_size, (2, 2048), device="cuda")
-    # the room that makes the plan recompute half the Blocks, and the room that makes it offload
-    rooms = {}
+    # the rooms that give each kind of plan (the forward sees a little more allocated than the room measured here)
+    n, rooms = cfg.n_layer, {}
     for room in range(1, 64 * 1024):
-        plan = memplan.decide(cfg, x.numel(), room * 2**20)
-        rooms.setdefault((plan.recompute == cfg.n_layer // 2 and not plan.offload) and "partial"
-                         or (plan.offload and plan.need <= room * 2**20) and "offload" or "", room * 2**20)
-    assert "partial" in rooms and "offload" in rooms, rooms
+        plan = memplan.decide(cfg, x.numel(), room * 2**20, mlp=True)
+        kind = ("mlp" if not plan.recompute and plan.mlp >= 2 else
+                "partial" if 0 < plan.recompute < n - 1 and not plan.offload else
+                "offload" if plan.offload and plan.need <= room * 2**20 else "")
+        rooms.setdefault(kind, []).append(room * 2**20)
+    assert {"mlp", "partial", "offload"} <= rooms.keys(), rooms.keys()
+    rooms = {kind: sizes[len(sizes) // 2] for kind, sizes in rooms.items()}  # (the middle room of each kind)
     total = memplan._total_memory(x.device)
     results, peaks = [], []
-    for model, room in ((plain, None), (auto, rooms["partial"]), (auto, rooms["offload"])):
+    for model, room in ((plain, None), (auto, rooms["mlp"]), (auto, rooms["partial"]), (auto, rooms["offload"])):
         fraction = memplan.MEMORY_FRACTION if room is None else (torch.cuda.memory_allocated() + room) / total
         monkeypatch.setattr(memplan, "MEMORY_FRACTION", fraction)
         auto.__dict__.pop("_liger_mem_memo", None)
@@ -385,14 +468,15 @@ def test_gpu_planned_recompute_and_offload_same_as_keeping(monkeypatch):
         results.append((*_step(model, x, x), getattr(model, "_liger_mem_now", None)))
         torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated() - base)
-    (loss_a, grads_a, _), (loss_b, grads_b, plan_b), (loss_c, grads_c, plan_c) = results
-    # (the forward sees a little more allocated than the room was measured against: a Block more may be recomputed)
-    assert 0 < plan_b[0] < cfg.n_layer and not plan_b[1] and plan_c == (cfg.n_layer, True), (plan_b, plan_c)
-    for loss, grads in ((loss_b, grads_b), (loss_c, grads_c)):
+    (loss_a, grads_a, _), *rest = results
+    plan_m, plan_b, plan_c = (r[2] for r in rest)
+    assert plan_m[2] > 0 and plan_m[0] < n - 1 and not plan_m[1], plan_m
+    assert 0 < plan_b[0] < n and not plan_b[1] and plan_c == (n, True, 0), (plan_b, plan_c)
+    for loss, grads, _ in rest:
         assert rel_err(loss, loss_a) <= 1e-3 and grads.keys() == grads_a.keys() and grads_a
-        for n in grads_a:  # flash attention's backward accumulates dq with atomics: not bit for bit on a GPU
-            assert rel_err(grads[n], grads_a[n]) <= 2e-2, (n, rel_err(grads[n], grads_a[n]))
-    assert peaks[2] < peaks[1] < peaks[0], peaks
+        for name in grads_a:  # flash attention's backward accumulates dq with atomics: not bit for bit on a GPU
+            assert rel_err(grads[name], grads_a[name]) <= 2e-2, (name, rel_err(grads[name], grads_a[name]))
+    assert peaks[3] < peaks[2] < peaks[0] and peaks[1] < peaks[0], peaks
 
 
 @pytest.mark.gpu
@@ -435,11 +519,11 @@ def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
     apply_liger(model)
     x, _ = _data(cfg)
     _force(monkeypatch, cfg.n_layer, True)
-    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, True)
+    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, True, 0)
     monkeypatch.setattr(_dist, "several_processes", lambda: True)
     monkeypatch.setattr(_dist, "replicated", lambda: True)  # (inside DDP's forward)
     monkeypatch.setattr(adapter, "sharded_processes", lambda: False)
-    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, False)
+    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, False, 0)
 
 
 def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():
