@@ -19,7 +19,7 @@ long 16384 230
 timeout 120 python3 -m pytest -q tests/test_memplan.py -m gpu -p no:cacheprovider > /tmp/o/n1-pytest.log 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^E " /tmp/o/n1-pytest.log | cut -c1-300 | tail -6; pack; echo "t=$(( $(date +%s) - S ))s"
 L=$((470 - $(date +%s) + S)); echo "1B slot ${L}s"
-timeout $L python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 --variants liger,liger-no-plan,liger --iters 200 --warmup 40 --work_dir /tmp/work --out /tmp/o/n1-1b-lora > /tmp/o/n1-1b-lora.log 2>&1; echo "1B rc=$?"
+timeout $L python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 --variants liger-no-plan,liger --iters 200 --warmup 40 --work_dir /tmp/work --out /tmp/o/n1-1b-lora > /tmp/o/n1-1b-lora.log 2>&1; echo "1B rc=$?"
 grep -i "tok/s" /tmp/o/n1-1b-lora.log | tail -4 | cut -c1-250; rm -rf /tmp/work/recipe-runs; pack; echo "t=$(( $(date +%s) - S ))s"
 L=$((585 - $(date +%s) + S)); echo "32k slot ${L}s"
 [ $L -gt 90 ] && long 32768 $L
