@@ -492,10 +492,11 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
     queue = ctx.Queue()
     spawn_ranks(_ddp_gpu_worker, (2, _free_port(), queue))
     errs, captures, precaptured, replays, (disabled, error) = queue.get(timeout=60)
-    # (DDP's replicas capture the packed lengths the run can see at the first step, every process at once: 16 on 2 x
-    # H200, benchmarks/results/h200x2-2026-11-27d/g1-pytest.log; the three micro-batches all replay those graphs)
-    assert not disabled and captures == precaptured >= 2 and replays == 3, (captures, precaptured, replays, disabled,
-                                                                             error)
+    # (DDP's replicas capture the packed lengths of the first step's 3 samples at that step, every process at once: 15
+    # on 2 x H200; the 2-sample micro-batch is outside that ladder and is captured at its own step:
+    # benchmarks/results/h200x2-2026-11-27d/g2-pytest.log. All three micro-batches replay.)
+    assert not disabled and precaptured >= 2 and captures == precaptured + 1 and replays == 3, (
+        captures, precaptured, replays, disabled, error)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
 
