@@ -37,9 +37,10 @@ ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
 #: the share of the device's memory a step may fill (the rest: the CUDA context, cuBLAS workspaces, the allocator's
 #: fragmentation, the estimate's error, and what runs beside or after training: validation, litgpt's merge and
 #: generation). At 0.9 an 8B LoRA micro-batch of 16k tokens kept every Block on an 80 GB H100 and peaked at 73.1 GB
-#: (benchmarks/results/h100-2026-11-26f), over issue 47's 64 GB (half of stock's); at 0.75 the plan recomputes the MLP
-#: inputs of 13 of 32 Blocks there (estimated: 43.6 GiB of activations against 55.0, about 7% more step FLOPs; the
-#: fewest whole Blocks that fit, 9, would add 12%). ``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs
+#: (benchmarks/results/h100-2026-11-26f), over issue 47's 64 GB (half of stock's). At 0.75 the plan recomputes the MLP
+#: inputs of 15 of 32 Blocks there (the fewest whole Blocks that fit, 9, would add 12% of step FLOPs): 12,014 tok/s
+#: (5.9% under keeping everything) at a 61.0 GB peak (benchmarks/results/h100-2026-11-27b).
+#: ``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs
 MEMORY_FRACTION = 0.75
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30

@@ -100,21 +100,29 @@ def test_mlp_level_applies_to_plain_projections_only():
     assert not adapter._mlp_recomputable(full, x)
 
 
+def _full_pair():
+    """A tiny Llama trained in full, twice: one keeping every Block's activations, one with the automatic plan."""
+    from test_adapter import _pair, tiny_config
+
+    cfg = tiny_config("Llama-3.2-1B")
+    _, plain = _pair(cfg)
+    auto = copy.deepcopy(plain)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)
+    return cfg, plain, auto
+
+
 @pytest.mark.parametrize(("kind", "recompute", "mlp"), [("lora", 0, 2), ("lora", 1, 1), ("full", 0, 2)])
 def test_planned_mlp_level_same_as_keeping(kind, recompute, mlp, monkeypatch):
     """A plan with MLP-level Blocks (``MemPlan.mlp``), alone or above a recomputed Block: LoRA on attention with
     dropout (the frozen MLPs run as ``glu_mlp``) and full training (``rms_norm_glu_mlp``, recompute_mlp's function)
     give the losses and gradients of keeping everything, through the recomputing functions, once per MLP-level Block."""
-    from test_adapter import _pair, tiny_config
-
     if kind == "lora":
         cfg, plain, auto = _lora_pair(dropout=0.2, lora_mlp=False)
+        apply_liger(plain, LigerConfig(activation_checkpointing=False))
+        apply_liger(auto)
     else:
-        cfg = tiny_config("Llama-3.2-1B")
-        _, plain = _pair(cfg)
-        auto = copy.deepcopy(plain)
-    apply_liger(plain, LigerConfig(activation_checkpointing=False))
-    apply_liger(auto)
+        cfg, plain, auto = _full_pair()
     x, y = _data(cfg)
     loss_a, grads_a = _step(plain, x, y)
     calls = {"glu_mlp": 0, "rms_norm_glu_mlp": 0}
@@ -183,14 +191,8 @@ def test_planned_recompute_and_offload_same_as_keeping(recompute, offload, monke
 def test_full_training_offloaded_gradients_reach_every_parameter(monkeypatch):
     """Every weight trains (the embedding too): with all Blocks offloaded the embedding still gets its gradient
     through the reentrant checkpoint."""
-    from test_adapter import _pair, tiny_config
-
     monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
-    cfg = tiny_config("Llama-3.2-1B")
-    _, plain = _pair(cfg)
-    auto = copy.deepcopy(plain)
-    apply_liger(plain, LigerConfig(activation_checkpointing=False))
-    apply_liger(auto)
+    cfg, plain, auto = _full_pair()
     x, y = _data(cfg)
     loss_a, grads_a = _step(plain, x, y)
     _force(monkeypatch, cfg.n_layer, True)
