@@ -869,9 +869,12 @@ def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
         mlp = getattr(block, "mlp", None)
         if not isinstance(block, _BlockMixin) or not isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)):
             return False
-        frozen = all(_frozen_linear(m) is not None for m in (mlp.fc_1, mlp.fc_2, mlp.proj))
-        if not frozen and not (block._liger_fuse_norm_2(structure_only=True) and type(mlp.proj) is nn.Linear):
-            return False
+        linears = (mlp.fc_1, mlp.fc_2, mlp.proj)
+        if all(_frozen_linear(m) is not None for m in linears):
+            continue  # (glu_mlp)
+        if not (all(_plain_linear(m) for m in linears) and block._liger_fuse_norm_2(structure_only=True)
+                and (mlp.fc_1.weight.requires_grad or mlp.fc_2.weight.requires_grad)):
+            return False  # (LoRA or float8 Linears, or a trained proj beside frozen fc_1 / fc_2: kept as they are)
     return True
 
 

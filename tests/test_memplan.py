@@ -96,6 +96,10 @@ def test_mlp_level_applies_to_plain_projections_only():
         apply_liger(model)
     assert adapter._mlp_recomputable(attn_only, x) and adapter._mlp_recomputable(full, x)
     assert not adapter._mlp_recomputable(on_mlp, x)
+    full.transformer.h[0].mlp.fc_1.weight.requires_grad_(False)
+    full.transformer.h[0].mlp.fc_2.weight.requires_grad_(False)
+    assert not adapter._mlp_recomputable(full, x)  # (a trained proj beside frozen fc_1 / fc_2)
+    full.requires_grad_(True)
     apply_liger(full, LigerConfig(recompute_norm=False))
     assert not adapter._mlp_recomputable(full, x)
 
