@@ -8,10 +8,11 @@ device's memory now (what is allocated, and the gradients the backward will allo
 * keep every Block's activations (no added time) where they fit;
 * else the least added compute that fits, of: recompute the lowest ``k`` Blocks in backward (each keeps only its
   ``(B, T, C)`` input; each costs one more forward of one Block, attention included), and, in ``m`` of the Blocks
-  above them, keep neither of the GLU MLP's two ``(B, T, I)`` inputs (``LigerConfig.recompute_mlp`` for those Blocks:
-  two more GEMMs each, the MLP's up-projections; more bytes per added FLOP than a whole Block, the more so at long
-  lengths, where attention is most of a Block's forward). The MLP level applies where the Blocks' MLPs read
-  ``norm_2`` through plain Linears (LoRA on attention only, full training; not 4-bit weights);
+  above them, keep neither of the GLU MLP's two ``(B, T, I)`` inputs (``glu_mlp`` for a frozen MLP,
+  ``LigerConfig.recompute_mlp``'s fused function for a trained one: two more GEMMs each, the MLP's up-projections;
+  more bytes per added FLOP than a whole Block, the more so at long lengths, where attention is a large part of a
+  Block's forward). The MLP level applies where the Blocks' MLPs read ``norm_2`` through plain Linears (LoRA on
+  attention only, full training; not LoRA on the MLP, 4-bit or float8 weights);
 * else recompute every Block and keep their inputs in pinned host memory (``offload``): copied out on a side stream
   as the forward passes each Block, back when its backward needs it. A Block's compute at such lengths (seconds)
   hides the copy (a ``(T, C)`` bf16 tensor: 1 GiB at 128k tokens of width 4096, ~40 ms over PCIe 4).
