@@ -115,7 +115,7 @@ def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offlo
         # with a recomputed Block its rerun's activations too
         need = (n - k) * kept + k * inp + loss + kept * (2 if k else 1)
         m = 0
-        if need > available and glu:
+        if need > available and glu > 0:  # (an MLP narrower than half the width saves nothing)
             m = min(n - k, -(-int(need - available) // glu))
         need -= m * glu
         if need <= available:

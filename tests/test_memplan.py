@@ -75,6 +75,9 @@ def test_mlp_level_where_it_buys_more_memory_per_added_flop():
         assert one_fewer.need > free
     assert memplan.decide(cfg, 16384, free, mlp=True).recompute == 0
     assert memplan.decide(cfg, 2048, free, mlp=True) == memplan.decide(cfg, 2048, free)
+    narrow = _config("Llama-3.2-1B")
+    narrow.intermediate_size = narrow.n_embd // 4  # (the MLP level would save nothing: the Block plan)
+    assert memplan.decide(narrow, 32768, 8 * GiB, mlp=True) == memplan.decide(narrow, 32768, 8 * GiB)
     line = memplan.decide(cfg, 32768, free, mlp=True).line(32768, 32)
     assert "Blocks' MLP inputs recomputed in backward (recompute_mlp)" in line and "Blocks recomputed" in line
     # per token: q, k, v (32 + 2 x 8 heads of 128), the output projection, the GLU's three; causal attention over 16k
