@@ -94,6 +94,8 @@ VARIANTS = {
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # ... and the replica's optimizer step after every all-reduce (lit_liger.dataparallel.OVERLAP_STEP off)
     "liger-step-after-reduce": ["--liger", "true"],
+    # issue 47: every captured shape warmed up by its own uncaptured pass first (lit_liger.graphs.WARMUP_ONCE off)
+    "liger-warmup-each": ["--liger", "true"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
@@ -105,7 +107,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
                "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
                "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"},
-               "liger-dp-zero1-bcast": {"LIT_LIGER_BENCH_ZERO1_P2P": "0"}}
+               "liger-dp-zero1-bcast": {"LIT_LIGER_BENCH_ZERO1_P2P": "0"},
+               "liger-warmup-each": {"LIT_LIGER_BENCH_WARMUP_ONCE": "0"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock
@@ -226,6 +229,11 @@ def padding_from_log(text: str) -> dict[str, Any]:
     if graphs:  # (lit_liger.graphs.capture_report)
         out["graph_captures"], out["graph_capture_s"] = int(graphs.group(1)), float(graphs.group(2))
         out["graph_capture_phases_s"] = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", graphs.group(3))}
+        share = re.search(r"input shapes captured in [\d.]+ s, ([\d.]+)% of the run's ([\d.]+) s", text)
+        if share:  # (issue 47: capture time <= 5% of a recipe's run, the training loop's wall time)
+            out["graph_capture_share"], out["train_wall_s"] = float(share.group(1)) / 100, float(share.group(2))
+        deferred = re.search(r"(\d+) shapes' first micro-batch ran uncaptured as their warm-up", text)
+        out["graph_deferred"] = int(deferred.group(1)) if deferred else 0  # (lit_liger.graphs.WARMUP_ONCE)
     return out
 
 

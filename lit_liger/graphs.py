@@ -77,6 +77,17 @@ CAPTURE_DROPOUT = True
 #: peak reserved memory was set by such a warm-up, 2 GB above the steady state
 WARMUP_IN_POOL = True
 
+#: only a model's first capture runs the warm-up pass above. A later shape's first micro-batch runs uncaptured, with
+#: the captured steps' attention choice and its allocations in the graphs' pool (its warm-up, and a training step that
+#: counts), and the shape is captured at its second micro-batch, with no warm-up pass: every library's first-call work
+#: for it (Triton compilation, cuDNN plans) is done by then. The replicas' first-step pre-capture
+#: (:data:`PRECAPTURE_REPLICAS`) records its packed lengths after the first with no warm-up either, under
+#: :func:`_compile_guard` (a Triton compilation there restarts that shape with its warm-up). Measured before it
+#: (``benchmarks/results/h200x2-2026-11-27d``, ``h100-2026-11-27b``): the warm-ups were 4.79 of 7.05 s of captures at
+#: Llama-3.1-8B full fine-tuning on 2 GPUs (18% of a 39 s run) and 0.61 of 1.09 s at Llama-3.2-1B LoRA. False: every
+#: capture warms its shape up first, as before
+WARMUP_ONCE = True
+
 #: a shape longer than any captured so far drops the captured graphs (and their pool) and is captured first, so
 #: that the pool's blocks are sized for the longest shape. Off: measured (H100, Llama-3.2-1B LoRA B4, 64 steps,
 #: `python -m benchmarks diag recipe-mem`) it saves 0.34 GB of pool at the end but raises the run's peak reserved
@@ -157,9 +168,11 @@ MAX_GRAPHS = 48
 #: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
 #: :func:`capture_report`): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
-#: ``first_replay`` the new forward graph's first replay (its upload to the device)
+#: ``first_replay`` the new forward graph's first replay (its upload to the device); ``deferred`` the shapes whose first
+#: micro-batch ran uncaptured as their warm-up (:data:`WARMUP_ONCE`: a training step, not counted as capture time),
+#: ``rewarmed`` the captures without warm-up that met a Triton compilation and started again with one
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0}
+                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "deferred": 0, "rewarmed": 0}
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -237,6 +250,10 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     extra = ""
     if stats.get("long"):
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
+    if stats.get("deferred"):
+        extra += f"; {stats['deferred']} shapes' first micro-batch ran uncaptured as their warm-up"
+    if stats.get("rewarmed"):
+        extra += f"; {stats['rewarmed']} captures restarted with a warm-up (a Triton compilation)"
     if stats.get("precaptured"):
         extra += f"; {stats['precaptured']} of the shapes captured at the first step (data parallel)"
     if stats.get("released"):
@@ -249,7 +266,8 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
 class _Graphs:
     """The forward and backward graphs of one input shape, with their static inputs and outputs."""
 
-    def __init__(self, runner: GraphRunner, idx: torch.Tensor, params: list[nn.Parameter], plan: Any = None) -> None:
+    def __init__(self, runner: GraphRunner, idx: torch.Tensor, params: list[nn.Parameter], plan: Any = None,
+                 warmup: bool = True) -> None:
         self.runner = runner
         self.static_idx = idx.clone()  # (B, T); packed: (1, N)
         self.static_plan = None
@@ -260,18 +278,21 @@ class _Graphs:
             self.static_plan = Plan(self.static_idx, plan.positions.clone(), pack, None, 0)
         _clear_blas_workspaces()
         try:
-            self._capture(params)
+            self._capture(params, warmup)
+        except _NeedsWarmup as e:
+            e.partial = self  # (kept by the runner until its reset: see GraphRunner._capture)
+            raise
         finally:
             _clear_blas_workspaces()
 
-    def _capture(self, params: list[nn.Parameter]) -> None:
+    def _capture(self, params: list[nn.Parameter], warmup: bool) -> None:
         # the garbage collector stays off for the warm-up and both captures (see _no_gc); it collects first only
         # before a model's first capture, where earlier models' dead pools may be waiting: a full collection costs
         # 0.3 s in a litgpt process (measured on an H100, Llama-3.2-1B LoRA: it was half of every new shape's cost)
         with _no_gc(collect=self.runner.captures == 0):
-            self._capture_ungc(params)
+            self._capture_ungc(params, warmup)
 
-    def _capture_ungc(self, params: list[nn.Parameter]) -> None:
+    def _capture_ungc(self, params: list[nn.Parameter], warmup: bool) -> None:
         runner, gpt = self.runner, self.runner.gpt
         bufs = runner.grad_buffers(params)
         if runner.stream is None:
@@ -281,23 +302,31 @@ class _Graphs:
             runner.new_pool()
         stream.wait_stream(torch.cuda.current_stream())
         t0 = time.perf_counter()
-        with torch.cuda.stream(stream), _allocating_to(runner.pool if WARMUP_IN_POOL else None, self.static_idx.device):
-            # warm-up outside the capture: first-call work (the stream's cuBLAS workspace, attention plans, Triton
-            # compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs meanwhile (the
-            # side stream waits for the current one; no replayed forward awaits its backward), so the pool's free
-            # blocks are free to use
-            hidden = gpt._liger_hidden(self.static_idx, self.static_plan, taps={})
-            torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
-            out_spec = hidden.shape, hidden.dtype, hidden.device
-            del hidden
-        torch.cuda.current_stream().wait_stream(stream)
+        if warmup or runner.hidden_spec is None:
+            with torch.cuda.stream(stream), \
+                    _allocating_to(runner.pool if WARMUP_IN_POOL else None, self.static_idx.device):
+                # warm-up outside the capture: first-call work (the stream's cuBLAS workspace, attention plans,
+                # Triton compilation, LoRA's lazily built index buffer) must not be recorded. No replay runs
+                # meanwhile (the side stream waits for the current one; no replayed forward awaits its backward), so
+                # the pool's free blocks are free to use
+                hidden = gpt._liger_hidden(self.static_idx, self.static_plan, taps={})
+                torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
+                runner.hidden_spec = hidden.shape[-1], hidden.dtype
+                out_spec = hidden.shape, hidden.dtype, hidden.device
+                del hidden
+            torch.cuda.current_stream().wait_stream(stream)
+            guard = contextlib.nullcontext()
+        else:  # (WARMUP_ONCE: this shape's first-call work was done by its uncaptured micro-batch or is guarded)
+            width, dtype = runner.hidden_spec  # ((B, T) or packed (1, N) token ids -> (..., width) hidden states)
+            out_spec = torch.Size((*self.static_idx.shape, width)), dtype, self.static_idx.device
+            guard = _compile_guard()
         t1 = time.perf_counter()
         out_buf = runner.shared_view("out", *out_spec)  # (outside the pool: a plain allocation)
         # with DIRECT_GRADS the buffers are the parameters' .grad (see _Replay.backward): the ops that can (the fused
         # norm -> Linear, the GLU's proj, the attention's proj: kernels._grad_into) add their weight gradients into them
         # inside their GEMM; the others' gradients are added below, in one pass
         into = [(p, b) for p, b in zip(params, bufs) if p.dim() == 2 and b.shape == p.shape and b.dtype == p.dtype]
-        with _grad_into.grads_into(into if DIRECT_GRADS and GEMM_INTO_GRAD else []) as written:
+        with guard, _grad_into.grads_into(into if DIRECT_GRADS and GEMM_INTO_GRAD else []) as written:
             self._capture_graphs(params, bufs, stream, out_buf, out_spec, written)
         self.added_by_gemm = len(written)  # gradients a GEMM adds into .grad itself (the rest: one _foreach_add_)
         t3 = time.perf_counter()
@@ -366,6 +395,66 @@ class _Graphs:
             if link is not None:
                 out, gout = link, nxt
         self.taps.clear()
+
+
+class _NeedsWarmup(Exception):
+    """Raised by :func:`_compile_guard`'s hook: a capture without a warm-up pass met a Triton kernel that is not
+    compiled yet. Compiling it would load its module, which CUDA refuses while a stream captures (and that failure
+    would end capture for the model); raised before that, the capture ends cleanly and is made again with a
+    warm-up."""
+
+
+def _triton_runtime_knobs() -> Any:
+    """Triton's ``knobs.runtime`` where it has the ``jit_cache_hook`` that :func:`_compile_guard` sets (Triton 3.4
+    on), else None."""
+    try:
+        from triton import knobs
+
+        rt = knobs.runtime
+        rt.jit_cache_hook  # noqa: B018 - (does this Triton have it?)
+    except (ImportError, AttributeError):
+        return None
+    return rt
+
+
+@contextlib.contextmanager
+def _compile_guard() -> Iterator[None]:
+    """While the block runs, a Triton kernel compilation (``knobs.runtime.jit_cache_hook``, which Triton calls before
+    it compiles a kernel that its in-memory cache lacks) raises :class:`_NeedsWarmup` instead. The hook set before is
+    put back after."""
+    rt = _triton_runtime_knobs()
+    if rt is None:
+        yield
+        return
+    before = rt.jit_cache_hook
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise _NeedsWarmup(f"a capture without warm-up would compile the Triton kernel {kwargs.get('repr', '?')}")
+
+    rt.jit_cache_hook = refuse
+    try:
+        yield
+    finally:
+        rt.jit_cache_hook = before
+
+
+class _Pending(torch.autograd.Function):
+    """The hidden states of a shape's uncaptured first micro-batch (:data:`WARMUP_ONCE`), unchanged: their activations
+    sit in the graphs' pool until their backward, so, as for a replayed forward, the runner's ``pending`` holds off
+    replays and captures meanwhile."""
+
+    @staticmethod
+    def forward(ctx: Any, runner: GraphRunner, x: torch.Tensor) -> torch.Tensor:
+        runner.generation += 1
+        ctx.runner, ctx.generation = runner, runner.generation
+        runner.pending = weakref.ref(ctx)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        if ctx.runner.generation == ctx.generation:
+            ctx.runner.pending = None
+        return None, grad
 
 
 def _param_segments(gpt: nn.Module, params: list[nn.Parameter], cuts: list[int]) -> list[int]:
@@ -519,6 +608,10 @@ class GraphRunner:
         self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
+        self.warmed: set[tuple] = set()  # shapes warmed up: by a warm-up pass, or by an uncaptured first micro-batch
+        self.deferred = 0  # micro-batches run uncaptured as their shape's warm-up (WARMUP_ONCE)
+        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up
+        self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -654,8 +747,11 @@ class GraphRunner:
                 if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
                     return None  # (the pool's budget or a failure stopped the captures there)
         if graphs is None:
+            warmup = not (WARMUP_ONCE and self.captures and self.hidden_spec is not None)
+            if not warmup and key not in self.warmed:
+                return self._first_uncaptured(key, idx, plan)
             t0 = time.perf_counter()
-            graphs = self._capture(key, idx, params, plan)
+            graphs = self._capture(key, idx, params, plan, warmup=warmup)
             if graphs is None:
                 return None
             if self.precaptured and self.precaptured_n:  # (a replica: the other processes wait for this capture)
@@ -672,10 +768,27 @@ class GraphRunner:
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
 
-    def _capture(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any) -> _Graphs | None:
+    def _first_uncaptured(self, key: tuple, idx: torch.Tensor, plan: Any) -> torch.Tensor:
+        """(:data:`WARMUP_ONCE`) The hidden states of a new shape's first micro-batch, uncaptured: its warm-up. It runs
+        the attention the captured steps use, so that the capture of its next micro-batch records kernels whose
+        first-call work (cuDNN's plans for the shape, Triton's compilations) is done, and its allocations go to the
+        graphs' pool, as a warm-up's do (outside it they would stand beside the pool: measured 2 GB above the steady
+        state's reserved memory, see :data:`WARMUP_IN_POOL`)."""
+        self.warmed.add(key)
+        self.deferred += 1
+        CAPTURE_STATS["deferred"] += 1
+        pool = self.pool if WARMUP_IN_POOL else None
+        with _captured_attention(), _no_gc(collect=False), _allocating_to(pool, idx.device):
+            hidden = self.gpt._liger_hidden(idx, plan)
+        return _Pending.apply(self, hidden) if hidden.requires_grad else hidden
+
+    def _capture(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any,
+                 warmup: bool = True) -> _Graphs | None:
         """Capture the graphs of ``idx`` (and a packed batch's ``plan``) under ``key``, or None: out of memory (this and
         longer shapes run uncaptured from now on), the pool over its budget (the same), or a capture failure (no more
-        captures for this model); each said once."""
+        captures for this model); each said once. ``warmup`` False (:data:`WARMUP_ONCE`): no warm-up pass before the
+        capture, which, where it would compile a Triton kernel, stops and starts again with one; where this Triton
+        cannot say so (no ``knobs.runtime.jit_cache_hook``), the warm-up runs."""
         release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
         if RECAPTURE_ON_GROWTH and self.graphs and \
                 idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
@@ -691,7 +804,14 @@ class GraphRunner:
         before, made = _reserved(idx.device), self.grad_bytes_made
         try:
             with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
-                graphs = _Graphs(self, idx, params, plan)
+                try:
+                    graphs = _Graphs(self, idx, params, plan, warmup=warmup or _triton_runtime_knobs() is None)
+                except _NeedsWarmup as e:
+                    # (the stopped capture's graphs and outputs are kept, not freed: releasing a captured forward's
+                    # autograd graph right after its capture was seen to fail the next capture, see _capture_graphs)
+                    self.aborted.append(getattr(e, "partial", None))
+                    CAPTURE_STATS["rewarmed"] += 1
+                    graphs = _Graphs(self, idx, params, plan, warmup=True)
         except torch.cuda.OutOfMemoryError as e:  # no memory for this shape's graphs: this and longer shapes
             _end_allocating(self.pool, idx.device)  # run uncaptured, the shorter ones are captured again
             _repair_generator(idx.device)
@@ -717,6 +837,7 @@ class GraphRunner:
             self._walk()
         self.addresses = self._fingerprint()
         self.graphs[key] = graphs
+        self.warmed.add(key)  # (captured again after a reset, it needs no warm-up)
         self._drop_unused_buffers()
         self.captures += 1
         CAPTURE_STATS["captures"] += 1
@@ -766,7 +887,9 @@ class GraphRunner:
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
-                if key not in self.graphs and self._capture(key, sidx, params, splan) is None:
+                # (the first length is warmed up; the others are recorded without, guarded: WARMUP_ONCE)
+                warmup = not (WARMUP_ONCE and self.captures and self.hidden_spec is not None)
+                if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:
                     break
             else:
                 # a micro-batch whose samples all fill max_seq_length has no padding to leave out: it runs unpacked
@@ -778,7 +901,7 @@ class GraphRunner:
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
                         and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)
-                    self._capture(key, sidx, params, None)
+                    self._capture(key, sidx, params, None, warmup=True)  # (cuDNN attention plans its shape)
         finally:
             if saved is None:
                 gpt.__dict__.pop("_liger_mem_now", None)
@@ -853,6 +976,7 @@ class GraphRunner:
         self.pool = self._mempool = None
         self.pool_bytes = 0
         self.addresses = None
+        self.aborted.clear()
 
 
 def _clear_blas_workspaces() -> None:

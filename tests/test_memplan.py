@@ -13,6 +13,8 @@ import torch
 from helpers import rel_err
 from test_checkpointing import _data, _lora_pair, _step
 
+import triton.language as tl  # (the GPU test's kernel, _add_one_kernel)
+
 import lit_liger.adapter as adapter
 from lit_liger import LigerConfig, apply_liger, graphs, memplan
 
@@ -306,7 +308,7 @@ def test_out_of_memory_in_capture_falls_back_for_that_length(monkeypatch):
     cfg, model, runner, before = _runner(monkeypatch)
     tried = []
 
-    def oom(runner_, idx, params, plan=None):
+    def oom(runner_, idx, params, plan=None, **kw):
         tried.append(idx.numel())
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
 
@@ -330,7 +332,7 @@ def test_capture_failure_inside_ddp_says_how_to_construct_it(monkeypatch):
     warning is the failure alone."""
     from lit_liger import _dist
 
-    def fail(runner_, idx, params, plan=None):
+    def fail(runner_, idx, params, plan=None, **kw):
         raise RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
 
     x = torch.randint(0, 100, (2, 12))
@@ -368,7 +370,7 @@ def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
     cfg, model, runner, _ = _runner(monkeypatch)
     reserved = iter([0, 10 * GiB, 10 * GiB, 10 * GiB])
     monkeypatch.setattr(graphs, "_reserved", lambda device: next(reserved))
-    def make(runner_, idx, params, plan):  # (the captured backward writes every buffer)
+    def make(runner_, idx, params, plan, **kw):  # (the captured backward writes every buffer)
         return types.SimpleNamespace(grads=runner_.grad_buffers(params), params=params, static_idx=idx)
 
     monkeypatch.setattr(graphs, "_Graphs", make)
@@ -387,7 +389,7 @@ def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
     processes at the next all-reduce: the log says which process met which micro-batch."""
     cfg, model, runner, _ = _runner(monkeypatch)
     monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
-    monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan: types.SimpleNamespace(
+    monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan, **kw: types.SimpleNamespace(
         grads=runner_.grad_buffers(params), params=params, static_idx=idx))
     monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
     monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
@@ -410,10 +412,13 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
 
     cfg, model, runner, _ = _runner(monkeypatch)
     model.max_seq_length = 24
-    keys = []
+    keys, warmups = [], []
 
-    def capture(key, idx, params, plan):
+    def capture(key, idx, params, plan, warmup=True):
         keys.append((key, plan is None, tuple(idx.shape)))
+        warmups.append(warmup)
+        if warmup:  # (a warm-up learns the hidden states' width and dtype)
+            runner.hidden_spec = (cfg.n_embd, torch.float32)
         runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
         runner.captures += 1
         return runner.graphs[key]
@@ -430,6 +435,9 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
     assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
     assert runner.precaptured_n == len(keys)
+    # (graphs.WARMUP_ONCE) the first (longest) packed length is warmed up, the other packed lengths are recorded without
+    # a warm-up (guarded: graphs._compile_guard), the unpacked batch is warmed up (cuDNN attention plans its shape)
+    assert warmups == [True] + [False] * (len(packed) - 1) + [True]
     # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
     runner.graphs.clear()
     keys.clear()
@@ -438,9 +446,142 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     assert keys and all(not unpacked for _, unpacked, _ in keys)
 
 
+def _warmup_stub(monkeypatch, cfg, made, refuse_without=False):
+    """``graphs._Graphs`` stubbed: records (length, warmup); a warm-up learns the hidden states' spec; with
+    ``refuse_without`` a capture without warm-up stops as a Triton compilation would stop it."""
+    def make(runner_, idx, params, plan=None, warmup=True):
+        made.append((idx.shape[-1], warmup))
+        if not warmup and refuse_without:
+            raise graphs._NeedsWarmup("a capture without warm-up would compile the Triton kernel k")
+        if warmup:
+            runner_.hidden_spec = (cfg.n_embd, torch.float32)
+        return types.SimpleNamespace(grads=runner_.grad_buffers(params), params=params, static_idx=idx)
+
+    monkeypatch.setattr(graphs, "_Graphs", make)
+    monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+
+
+def test_a_later_shape_warms_up_on_its_first_micro_batch(monkeypatch):
+    """``graphs.WARMUP_ONCE``: a model's first capture warms its shape up; a later shape's first micro-batch runs
+    uncaptured as its warm-up (with the captured steps' attention choice, ``attention.CAPTURING``), holding off replays
+    until its backward, and the shape is captured at its next micro-batch with no warm-up pass. A shape captured
+    before (here: again after a reset) needs none; with the switch off every capture warms up."""
+    from lit_liger import attention
+
+    cfg, model, runner, before = _runner(monkeypatch)
+    made, flags = [], []
+    _warmup_stub(monkeypatch, cfg, made)
+    body = type(model)._liger_hidden
+    monkeypatch.setattr(type(model), "_liger_hidden",
+                        lambda self, *a, **k: flags.append(attention.CAPTURING[0]) or body(self, *a, **k))
+    x, _ = _data(cfg, T=12)
+    assert runner.hidden(x[:, :6]) == "replayed" and made == [(6, True)]
+    first = runner.hidden(x)  # a new shape: uncaptured, as the captured steps would attend
+    assert isinstance(first, torch.Tensor) and flags == [True] and made == [(6, True)]
+    assert not attention.CAPTURING[0]
+    assert torch.equal(first, body(model, x))  # (dropout 0: the same hidden states)
+    assert runner.deferred == 1 and graphs.CAPTURE_STATS["deferred"] == before["deferred"] + 1
+    assert runner.hidden(x[:, :6]) is None and runner.uncaptured == 1  # its backward is due: no replay meanwhile
+    first.sum().backward()
+    assert runner.pending is None
+    assert runner.hidden(x) == "replayed" and made == [(6, True), (12, False)]  # its second: captured, no warm-up
+    runner.reset()
+    assert runner.hidden(x[:, :6]) == "replayed" and made[-1] == (6, False)  # captured before: no warm-up again
+    assert runner.deferred == 1
+    monkeypatch.setattr(graphs, "WARMUP_ONCE", False)
+    assert runner.hidden(x[:, :4]) == "replayed" and made[-1] == (4, True) and runner.deferred == 1
+    report = graphs.capture_report({k: graphs.CAPTURE_STATS[k] - before[k] for k in before}, 10.0)
+    assert "4 input shapes captured" in report and "1 shapes' first micro-batch ran uncaptured as their warm-up" in report
+
+
+def test_a_capture_without_warm_up_that_would_compile_starts_again_with_one(monkeypatch):
+    """A capture without warm-up stopped by ``graphs._compile_guard`` (a Triton kernel not compiled yet) is made again
+    with a warm-up: no warning, graphs stay on, the stopped capture is kept until the next reset. Where Triton has no
+    ``jit_cache_hook`` to guard with, the warm-up runs."""
+    cfg, model, runner, before = _runner(monkeypatch)
+    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
+    made = []
+    _warmup_stub(monkeypatch, cfg, made, refuse_without=True)
+    x, _ = _data(cfg, T=12)
+    assert runner.hidden(x[:, :6]) == "replayed"
+    runner.hidden(x).sum().backward()  # (its first micro-batch, uncaptured)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert runner.hidden(x) == "replayed"
+    assert made == [(6, True), (12, False), (12, True)] and runner.disabled is None and len(runner.aborted) == 1
+    assert graphs.CAPTURE_STATS["rewarmed"] == before["rewarmed"] + 1
+    runner.reset()
+    assert not runner.aborted
+    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: None)
+    assert runner.hidden(x) == "replayed" and made[-1] == (12, True)  # (unguarded: warmed up)
+
+
+def test_compile_guard_refuses_a_triton_compilation_and_puts_the_hook_back(monkeypatch):
+    """``graphs._compile_guard`` sets Triton's ``knobs.runtime.jit_cache_hook`` (called before Triton compiles a kernel
+    its cache lacks) to raise ``_NeedsWarmup`` naming the kernel, and puts the earlier hook back, after an error too."""
+    rt = types.SimpleNamespace(jit_cache_hook=None)
+    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: rt)
+    earlier = lambda **kw: False  # noqa: E731
+    rt.jit_cache_hook = earlier
+    with graphs._compile_guard():
+        assert rt.jit_cache_hook is not earlier
+        with pytest.raises(graphs._NeedsWarmup, match=r"compile the Triton kernel add\[num_warps=4\]"):
+            rt.jit_cache_hook(key="k", repr="add[num_warps=4]", fn=None, compile=None, is_manual_warmup=False,
+                              already_compiled=False)
+    assert rt.jit_cache_hook is earlier
+    with pytest.raises(RuntimeError, match="inside"), graphs._compile_guard():
+        raise RuntimeError("inside")
+    assert rt.jit_cache_hook is earlier
+    monkeypatch.undo()
+    real = graphs._triton_runtime_knobs()  # the installed Triton's (3.4 on), where it has one
+    if real is not None:
+        kept = real.jit_cache_hook
+        with graphs._compile_guard():
+            with pytest.raises(graphs._NeedsWarmup):
+                real.jit_cache_hook(repr="k")
+        assert real.jit_cache_hook is kept
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
+def _add_one_kernel():
+    """A Triton kernel this process has not compiled (a new ``JITFunction`` on every call; ``tl`` is this module's)."""
+    import triton
+
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+    return triton.jit(add_one)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_guard_stops_a_capture_before_a_triton_compilation():
+    """A capture without warm-up that meets a Triton kernel not compiled yet: ``graphs._compile_guard`` stops it before
+    the compilation (whose module load CUDA refuses while a stream captures); the capture ends cleanly, the kernel then
+    compiles outside it, and a guarded capture of the compiled kernel replays what it should."""
+    if graphs._triton_runtime_knobs() is None:
+        pytest.skip("this Triton has no knobs.runtime.jit_cache_hook")
+    kernel = _add_one_kernel()
+    x = torch.zeros(1000, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with pytest.raises(graphs._NeedsWarmup, match="add_one"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream), graphs._compile_guard():
+            kernel[(8,)](x, 1000, BLOCK=128)
+    kernel[(8,)](x, 1000, BLOCK=128)  # compiled and loaded outside a capture: x = 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream), graphs._compile_guard():
+        kernel[(8,)](x, 1000, BLOCK=128)
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x, torch.full_like(x, 3.0))
+
+
 @pytest.mark.gpu
 def test_gpu_planned_recompute_and_offload_same_as_keeping(monkeypatch):
     """Real widths (Llama-3.2-1B, 6 layers, LoRA on q and v with dropout, bf16, 2 x 2048 tokens): a device made to
