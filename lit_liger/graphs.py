@@ -612,6 +612,7 @@ class GraphRunner:
         self.deferred = 0  # micro-batches run uncaptured as their shape's warm-up (WARMUP_ONCE)
         self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
+        self.side_work = False  # an uncaptured first micro-batch ran on the capture stream (see _first_uncaptured)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -728,6 +729,9 @@ class GraphRunner:
             # capturing now would overwrite its activations in the shared pool, so this one runs uncaptured
             self.uncaptured += 1
             return None
+        if self.side_work:  # (its backward's last kernels on the capture stream come before any replay)
+            self.side_work = False
+            torch.cuda.current_stream().wait_stream(self.stream)
         # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
         # the memory plan decides which Blocks the captured body recomputes)
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
@@ -777,9 +781,18 @@ class GraphRunner:
         self.warmed.add(key)
         self.deferred += 1
         CAPTURE_STATS["deferred"] += 1
-        pool = self.pool if WARMUP_IN_POOL else None
-        with _captured_attention(), _no_gc(collect=False), _allocating_to(pool, idx.device):
-            hidden = self.gpt._liger_hidden(idx, plan)
+        gpt, side = self.gpt, self.stream
+        if not WARMUP_IN_POOL or self.pool is None or side is None or _several_replicas():
+            # (several processes: their reduction hooks see this step as any uncaptured one, on the current stream)
+            with _captured_attention():
+                return gpt._liger_hidden(idx, plan)
+        # on the capture stream, as a warm-up: the allocator gives a stream only the pool blocks made on it (the
+        # default stream cannot allocate to a pool at all), and the stream waits for the replays queued before
+        side.wait_stream(torch.cuda.current_stream())
+        with _captured_attention(), _no_gc(collect=False), torch.cuda.stream(side), _allocating_to(self.pool, idx.device):
+            hidden = gpt._liger_hidden(idx, plan)
+        torch.cuda.current_stream().wait_stream(side)
+        self.side_work = True  # (the next replay waits for the capture stream: this step's backward runs there too)
         return _Pending.apply(self, hidden) if hidden.requires_grad else hidden
 
     def _capture(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any,
