@@ -232,8 +232,9 @@ def padding_from_log(text: str) -> dict[str, Any]:
         share = re.search(r"input shapes captured in [\d.]+ s, ([\d.]+)% of the run's ([\d.]+) s", text)
         if share:  # (issue 47: capture time <= 5% of a recipe's run, the training loop's wall time)
             out["graph_capture_share"], out["train_wall_s"] = float(share.group(1)) / 100, float(share.group(2))
-        deferred = re.search(r"(\d+) shapes' first micro-batch ran uncaptured as their warm-up", text)
-        out["graph_deferred"] = int(deferred.group(1)) if deferred else 0  # (lit_liger.graphs.WARMUP_ONCE)
+        warmed = re.search(r"(\d+) of the captures warmed up first", text)
+        if warmed:  # (lit_liger.graphs.WARMUP_ONCE)
+            out["graph_warmed"] = int(warmed.group(1))
     return out
 
 

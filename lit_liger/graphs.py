@@ -77,16 +77,21 @@ CAPTURE_DROPOUT = True
 #: peak reserved memory was set by such a warm-up, 2 GB above the steady state
 WARMUP_IN_POOL = True
 
-#: only a model's first capture runs the warm-up pass above. A later shape's first micro-batch runs uncaptured, with
-#: the captured steps' attention choice and its allocations in the graphs' pool (its warm-up, and a training step that
-#: counts), and the shape is captured at its second micro-batch, with no warm-up pass: every library's first-call work
-#: for it (Triton compilation, cuDNN plans) is done by then. The replicas' first-step pre-capture
-#: (:data:`PRECAPTURE_REPLICAS`) records its packed lengths after the first with no warm-up either, under
-#: :func:`_compile_guard` (a Triton compilation there restarts that shape with its warm-up). Measured before it
+#: the warm-up pass above runs only where a capture would otherwise record first-call work: a model's first capture
+#: (the capture stream's own state), a shape whose attention builds per-shape state (unpacked micro-batches: cuDNN
+#: attention plans each (batch, length); FlexAttention layers compile per length) not warmed up before, or a driver
+#: older than CUDA 12.3 (which cannot load a kernel's module inside a capture). A packed length after the first is
+#: recorded with no warm-up (flash attention over cumulative lengths has no per-length state), under
+#: :func:`_compile_guard`: a Triton kernel that would compile there stops the capture, which starts again with a
+#: warm-up. That includes the replicas' first-step pre-capture (:data:`PRECAPTURE_REPLICAS`). Measured before it
 #: (``benchmarks/results/h200x2-2026-11-27d``, ``h100-2026-11-27b``): the warm-ups were 4.79 of 7.05 s of captures at
 #: Llama-3.1-8B full fine-tuning on 2 GPUs (18% of a 39 s run) and 0.61 of 1.09 s at Llama-3.2-1B LoRA. False: every
 #: capture warms its shape up first, as before
 WARMUP_ONCE = True
+
+#: the CUDA driver (``cuDriverGetVersion``) from which a capture may load a kernel's module: CUDA 12.3 (NVIDIA Warp's
+#: documentation of graph capture and module loading)
+CAPTURE_LOADS_FROM_DRIVER = 12030
 
 #: a shape longer than any captured so far drops the captured graphs (and their pool) and is captured first, so
 #: that the pool's blocks are sized for the longest shape. Off: measured (H100, Llama-3.2-1B LoRA B4, 64 steps,
@@ -168,11 +173,11 @@ MAX_GRAPHS = 48
 #: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
 #: :func:`capture_report`): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
-#: ``first_replay`` the new forward graph's first replay (its upload to the device); ``deferred`` the shapes whose first
-#: micro-batch ran uncaptured as their warm-up (:data:`WARMUP_ONCE`: a training step, not counted as capture time),
-#: ``rewarmed`` the captures without warm-up that met a Triton compilation and started again with one
+#: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
+#: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
+#: again with one
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "deferred": 0, "rewarmed": 0}
+                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0}
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -250,8 +255,8 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     extra = ""
     if stats.get("long"):
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
-    if stats.get("deferred"):
-        extra += f"; {stats['deferred']} shapes' first micro-batch ran uncaptured as their warm-up"
+    if stats.get("captures") and "warmed" in stats:
+        extra += f"; {stats['warmed']} of the captures warmed up first"
     if stats.get("rewarmed"):
         extra += f"; {stats['rewarmed']} captures restarted with a warm-up (a Triton compilation)"
     if stats.get("precaptured"):
@@ -314,9 +319,10 @@ class _Graphs:
                 runner.hidden_spec = hidden.shape[-1], hidden.dtype
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
+            CAPTURE_STATS["warmed"] += 1
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
-        else:  # (WARMUP_ONCE: this shape's first-call work was done by its uncaptured micro-batch or is guarded)
+        else:  # (WARMUP_ONCE: a packed length, or a shape captured before; Triton's compilations guarded)
             width, dtype = runner.hidden_spec  # ((B, T) or packed (1, N) token ids -> (..., width) hidden states)
             out_spec = torch.Size((*self.static_idx.shape, width)), dtype, self.static_idx.device
             guard = _compile_guard()
@@ -404,6 +410,25 @@ class _NeedsWarmup(Exception):
     warm-up."""
 
 
+_DRIVER: list[int] = []
+
+
+def _driver_version() -> int:
+    """The CUDA driver's version (``cuDriverGetVersion``: 12030 for 12.3), or 0 where it cannot be read."""
+    if not _DRIVER:
+        version = 0
+        try:
+            import ctypes
+
+            out = ctypes.c_int(0)
+            if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(out)) == 0:
+                version = out.value
+        except (OSError, AttributeError):
+            pass
+        _DRIVER.append(version)
+    return _DRIVER[0]
+
+
 def _triton_runtime_knobs() -> Any:
     """Triton's ``knobs.runtime`` where it has the ``jit_cache_hook`` that :func:`_compile_guard` sets (Triton 3.4
     on), else None."""
@@ -436,25 +461,6 @@ def _compile_guard() -> Iterator[None]:
         yield
     finally:
         rt.jit_cache_hook = before
-
-
-class _Pending(torch.autograd.Function):
-    """The hidden states of a shape's uncaptured first micro-batch (:data:`WARMUP_ONCE`), unchanged: their activations
-    sit in the graphs' pool until their backward, so, as for a replayed forward, the runner's ``pending`` holds off
-    replays and captures meanwhile."""
-
-    @staticmethod
-    def forward(ctx: Any, runner: GraphRunner, x: torch.Tensor) -> torch.Tensor:
-        runner.generation += 1
-        ctx.runner, ctx.generation = runner, runner.generation
-        runner.pending = weakref.ref(ctx)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        if ctx.runner.generation == ctx.generation:
-            ctx.runner.pending = None
-        return None, grad
 
 
 def _param_segments(gpt: nn.Module, params: list[nn.Parameter], cuts: list[int]) -> list[int]:
@@ -608,11 +614,9 @@ class GraphRunner:
         self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
-        self.warmed: set[tuple] = set()  # shapes warmed up: by a warm-up pass, or by an uncaptured first micro-batch
-        self.deferred = 0  # micro-batches run uncaptured as their shape's warm-up (WARMUP_ONCE)
+        self.warmed: set[tuple] = set()  # the shapes captured so far, warmed up or not (see _warmup_needed)
         self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
-        self.side_work = False  # an uncaptured first micro-batch ran on the capture stream (see _first_uncaptured)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -729,9 +733,6 @@ class GraphRunner:
             # capturing now would overwrite its activations in the shared pool, so this one runs uncaptured
             self.uncaptured += 1
             return None
-        if self.side_work:  # (its backward's last kernels on the capture stream come before any replay)
-            self.side_work = False
-            torch.cuda.current_stream().wait_stream(self.stream)
         # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
         # the memory plan decides which Blocks the captured body recomputes)
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
@@ -751,11 +752,8 @@ class GraphRunner:
                 if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
                     return None  # (the pool's budget or a failure stopped the captures there)
         if graphs is None:
-            warmup = not (WARMUP_ONCE and self.captures and self.hidden_spec is not None)
-            if not warmup and key not in self.warmed:
-                return self._first_uncaptured(key, idx, plan)
             t0 = time.perf_counter()
-            graphs = self._capture(key, idx, params, plan, warmup=warmup)
+            graphs = self._capture(key, idx, params, plan, warmup=self._warmup_needed(key, plan))
             if graphs is None:
                 return None
             if self.precaptured and self.precaptured_n:  # (a replica: the other processes wait for this capture)
@@ -772,36 +770,22 @@ class GraphRunner:
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
 
-    def _first_uncaptured(self, key: tuple, idx: torch.Tensor, plan: Any) -> torch.Tensor:
-        """(:data:`WARMUP_ONCE`) The hidden states of a new shape's first micro-batch, uncaptured: its warm-up. It runs
-        the attention the captured steps use, so that the capture of its next micro-batch records kernels whose
-        first-call work (cuDNN's plans for the shape, Triton's compilations) is done, and its allocations go to the
-        graphs' pool, as a warm-up's do (outside it they would stand beside the pool: measured 2 GB above the steady
-        state's reserved memory, see :data:`WARMUP_IN_POOL`)."""
-        self.warmed.add(key)
-        self.deferred += 1
-        CAPTURE_STATS["deferred"] += 1
-        gpt, side = self.gpt, self.stream
-        if not WARMUP_IN_POOL or self.pool is None or side is None or _several_replicas():
-            # (several processes: their reduction hooks see this step as any uncaptured one, on the current stream)
-            with _captured_attention():
-                return gpt._liger_hidden(idx, plan)
-        # on the capture stream, as a warm-up: the allocator gives a stream only the pool blocks made on it (the
-        # default stream cannot allocate to a pool at all), and the stream waits for the replays queued before
-        side.wait_stream(torch.cuda.current_stream())
-        with _captured_attention(), _no_gc(collect=False), torch.cuda.stream(side), _allocating_to(self.pool, idx.device):
-            hidden = gpt._liger_hidden(idx, plan)
-        torch.cuda.current_stream().wait_stream(side)
-        self.side_work = True  # (the next replay waits for the capture stream: this step's backward runs there too)
-        return _Pending.apply(self, hidden) if hidden.requires_grad else hidden
+    def _warmup_needed(self, key: tuple, plan: Any) -> bool:
+        """Whether the capture of ``key`` (a packed micro-batch where ``plan`` is given) runs a warm-up pass first
+        (see :data:`WARMUP_ONCE`)."""
+        if not WARMUP_ONCE or not self.captures or self.hidden_spec is None or key in self.warmed:
+            return not WARMUP_ONCE or not self.captures or self.hidden_spec is None
+        if plan is None or self._flex:  # (cuDNN attention plans each unpacked shape, FlexAttention compiles per length)
+            return True
+        return _driver_version() < CAPTURE_LOADS_FROM_DRIVER or _triton_runtime_knobs() is None
 
     def _capture(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any,
                  warmup: bool = True) -> _Graphs | None:
         """Capture the graphs of ``idx`` (and a packed batch's ``plan``) under ``key``, or None: out of memory (this and
         longer shapes run uncaptured from now on), the pool over its budget (the same), or a capture failure (no more
         captures for this model); each said once. ``warmup`` False (:data:`WARMUP_ONCE`): no warm-up pass before the
-        capture, which, where it would compile a Triton kernel, stops and starts again with one; where this Triton
-        cannot say so (no ``knobs.runtime.jit_cache_hook``), the warm-up runs."""
+        capture, which, where it would compile a Triton kernel, stops and starts again with one (see
+        :meth:`_warmup_needed`)."""
         release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
         if RECAPTURE_ON_GROWTH and self.graphs and \
                 idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
@@ -818,7 +802,7 @@ class GraphRunner:
         try:
             with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                 try:
-                    graphs = _Graphs(self, idx, params, plan, warmup=warmup or _triton_runtime_knobs() is None)
+                    graphs = _Graphs(self, idx, params, plan, warmup=warmup)
                 except _NeedsWarmup as e:
                     # (the stopped capture's graphs and outputs are kept, not freed: releasing a captured forward's
                     # autograd graph right after its capture was seen to fail the next capture, see _capture_graphs)
@@ -901,7 +885,7 @@ class GraphRunner:
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
                 # (the first length is warmed up; the others are recorded without, guarded: WARMUP_ONCE)
-                warmup = not (WARMUP_ONCE and self.captures and self.hidden_spec is not None)
+                warmup = self._warmup_needed(key, splan)
                 if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:
                     break
             else:
@@ -914,7 +898,7 @@ class GraphRunner:
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
                         and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)
-                    self._capture(key, sidx, params, None, warmup=True)  # (cuDNN attention plans its shape)
+                    self._capture(key, sidx, params, None, warmup=self._warmup_needed(key, None))
         finally:
             if saved is None:
                 gpt.__dict__.pop("_liger_mem_now", None)

@@ -352,9 +352,7 @@ def test_gpu_graphs_equal_uncaptured_with_accumulation(lora, caller_thread):
     runner = runner_for(graphed)
     assert len(runner.graphs) == 2 and runner.captures == 2 + runner.regrown  # buckets 128 and 320
     assert runner.regrown == (1 if RECAPTURE_ON_GROWTH else 0)  # 320 is longer than the first capture's 128
-    # (graphs.WARMUP_ONCE: 320's first micro-batch runs uncaptured, as its warm-up; every other one replays)
-    assert runner.deferred == (1 if graphs.WARMUP_ONCE else 0)
-    assert runner.replays + runner.deferred == len(lengths)
+    assert runner.replays == len(lengths)
     gp, pp = _grads(graphed), _grads(plain)
     assert gp.keys() == pp.keys() and gp
     for n in gp:
@@ -372,18 +370,16 @@ def test_gpu_graphs_flex_attention_model_across_buckets(monkeypatch):
 
     monkeypatch.setattr(graphs_mod, "CAPTURE_FLEX", True)
 
-    _BLOCK_MASKS.clear()  # every bucket's mask is built during its shape's warm-up, as in a fresh run
+    _BLOCK_MASKS.clear()  # every bucket's mask is built during its capture's warm-up, as in a fresh run
     cfg, graphed, plain = _gpu_models(True, dropout=0.0, name="gemma-2-2b", sliding_window_size=128)
     torch.manual_seed(1)
-    lengths = [100, 300, 90, 200, 310, 120, 450, 100, 300, 220, 460]  # (every bucket met at least twice)
+    lengths = [100, 300, 90, 200, 310, 120, 450, 100, 300]
     for model in (graphed, plain):
         model.zero_grad(set_to_none=True)
     _accumulate(cfg, graphed, plain, lengths)
     runner = runner_for(graphed)
     assert runner.disabled is None and runner.captures == len(runner.graphs) == 4  # 128, 256, 320, 512
-    # (graphs.WARMUP_ONCE: the first micro-batch of 256, 320 and 512 runs uncaptured, as their warm-up)
-    assert runner.deferred == (3 if graphs_mod.WARMUP_ONCE else 0)
-    assert runner.replays + runner.deferred == len(lengths)
+    assert runner.replays == len(lengths)
     gp, pp = _grads(graphed), _grads(plain)
     assert gp.keys() == pp.keys() and gp
     for n in gp:
@@ -432,7 +428,7 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
             opt.step()
             opt.zero_grad()
     runner = runner_for(graphed)
-    assert runner.captures == 2 and runner.replays + runner.deferred == 6 and not runner.disabled
+    assert runner.captures == 2 and runner.replays == 6 and not runner.disabled
     # every Block's qkv, attention proj, fc_1, fc_2 and MLP proj weight gradient is added into .grad by its GEMM
     assert all(g.added_by_gemm == 5 * cfg.n_layer for g in runner.graphs.values()), \
         [g.added_by_gemm for g in runner.graphs.values()]
@@ -493,11 +489,11 @@ def test_gpu_graphs_recapture_two_forwards_and_stale_backward():
 
 
 def seeded_replays_match(cfg, graphed, plain):
-    """Capture two buckets of ``graphed`` (longest first: a capture's warm-up draws random numbers of its own; the
-    second bucket's first micro-batch is its warm-up, ``graphs.WARMUP_ONCE``), then three replays, each from the same
-    seed as a step of the uncaptured ``plain``: same losses and gradients (the same dropout masks)."""
+    """Capture two buckets of ``graphed`` (longest first: a capture's warm-up draws random numbers of its own), then
+    three replays, each from the same seed as a step of the uncaptured ``plain``: same losses and gradients (the same
+    dropout masks)."""
     runner = runner_for(graphed)
-    for T in (300, 100, 100):
+    for T in (300, 100):
         x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
         chunked_cross_entropy(graphed(x), x).backward()
     assert runner.captures == 2 and runner.regrown == 0 and not runner.disabled, runner.error
@@ -563,12 +559,9 @@ def test_gpu_graphs_memory_warmup_in_pool():
     torch.cuda.empty_cache()
     captures = runner.captures
     first = step(512)
-    second = step(256)  # (graphs.WARMUP_ONCE: its first micro-batch runs uncaptured, its forward in the pool)
-    third = step(256)  # captured
+    second = step(256)
     assert runner.captures == captures + 2 and len(runner.graphs) == 2 and runner.regrown == 0
-    print(f"reserved-memory growth: 512 captured {first / 2**20:.1f} MiB, 256 first {second / 2**20:.1f} MiB, "
-          f"256 captured {third / 2**20:.1f} MiB")
-    assert first > 0 and max(second, third) <= 0.25 * first, (first, second, third)
+    assert first > 0 and second <= 0.25 * first, (first, second)
     step(448)  # shorter again: captured in the same pool
     assert runner.regrown == 0 and len(runner.graphs) == 3
 
@@ -623,15 +616,14 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
         cfg, model, _ = _gpu_models(lora)
         apply_liger(model, LigerConfig(cuda_graphs=graphs))
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-        for T in (100, 200, 100, 200):
+        for T in (100, 200, 100):
             x = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
             chunked_cross_entropy(model(x), x).backward()
             opt.step()
             opt.zero_grad()
         from lit_liger.graphs import CAPTURE_FULL_TRAINING
 
-        # buckets 128 and 256 (256 at its second micro-batch: graphs.WARMUP_ONCE); full training uncaptured by
-        # default unless CAPTURE_FULL_TRAINING
+        # buckets 128 and 256; full training uncaptured by default unless CAPTURE_FULL_TRAINING
         assert runner_for(model).captures == (2 if lora or graphs or CAPTURE_FULL_TRAINING else 0)
         return torch.cuda.memory_allocated() - base
 

@@ -425,6 +425,8 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
 
     monkeypatch.setattr(runner, "_capture", capture)
     monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
+    monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
+    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
     S = 3
     idx = torch.ones((1, 40), dtype=torch.long)
     plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
@@ -447,10 +449,11 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
 
 
 def _warmup_stub(monkeypatch, cfg, made, refuse_without=False):
-    """``graphs._Graphs`` stubbed: records (length, warmup); a warm-up learns the hidden states' spec; with
-    ``refuse_without`` a capture without warm-up stops as a Triton compilation would stop it."""
+    """``graphs._Graphs`` stubbed: records (tokens, warmup); a warm-up learns the hidden states' spec; with
+    ``refuse_without`` a capture without warm-up stops as a Triton compilation would stop it. The driver can load
+    modules inside a capture and Triton has its compile hook, unless a test says otherwise."""
     def make(runner_, idx, params, plan=None, warmup=True):
-        made.append((idx.shape[-1], warmup))
+        made.append((idx.numel(), warmup))
         if not warmup and refuse_without:
             raise graphs._NeedsWarmup("a capture without warm-up would compile the Triton kernel k")
         if warmup:
@@ -460,65 +463,69 @@ def _warmup_stub(monkeypatch, cfg, made, refuse_without=False):
     monkeypatch.setattr(graphs, "_Graphs", make)
     monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
     monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
+    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
 
 
-def test_a_later_shape_warms_up_on_its_first_micro_batch(monkeypatch):
-    """``graphs.WARMUP_ONCE``: a model's first capture warms its shape up; a later shape's first micro-batch runs
-    uncaptured as its warm-up (with the captured steps' attention choice, ``attention.CAPTURING``), and the shape is
-    captured at its next micro-batch with no warm-up pass. A shape captured
-    before (here: again after a reset) needs none; with the switch off every capture warms up."""
-    from lit_liger import attention
+def _packed(cfg, n: int):
+    """Token ids (1, n) packed from two samples, with their plan."""
+    from lit_liger.packing import Pack, Plan
 
+    idx = torch.randint(0, cfg.vocab_size, (1, n))
+    bounds = [0, n // 2, n, n]
+    return idx, Plan(idx, torch.zeros(n, dtype=torch.long), Pack(torch.tensor(bounds), n // 2, bounds), None, n)
+
+
+def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
+    """``graphs.WARMUP_ONCE``: a model's first capture warms its shape up; a packed length after it is recorded with no
+    warm-up; an unpacked shape not captured before is warmed up (cuDNN attention plans each shape), one captured
+    before (here: again after a reset) is not; a driver older than CUDA 12.3, a Triton without the compile hook, or
+    the switch off: every capture warms up."""
     cfg, model, runner, before = _runner(monkeypatch)
-    made, flags = [], []
+    made = []
     _warmup_stub(monkeypatch, cfg, made)
-    body = type(model)._liger_hidden
-    monkeypatch.setattr(type(model), "_liger_hidden",
-                        lambda self, *a, **k: flags.append(attention.CAPTURING[0]) or body(self, *a, **k))
     x, _ = _data(cfg, T=12)
-    assert runner.hidden(x[:, :6]) == "replayed" and made == [(6, True)]
-    first = runner.hidden(x)  # a new shape: uncaptured, as the captured steps would attend
-    assert isinstance(first, torch.Tensor) and flags == [True] and made == [(6, True)]
-    assert not attention.CAPTURING[0]
-    assert torch.equal(first, body(model, x))  # (dropout 0: the same hidden states)
-    assert runner.deferred == 1 and graphs.CAPTURE_STATS["deferred"] == before["deferred"] + 1
-    first.sum().backward()
-    assert runner.hidden(x) == "replayed" and made == [(6, True), (12, False)]  # its second: captured, no warm-up
-    # (on a GPU such a micro-batch runs on the capture stream with its activations in the graphs' pool, its hidden
-    # states passed through graphs._Pending: no replay until its backward, as after a replayed forward)
-    held = graphs._Pending.apply(runner, torch.ones(3, requires_grad=True) * 2)
-    assert runner.hidden(x[:, :6]) is None and runner.uncaptured == 1
-    held.sum().backward()
-    assert runner.pending is None and runner.hidden(x[:, :6]) == "replayed"
+    assert runner.hidden(x[:, :6]) == "replayed" and made == [(12, True)]  # the model's first capture
+    idx, plan = _packed(cfg, 16)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, False)  # a packed length
+    assert runner.hidden(x) == "replayed" and made[-1] == (24, True)  # a new unpacked shape
     runner.reset()
-    assert runner.hidden(x[:, :6]) == "replayed" and made[-1] == (6, False)  # captured before: no warm-up again
-    assert runner.deferred == 1
+    assert runner.hidden(x) == "replayed" and made[-1] == (24, False)  # captured before
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, False)
+    with monkeypatch.context() as m:
+        m.setattr(graphs, "_driver_version", lambda: 12020)
+        idx, plan = _packed(cfg, 18)
+        assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (18, True)
+    with monkeypatch.context() as m:
+        m.setattr(graphs, "_triton_runtime_knobs", lambda: None)
+        idx, plan = _packed(cfg, 20)
+        assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (20, True)
     monkeypatch.setattr(graphs, "WARMUP_ONCE", False)
-    assert runner.hidden(x[:, :4]) == "replayed" and made[-1] == (4, True) and runner.deferred == 1
-    report = graphs.capture_report({k: graphs.CAPTURE_STATS[k] - before[k] for k in before}, 10.0)
-    assert "4 input shapes captured" in report and "1 shapes' first micro-batch ran uncaptured as their warm-up" in report
+    idx, plan = _packed(cfg, 22)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (22, True)
+    assert runner.hidden(x[:, :4]) == "replayed" and made[-1] == (8, True)
 
 
 def test_a_capture_without_warm_up_that_would_compile_starts_again_with_one(monkeypatch):
     """A capture without warm-up stopped by ``graphs._compile_guard`` (a Triton kernel not compiled yet) is made again
-    with a warm-up: no warning, graphs stay on, the stopped capture is kept until the next reset. Where Triton has no
-    ``jit_cache_hook`` to guard with, the warm-up runs."""
+    with a warm-up: no warning, graphs stay on, the stopped capture is kept until the next reset; the run's report
+    counts it."""
     cfg, model, runner, before = _runner(monkeypatch)
-    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
     made = []
     _warmup_stub(monkeypatch, cfg, made, refuse_without=True)
     x, _ = _data(cfg, T=12)
     assert runner.hidden(x[:, :6]) == "replayed"
-    runner.hidden(x).sum().backward()  # (its first micro-batch, uncaptured)
+    idx, plan = _packed(cfg, 16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert runner.hidden(x) == "replayed"
-    assert made == [(6, True), (12, False), (12, True)] and runner.disabled is None and len(runner.aborted) == 1
+        assert runner.hidden(idx, plan=plan) == "replayed"
+    assert made == [(12, True), (16, False), (16, True)] and runner.disabled is None and len(runner.aborted) == 1
     assert graphs.CAPTURE_STATS["rewarmed"] == before["rewarmed"] + 1
     runner.reset()
     assert not runner.aborted
-    monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: None)
-    assert runner.hidden(x) == "replayed" and made[-1] == (12, True)  # (unguarded: warmed up)
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats["warmed"] = 2  # (the stub's warm-ups are not counted by it)
+    assert "1 captures restarted with a warm-up (a Triton compilation)" in graphs.capture_report(stats, 10.0)
 
 
 def test_compile_guard_refuses_a_triton_compilation_and_puts_the_hook_back(monkeypatch):
