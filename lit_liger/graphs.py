@@ -78,8 +78,8 @@ CAPTURE_DROPOUT = True
 WARMUP_IN_POOL = True
 
 #: the warm-up pass above runs only where a capture would otherwise record first-call work: a model's first capture
-#: (the capture stream's own state), a shape whose attention builds per-shape state (unpacked micro-batches: cuDNN
-#: attention plans each (batch, length); FlexAttention layers compile per length) not warmed up before, or a driver
+#: since its graphs were last released (the capture stream's own state), a shape whose attention builds per-shape state
+#: (unpacked micro-batches: cuDNN attention plans each (batch, length); FlexAttention layers compile per length), a driver
 #: older than CUDA 12.3 (which cannot load a kernel's module inside a capture). A packed length after the first is
 #: recorded with no warm-up (flash attention over cumulative lengths has no per-length state), under
 #: :func:`_compile_guard`: a Triton kernel that would compile there stops the capture, which starts again with a
@@ -322,7 +322,7 @@ class _Graphs:
             CAPTURE_STATS["warmed"] += 1
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
-        else:  # (WARMUP_ONCE: a packed length, or a shape captured before; Triton's compilations guarded)
+        else:  # (WARMUP_ONCE: a packed length after the first capture; Triton's compilations guarded)
             width, dtype = runner.hidden_spec  # ((B, T) or packed (1, N) token ids -> (..., width) hidden states)
             out_spec = torch.Size((*self.static_idx.shape, width)), dtype, self.static_idx.device
             guard = _compile_guard()
@@ -614,8 +614,7 @@ class GraphRunner:
         self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
-        self.warmed: set[tuple] = set()  # the shapes captured so far, warmed up or not (see _warmup_needed)
-        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up
+        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up since the reset
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
@@ -773,8 +772,8 @@ class GraphRunner:
     def _warmup_needed(self, key: tuple, plan: Any) -> bool:
         """Whether the capture of ``key`` (a packed micro-batch where ``plan`` is given) runs a warm-up pass first
         (see :data:`WARMUP_ONCE`)."""
-        if not WARMUP_ONCE or not self.captures or self.hidden_spec is None or key in self.warmed:
-            return not WARMUP_ONCE or not self.captures or self.hidden_spec is None
+        if not WARMUP_ONCE or self.hidden_spec is None:  # (the first capture since the model's last reset)
+            return True
         if plan is None or self._flex:  # (cuDNN attention plans each unpacked shape, FlexAttention compiles per length)
             return True
         return _driver_version() < CAPTURE_LOADS_FROM_DRIVER or _triton_runtime_knobs() is None
@@ -834,7 +833,6 @@ class GraphRunner:
             self._walk()
         self.addresses = self._fingerprint()
         self.graphs[key] = graphs
-        self.warmed.add(key)  # (captured again after a reset, it needs no warm-up)
         self._drop_unused_buffers()
         self.captures += 1
         CAPTURE_STATS["captures"] += 1
@@ -974,6 +972,7 @@ class GraphRunner:
         self.pool_bytes = 0
         self.addresses = None
         self.aborted.clear()
+        self.hidden_spec = None  # (the next capture warms up: the model's dtype or kernels may have changed)
 
 
 def _clear_blas_workspaces() -> None:

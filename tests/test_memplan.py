@@ -478,9 +478,9 @@ def _packed(cfg, n: int):
 
 def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
     """``graphs.WARMUP_ONCE``: a model's first capture warms its shape up; a packed length after it is recorded with no
-    warm-up; an unpacked shape not captured before is warmed up (cuDNN attention plans each shape), one captured
-    before (here: again after a reset) is not; a driver older than CUDA 12.3, a Triton without the compile hook, or
-    the switch off: every capture warms up."""
+    warm-up; an unpacked shape is warmed up (cuDNN attention plans each shape); after a reset (a parameter moved, the
+    graphs released) the first capture warms up again; a driver older than CUDA 12.3, a Triton without the compile
+    hook, or the switch off: every capture warms up."""
     cfg, model, runner, before = _runner(monkeypatch)
     made = []
     _warmup_stub(monkeypatch, cfg, made)
@@ -490,8 +490,11 @@ def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
     assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, False)  # a packed length
     assert runner.hidden(x) == "replayed" and made[-1] == (24, True)  # a new unpacked shape
     runner.reset()
-    assert runner.hidden(x) == "replayed" and made[-1] == (24, False)  # captured before
-    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, False)
+    assert runner.hidden_spec is None
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)  # the first since the reset
+    assert runner.hidden(x) == "replayed" and made[-1] == (24, True)
+    idx, plan = _packed(cfg, 14)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (14, False)
     with monkeypatch.context() as m:
         m.setattr(graphs, "_driver_version", lambda: 12020)
         idx, plan = _packed(cfg, 18)
