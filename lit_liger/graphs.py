@@ -752,7 +752,7 @@ class GraphRunner:
                     return None  # (the pool's budget or a failure stopped the captures there)
         if graphs is None:
             t0 = time.perf_counter()
-            graphs = self._capture(key, idx, params, plan, warmup=self._warmup_needed(key, plan))
+            graphs = self._capture(key, idx, params, plan, warmup=self._warmup_needed(plan))
             if graphs is None:
                 return None
             if self.precaptured and self.precaptured_n:  # (a replica: the other processes wait for this capture)
@@ -769,9 +769,9 @@ class GraphRunner:
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
 
-    def _warmup_needed(self, key: tuple, plan: Any) -> bool:
-        """Whether the capture of ``key`` (a packed micro-batch where ``plan`` is given) runs a warm-up pass first
-        (see :data:`WARMUP_ONCE`)."""
+    def _warmup_needed(self, plan: Any) -> bool:
+        """Whether the next capture (of a packed micro-batch where ``plan`` is given) runs a warm-up pass first (see
+        :data:`WARMUP_ONCE`)."""
         if not WARMUP_ONCE or self.hidden_spec is None:  # (the first capture since the model's last reset)
             return True
         if plan is None or self._flex:  # (cuDNN attention plans each unpacked shape, FlexAttention compiles per length)
@@ -883,7 +883,7 @@ class GraphRunner:
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
                 # (the first length is warmed up; the others are recorded without, guarded: WARMUP_ONCE)
-                warmup = self._warmup_needed(key, splan)
+                warmup = self._warmup_needed(splan)
                 if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:
                     break
             else:
@@ -896,7 +896,7 @@ class GraphRunner:
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
                         and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)
-                    self._capture(key, sidx, params, None, warmup=self._warmup_needed(key, None))
+                    self._capture(key, sidx, params, None, warmup=self._warmup_needed(None))
         finally:
             if saved is None:
                 gpt.__dict__.pop("_liger_mem_now", None)
