@@ -22,7 +22,9 @@ Variants of the lit-liger run (``LigerCallback``'s ``LigerConfig``): ``bf16`` (t
 (``fp8="tensorwise"``: float8 GEMMs in the Block projections, ``fp8_all_gather`` automatic), ``fp8-float8-gather``
 (``fp8_all_gather=True``: under ``modelparallel`` FSDP2 gathers the projections' weights in float8, where the callback
 swaps the model before ``configure_model`` shards it, i.e. with ``--init meta``) and ``fp8-bf16-gather``
-(``fp8_all_gather=False``: 16-bit all-gather, cast after). ``--init meta`` (FSDP2
+(``fp8_all_gather=False``: 16-bit all-gather, cast after), ``bf16-foreach-adam`` (``fused_optimizer=False``: the
+module's AdamW as built, torch's foreach, as every FSDP2 run stepped before lit-liger's Adam kernel took DTensors).
+``--init meta`` (FSDP2
 only) builds the GPT on the meta device in the module's ``__init__``, as litgpt's FSDP2 recipe does: the callback
 swaps it in ``setup``, ``configure_model`` shards it and Lightning materializes it (``reset_parameters``); the
 default builds and shards it in ``configure_model`` (the callback swaps it after).
@@ -45,7 +47,8 @@ STRATEGIES = ("fsdp", "modelparallel", "deepspeed2", "deepspeed3")
 #: the lit-liger run's LigerConfig per variant (the stock run is always LitGPT in bf16)
 VARIANTS = {"bf16": {}, "fp8": {"fp8": "tensorwise"},
             "fp8-float8-gather": {"fp8": "tensorwise", "fp8_all_gather": True},
-            "fp8-bf16-gather": {"fp8": "tensorwise", "fp8_all_gather": False}}
+            "fp8-bf16-gather": {"fp8": "tensorwise", "fp8_all_gather": False},
+            "bf16-foreach-adam": {"fused_optimizer": False}}
 
 
 class Module(L.LightningModule):

@@ -166,7 +166,7 @@ def test_fuse_optimizer_moves_a_resumed_step_count_and_leaves_user_choices():
     assert "not torch.optim.Adam" in fuse_optimizer(torch.optim.SGD(_params(), lr=0.1), devices=("cpu",))
     assert "differentiable" in fuse_optimizer(torch.optim.Adam(_params(), differentiable=True), devices=("cpu",))
     half = [torch.nn.Parameter(torch.zeros(3, dtype=torch.long), requires_grad=False)]
-    assert "plain floating" in fuse_optimizer(torch.optim.Adam(half), devices=("cpu",))
+    assert "floating tensors" in fuse_optimizer(torch.optim.Adam(half), devices=("cpu",))
 
 
 def test_fused_state_dict_hands_out_host_step_counts_without_touching_the_state():
