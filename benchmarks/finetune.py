@@ -241,10 +241,6 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.WARMUP_ONCE = False
-    if os.environ.get("LIT_LIGER_BENCH_OWN_ADAM") == "0":  # the recipe's liger-torch-fused-adam variant
-        from lit_liger import optim
-
-        optim.OWN_KERNEL = False
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 

@@ -40,7 +40,6 @@ __all__ = [
     "fast_launch",
     "fast_launch_enabled",
     "fp8_tile_plan",
-    "adam_plan",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
@@ -217,22 +216,6 @@ def partial_rows(n_rows: int, device: torch.device) -> int:
     lim = device_limits(device)
     per_sm = 1 if device.type != "cuda" else 4
     return max(1, min(n_rows, lim.sm_count * per_sm))
-
-
-def adam_plan(device: torch.device) -> tuple[int, int, int]:
-    """``(block, iters, num_warps)`` of ``kernels.adam``'s step: each program steps ``block * iters`` elements of one
-    tensor, ``block`` at a time. 1024 elements over 4 warps of 32 is 8 per thread: one 16-byte load per thread of a
-    16-bit tensor (two of fp32). Measured on an H100 (``python -m benchmarks diag adam-step``, bf16, one run each;
-    ``benchmarks/results/h100-2026-11-27d``), ms for Llama-3.2-1B's weights / Llama-3.1-8B's widths (8 layers):
-    1024 x 4 x 4: 9.81 / 15.89; 1024 x 8 x 4: 9.73 / 16.38; 1024 x 16 x 4: 10.04 / 16.31; 2048 x 4 x 4:
-    10.21 / 15.16; 2048 x 8 x 8: 10.37 / 15.10; 512 x 16 x 2: 12.33 / 15.19; 4096 x 4 x 8: 11.67 / 16.27
-    (PyTorch's fused kernel: 9.68 / 18.02). 1024 x 4 x 4 is never more than ~1% behind the best at 1B and 5% at 8B.
-    The interpreter gets small chunks: CPU tests use small tensors."""
-    if device.type != "cuda":
-        return 16, 2, 1
-    lim = device_limits(device)
-    warps = _clamp_warps(4, lim)
-    return 8 * lim.warp_size * warps, 4, warps
 
 
 def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:

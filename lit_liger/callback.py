@@ -105,7 +105,7 @@ class LigerCallback(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The optimizers exist by now (before a checkpoint's state is loaded into them): a plain Adam / AdamW steps
-        with one kernel pass per step (``LigerConfig.fused_optimizer``)."""
+        with PyTorch's fused kernel (``LigerConfig.fused_optimizer``)."""
         if self.report is None or not self.config.enabled or not self.config.fused_optimizer:
             return
         for optimizer in trainer.optimizers:

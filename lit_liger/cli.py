@@ -222,7 +222,7 @@ def _patched(module: Any, config: LigerConfig, plan: Any = None) -> Iterator[Non
 
 
 def _fusing_optimizer(make: Callable) -> Callable:
-    """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to one kernel pass per step
+    """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to PyTorch's fused kernel
     (``LigerConfig.fused_optimizer``, :func:`lit_liger.optim.fuse_optimizer`; said on rank 0)."""
     from . import optim
 

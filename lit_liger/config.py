@@ -222,16 +222,15 @@ class LigerConfig:
             two weights), undone when either starts to train and before a ``load_state_dict``
             (``lit_liger.tied``). One process (or lit-liger's replica plan), unsharded weights, a plain Linear head (no LoRA on it).
         fused_optimizer: the ``lit-liger`` command and ``LigerCallback`` switch a ``torch.optim.Adam`` / ``AdamW``
-            built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to one pass per step that
-            reads each parameter, gradient and moment once and writes them once, computed in fp32
-            (``lit_liger.optim.fuse_optimizer``): lit-liger's multi-tensor kernel (``kernels/adam.py``; the class
-            becomes lit-liger's subclass of the same name), else PyTorch's ``fused=True`` kernel, instead of the
-            ``foreach`` default's dozen passes, each rounded to the parameters' dtype. The same algorithm,
-            hyperparameters and ``state_dict`` keys. CUDA parameters, plain or DTensor (FSDP2); an optimizer the user
-            configured (``fused``/``foreach`` set, ``differentiable``, FSDP's flat parameters) is left as it is, and
-            the log says why. The step count then lives on the device (PyTorch's fused optimizers keep it there; a
-            checkpoint's CPU count is moved), and ``state_dict()`` hands it out on the host, as the default
-            implementation keeps it, so checkpoints are stock's. ``apply_liger`` alone does not touch optimizers.
+            built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to PyTorch's fused kernel
+            (``lit_liger.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one
+            pass over each parameter, its gradient and moments per step, computed in fp32, instead of the ``foreach``
+            default's dozen passes, each rounded to the parameters' dtype. CUDA parameters, plain or DTensor
+            (FSDP2: each rank steps its shards); an optimizer the user configured (``fused``/``foreach`` set,
+            ``differentiable``, FSDP1's flat parameters) is left as it is, and the log says why. The step count then lives on the device (PyTorch's fused optimizers
+            keep it there; a checkpoint's CPU count is moved), and ``state_dict()`` hands it out on the host, as
+            the default implementation keeps it, so checkpoints are stock's. ``apply_liger`` alone does not touch
+            optimizers.
         defer_loss_sync: the ``lit-liger`` command, one process: litgpt's loop reads the loss and token counts it logs
             one iteration later (``lit_liger.lazylog``), so that no iteration waits for the GPU (at
             ``--train.log_interval 1`` litgpt's loop waited three times per iteration: its running loss's NaN check,

@@ -485,10 +485,7 @@ def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
 
 def _per_parameter(optimizer: Any) -> bool:
     """``optimizer`` is one of ``torch.optim``'s :data:`PER_PARAMETER` optimizers."""
-    from .optim import _OwnStep
-
-    cls = optimizer._liger_base if isinstance(optimizer, _OwnStep) else type(optimizer)  # (lit-liger's Adam / AdamW)
-    return cls.__module__.startswith("torch.optim") and cls.__name__ in PER_PARAMETER
+    return type(optimizer).__module__.startswith("torch.optim") and type(optimizer).__name__ in PER_PARAMETER
 
 
 def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tuple[list, list[torch.Tensor]]]:

@@ -6,8 +6,10 @@ iterations ``FIRST`` .. ``FIRST + COUNT - 1`` (counted by the model's training f
 ``DIR/rank{R}-summary.json``, and prints one line per rank:
 
 * ``wall_ms``: the window on the host, the device synchronized at both ends;
-* per CUDA stream, the time some kernel ran (``busy_ms``) and kernel time by category (collectives, matrix
-  multiplies, the optimizer, the rest);
+* per CUDA stream, the time some kernel ran (``busy_ms``), kernel time by category (collectives, matrix
+  multiplies, the optimizer, the rest) and the :data:`TOP_KERNELS` kernels that took the most time, by name (a
+  category is a guess from names: "optimizer" also counts every other ``multi_tensor_apply`` / ``foreach`` kernel,
+  such as the zeroing of the gradients);
 * the compute stream's idle time (the window less its busy time) and the collectives' time that no compute kernel
   ran beside (``exposed_collective_ms``).
 
@@ -89,6 +91,10 @@ def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> floa
     return total
 
 
+#: kernels named per stream in a summary (``top_kernels_ms``), the longest in total first
+TOP_KERNELS = 12
+
+
 def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict[str, Any]:
     """The summary of a Chrome trace's kernel events (``cat`` ``kernel``, microsecond ``ts``/``dur``,
     ``args.stream``) over a window of ``wall_ms`` and ``iterations``: see the module's docstring."""
@@ -97,10 +103,13 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
         if e.get("cat") != "kernel" or "dur" not in e:
             continue
         s = str((e.get("args") or {}).get("stream", e.get("tid")))
-        st = streams.setdefault(s, {"intervals": [], "collective": [], "by_category": {}, "kernels": 0})
+        st = streams.setdefault(s, {"intervals": [], "collective": [], "by_category": {}, "by_name": {}, "kernels": 0})
         a, b = float(e["ts"]) / 1e3, (float(e["ts"]) + float(e["dur"])) / 1e3
-        cat = category(str(e.get("name", "")))
+        name = str(e.get("name", ""))
+        cat = category(name)
         st["by_category"][cat] = st["by_category"].get(cat, 0.0) + (b - a)
+        key = f"{cat}: {name[:120]}"
+        st["by_name"][key] = st["by_name"].get(key, 0.0) + (b - a)
         st["kernels"] += 1
         (st["collective"] if cat == "collective" else st["intervals"]).append((a, b))
     out_streams = {}
@@ -108,7 +117,9 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
         busy = _union(st["intervals"] + st["collective"])
         out_streams[s] = {"busy_ms": round(_length(busy), 3), "kernels": st["kernels"],
                           "by_category_ms": {k: round(v, 3) for k, v in sorted(st["by_category"].items(),
-                                                                                key=lambda kv: -kv[1])}}
+                                                                                key=lambda kv: -kv[1])},
+                          "top_kernels_ms": {k: round(v, 3) for k, v in sorted(st["by_name"].items(),
+                                                                                key=lambda kv: -kv[1])[:TOP_KERNELS]}}
     compute = max(streams, key=lambda s: _length(_union(streams[s]["intervals"])), default=None)
     result: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "iterations": iterations,
                               "wall_ms_per_iteration": round(wall_ms / max(iterations, 1), 3), "streams": out_streams}

@@ -124,7 +124,6 @@ def test_fit_switches_adamw_to_the_fused_kernel(tmp_path, monkeypatch, fused):
     _trainer(tmp_path / "b", LigerCallback(LigerConfig(fused_optimizer=fused), log_metrics=False), steps=4).fit(ours, _data())
     opt = ours.trainer.optimizers[0]
     assert opt.param_groups[0]["fused"] is (True if fused else None)
-    assert type(opt) is (optim.AdamW if fused else torch.optim.AdamW)  # (lit-liger's kernel steps it)
     assert stock.trainer.optimizers[0].param_groups[0]["fused"] is None
     assert len(ours.losses) == len(stock.losses) == 4
     assert rel_err(ours.losses[-1], ours.losses[0]) > 1e-3  # it trained

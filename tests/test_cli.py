@@ -227,10 +227,10 @@ def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path,
     capsys.readouterr()
     run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "on", "true"))
     out = capsys.readouterr().out
-    assert "AdamW steps with lit-liger's multi-tensor kernel" in out
+    assert "AdamW steps with PyTorch's fused kernel" in out
     # finetune_full's fit takes the model in `state`: its batches are prepared on the host too, its log deferred
     assert "keep litgpt's token counts on the host" in out and "one iteration later" in out
-    assert len(made) == 1 and made[0].param_groups[0]["fused"] is True and isinstance(made[0], optim.AdamW)
+    assert len(made) == 1 and made[0].param_groups[0]["fused"] is True
     run_cli(monkeypatch, finetune_args(assets, "finetune_full", tmp_path / "off", "false"))
     assert len(made) == 1  # (--liger false: litgpt's own)
     assert_first_losses_match(losses(tmp_path / "on"), losses(tmp_path / "off"))

@@ -400,6 +400,16 @@ def test_convergence_model_config_sliding_window():
         model_config("Llama-3.2-1B", 500, sliding_window=128, **widths)
 
 
+def test_recipe_steady_split_leaves_out_the_stalls():
+    from benchmarks.recipe import steady_split
+
+    times = [20.0, 22.0, 19.0, 21.0, 500.0, 20.0, 80.0]  # a 500 ms capture; 80 ms is under 4 x the median (21)
+    got = steady_split(times)
+    assert got["stalls"] == 1 and got["stall_ms"] == 500.0
+    assert got["iter_ms_mean_steady"] == pytest.approx((20 + 22 + 19 + 21 + 20 + 80) / 6)
+    assert steady_split([]) == {}
+
+
 def test_recipe_loss_divergence_finds_the_first_and_largest_gap():
     from benchmarks.recipe import NOT_REFERENCE, VARIANT_ENV, VARIANTS, loss_divergence
 

@@ -40,6 +40,10 @@ def test_summary_splits_busy_idle_and_exposed_collectives():
     cats = s["streams"]["7"]["by_category_ms"]
     assert cats == pytest.approx({"matmul": 10.0, "other": 4.0, "optimizer": 6.0})
     assert s["streams"]["20"]["by_category_ms"] == pytest.approx({"collective": 16.0})
+    top = s["streams"]["7"]["top_kernels_ms"]  # (by name, the category first, longest first)
+    assert list(top) == ["matmul: sm90_xmma_gemm_bf16", "optimizer: multi_tensor_apply_kernel_adam",
+                         "other: triton_rms_norm"]
+    assert top["optimizer: multi_tensor_apply_kernel_adam"] == pytest.approx(6.0)
 
 
 def test_iterations_profile_the_window_of_training_forwards(tmp_path, monkeypatch, capsys):

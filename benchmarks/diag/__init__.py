@@ -29,8 +29,6 @@ DIAGS = {
                                  "and what a Block keeps per token (lit_liger.graphs.CAPTURE_MAX_WORK, memplan)"),
     "ddp-capture": ("ddp_capture", "why a CUDA-graph capture inside torch's DistributedDataParallel forward fails "
                                    "(2 GPUs), per DDP setting, with the first failure's traceback"),
-    "adam-step": ("adam_step", "the AdamW step of a full fine-tuning: torch's foreach and fused kernels against "
-                               "lit-liger's (kernels/adam.py), time and bytes per second against the copy rate"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
                                  "setting (lit_liger/graphs.py) or torch.compile"),
 }
