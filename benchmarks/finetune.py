@@ -241,6 +241,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.WARMUP_ONCE = False
+    if os.environ.get("LIT_LIGER_BENCH_EMBEDDING_INTO") == "1":  # the recipe's liger-embedding-into variant
+        from lit_liger import adapter
+
+        adapter.EMBEDDING_GRAD_INTO = True
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 

@@ -226,8 +226,10 @@ def compare(argv: list[str]) -> dict:
                     row["liger_mfu_bf16"] = per_gpu / C.nominal_bf16_TFLOPs(result["environment"]["device"])
                 row["stock_gb"], row["liger_gb"] = off["peak_memory_gb"], on["peak_memory_gb"]
                 row["memory_ratio"] = row["liger_gb"] / row["stock_gb"]
-                ok = row["max_step_loss_rel_diff"] <= 0.01 and len(pairs) == a.steps and row["swapped"]
-                row["status"] = "ok" if ok else "LOSS DRIFT / NOT SWAPPED"
+                wrong = [why for why, bad in (("LOSS DRIFT", row["max_step_loss_rel_diff"] > 0.01),
+                                              ("STEPS MISSING", len(pairs) != a.steps),
+                                              ("NOT SWAPPED", not row["swapped"])) if bad]
+                row["status"] = " / ".join(wrong) or "ok"
             else:
                 row["status"] = "FAILED: " + (on.get("error") or off.get("error") or "?")
             result["rows"].append(row)

@@ -9,8 +9,10 @@ accumulator read once inside cuBLAS, one rounding instead of two), that pass is 
 :func:`grads_into` names, for the duration of a ``with`` block, the tensor each weight's gradient goes into. The ops
 whose forward runs inside the block record it on their autograd node (:func:`target_for`); their backward, whenever it
 runs, adds the weight's gradient there (:func:`weight_grad`) and hands autograd none for that weight. The ops that do:
-``rms_norm_linear`` (norm -> qkv / fc_1, fc_2), ``glu_linear`` (the MLP's proj) and :func:`linear` (a plain Linear such
-as the attention's proj). Everything else (norm weights, biases, the embedding) returns its gradient as before.
+``rms_norm_linear`` (norm -> qkv / fc_1, fc_2), ``glu_linear`` (the MLP's proj), :func:`linear` (a plain Linear such
+as the attention's proj) and, where ``lit_liger.adapter.EMBEDDING_GRAD_INTO`` is on, ``kernels.embedding.embedding``
+(each touched row's gradients summed and added in once). Everything else (norm weights, biases) returns its gradient
+as before.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-__all__ = ["grads_into", "linear", "target_for", "weight_grad"]
+__all__ = ["added_into", "grads_into", "linear", "target_for", "weight_grad"]
 
 _INTO: dict[int, torch.Tensor] = {}  # id(weight) -> the tensor its gradient is added into, inside grads_into
 _WRITTEN: list[set[int]] = []  # per open grads_into block: ids of the targets a backward added into
@@ -63,9 +65,15 @@ def weight_grad(target: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -
     if target is None:
         return a.mm(b)
     target.addmm_(a, b)
+    added_into(target)
+    return None
+
+
+def added_into(target: torch.Tensor) -> None:
+    """Record that a backward has added a weight's gradient into ``target`` (the open :func:`grads_into` blocks yield
+    it)."""
     for written in _WRITTEN:
         written.add(id(target))
-    return None
 
 
 class _LinearFn(torch.autograd.Function):

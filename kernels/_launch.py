@@ -40,6 +40,7 @@ __all__ = [
     "fast_launch",
     "fast_launch_enabled",
     "fp8_tile_plan",
+    "embedding_grad_plan",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
@@ -216,6 +217,18 @@ def partial_rows(n_rows: int, device: torch.device) -> int:
     lim = device_limits(device)
     per_sm = 1 if device.type != "cuda" else 4
     return max(1, min(n_rows, lim.sm_count * per_sm))
+
+
+def embedding_grad_plan(n_cols: int, device: torch.device) -> tuple[int, int]:
+    """``(block_cols, num_warps)`` of ``kernels.embedding``'s gradient-into kernel: one program per sorted token
+    position and block of columns; most programs (a row's later occurrences) load three integers and stop. 1024
+    columns over 4 warps of 32 is 8 per thread, one 16-byte load of a 16-bit row per thread and occurrence; narrower
+    rows take one block. The interpreter gets small blocks: CPU tests use small widths."""
+    if device.type != "cuda":
+        return min(next_pow2(n_cols), 32), 1
+    lim = device_limits(device)
+    warps = _clamp_warps(4, lim)
+    return min(next_pow2(n_cols), 8 * lim.warp_size * warps), warps
 
 
 def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:

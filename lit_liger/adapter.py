@@ -271,12 +271,22 @@ class _LoRAMixin:
                            fp8=is_float8_linear(lin))
 
 
+#: while lit-liger's CUDA graphs capture a training step that trains the token embedding (full fine-tuning,
+#: pretraining), its backward adds the weight's gradient straight into ``.grad`` (``kernels.embedding``: each touched
+#: row summed in fp32 and added once) instead of a new ``(V, C)`` gradient that a second pass adds: about 2 GB less
+#: memory traffic per micro-batch at Llama-3.2-1B's vocabulary. Off by default until measured on a GPU (tested on CPU
+#: only, 2026-11-27).
+EMBEDDING_GRAD_INTO = False
+
+
 class _EmbeddingMixin:
     """The token embedding: while ``torch.compile`` traces a training forward, the weight's gradient comes from
-    one op (:func:`embedding`); otherwise ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels)."""
+    one op (:func:`embedding`); inside a capture's ``grads_into`` with :data:`EMBEDDING_GRAD_INTO`, it is added
+    into ``.grad`` by that op; otherwise ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels)."""
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and torch.is_grad_enabled() and self.weight.requires_grad:
+        if torch.is_grad_enabled() and self.weight.requires_grad and (
+                torch.compiler.is_compiling() or (EMBEDDING_GRAD_INTO and _grad_into.target_for(self.weight) is not None)):
             return embedding(self.weight, idx)
         return super().forward(idx)
 

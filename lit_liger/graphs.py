@@ -316,6 +316,7 @@ class _Graphs:
                 # the pool's free blocks are free to use
                 hidden = gpt._liger_hidden(self.static_idx, self.static_plan, taps={})
                 torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
+                _warm_grads_into(gpt, params, bufs, self.static_idx.dtype)
                 runner.hidden_spec = hidden.shape[-1], hidden.dtype
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
@@ -443,6 +444,25 @@ def _triton_runtime_knobs() -> Any:
 
 
 @contextlib.contextmanager
+def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torch.Tensor], idx_dtype: torch.dtype
+                     ) -> None:
+    """Launch once, outside the capture, the kernels that add a weight's gradient into its ``.grad`` buffer only inside
+    a capture (the warm-up pass runs outside ``grads_into``): the token embedding's (``adapter.EMBEDDING_GRAD_INTO``),
+    on a zero gradient for one token, which leaves the buffer's values as they are. Its compilation and module load
+    are then not recorded (a driver older than CUDA 12.3 cannot load a module inside a capture), and a later capture
+    without warm-up does not meet it in :func:`_compile_guard`."""
+    from . import adapter
+    from .kernels.embedding import embedding_grad_into_
+
+    wte = getattr(getattr(gpt, "transformer", None), "wte", None)
+    if not (adapter.EMBEDDING_GRAD_INTO and DIRECT_GRADS and GEMM_INTO_GRAD) or not isinstance(wte, nn.Embedding):
+        return
+    for p, b in zip(params, bufs):
+        if p is wte.weight and b.shape == p.shape and b.dtype == p.dtype:
+            embedding_grad_into_(b, torch.zeros(1, dtype=idx_dtype, device=b.device),
+                                 torch.zeros(1, b.shape[1], dtype=b.dtype, device=b.device))
+
+
 def _compile_guard() -> Iterator[None]:
     """While the block runs, a Triton kernel compilation (``knobs.runtime.jit_cache_hook``, which Triton calls before
     it compiles a kernel that its in-memory cache lacks) raises :class:`_NeedsWarmup` instead. The hook set before is

@@ -401,15 +401,19 @@ def _accumulate(cfg, graphed, plain, lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hooked", [False, True])
-def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked):
+@pytest.mark.parametrize("hooked, embedding_into", [(False, False), (True, False), (False, True)])
+def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked, embedding_into):
     """Full fine-tuning captured by cuda_graphs=None with graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on: several optimizer steps (AdamW, two micro-batches of
     different buckets each, gradient clipping, ``zero_grad()`` to None) give the uncaptured model's parameters and
     optimizer state; each ``.grad`` is the replay's own buffer (no second copy), so the captured model holds no more
     memory than the uncaptured one beyond the graphs' activations. With a tensor hook on a parameter the gradients
-    go through autograd's accumulation instead (the hook runs on every backward)."""
+    go through autograd's accumulation instead (the hook runs on every backward). ``embedding_into``
+    (``adapter.EMBEDDING_GRAD_INTO``): the token embedding's gradient is added into its ``.grad`` by its own kernel
+    too."""
+    from lit_liger import adapter as adapter_mod
     from lit_liger import graphs as graphs_mod
 
+    monkeypatch.setattr(adapter_mod, "EMBEDDING_GRAD_INTO", embedding_into)
     monkeypatch.setattr(graphs_mod, "DIRECT_GRADS", True)
     monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", True)
     cfg, graphed, plain = _gpu_models(False)
@@ -430,7 +434,8 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
     runner = runner_for(graphed)
     assert runner.captures == 2 and runner.replays == 6 and not runner.disabled
     # every Block's qkv, attention proj, fc_1, fc_2 and MLP proj weight gradient is added into .grad by its GEMM
-    assert all(g.added_by_gemm == 5 * cfg.n_layer for g in runner.graphs.values()), \
+    # (and, with embedding_into, the token embedding's by its own kernel)
+    assert all(g.added_by_gemm == 5 * cfg.n_layer + embedding_into for g in runner.graphs.values()), \
         [g.added_by_gemm for g in runner.graphs.values()]
     for (n, a), b in zip(graphed.named_parameters(), plain.parameters()):
         assert rel_err(a, b) <= 2e-2, n

@@ -112,3 +112,131 @@ def test_adapter_uses_it_only_under_compile(device):
     assert torch.allclose(loss, ref, rtol=1e-4, atol=1e-5)
     g, r = ours.transformer.wte.weight.grad, stock.transformer.wte.weight.grad
     assert torch.allclose(g, r, rtol=1e-3, atol=1e-5), (g - r).abs().max()
+
+
+# -- the weight's gradient added into a named tensor (kernels._grad_into, lit-liger's captured steps) --------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
+def test_grad_into_adds_each_touched_row_once(dtype, idx_dtype, device):
+    """``embedding_grad_into_`` adds the gradient into ``target`` (the rows a micro-batch touches, repeated ids
+    summed, the other rows bit for bit unchanged) as fp64 math says; the gradient may be a non-contiguous view."""
+    from lit_liger.kernels.embedding import embedding_grad_into_
+
+    w, idx, dy = _inputs(device, dtype, V=50, C=40)
+    idx = idx.to(idx_dtype)
+    dy = dy.transpose(0, 1).contiguous().transpose(0, 1)  # (3, 17, C) with strides of (17, 3, C)
+    assert not dy.is_contiguous()
+    target = torch.randn(50, 40, generator=torch.Generator().manual_seed(3)).to(device=device, dtype=dtype)
+    before = target.clone()
+    embedding_grad_into_(target, idx, dy)
+    want = before.double().index_add_(0, idx.reshape(-1).long(), dy.reshape(-1, 40).double())
+    touched = torch.zeros(50, dtype=torch.bool, device=device)
+    touched[idx.reshape(-1).long()] = True
+    assert touched.sum() < 50  # (some rows untouched)
+    assert torch.equal(target[~touched], before[~touched])
+    err = ((target.double() - want)[touched].norm() / want[touched].norm()).item()
+    assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
+    assert not torch.equal(target[touched], before[touched])
+
+
+def test_grad_into_matches_the_reference_path(device):
+    """The Triton kernel (CUDA, the interpreter) and the PyTorch path give the same sums."""
+    from lit_liger.kernels.embedding import embedding_grad_into_, embedding_grad_into_reference
+
+    w, idx, dy = _inputs(device, torch.float32, V=30, C=70)
+    a = torch.randn(30, 70, device=device)
+    b = a.clone()
+    embedding_grad_into_(a, idx, dy)
+    embedding_grad_into_reference(b, idx, dy)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="pair up"):
+        embedding_grad_into_(a, idx, dy[..., :5])
+
+
+def test_inside_grads_into_the_gradient_goes_into_the_target(device):
+    """Inside ``grads_into`` the op hands autograd no weight gradient and adds it into the target (recorded as
+    written); the output and the input gradients are F.embedding's. Outside, the weight's gradient as before."""
+    from lit_liger.kernels._grad_into import grads_into
+
+    w, idx, dy = _inputs(device, torch.float32)
+    target = torch.zeros_like(w)
+    with grads_into([(w, target)]) as written:
+        out = embedding(w, idx)
+        out.backward(dy)
+        assert id(target) in written
+    assert w.grad is None
+    ref = F.embedding(idx, w)
+    (rw,) = torch.autograd.grad(ref, w, dy)
+    assert torch.equal(out, ref)
+    torch.testing.assert_close(target, rw, rtol=1e-6, atol=1e-6)
+    out = embedding(w, idx)  # (outside: autograd's gradient)
+    out.backward(dy)
+    assert torch.equal(w.grad, rw)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_swapped_wte_adds_into_grad_where_switched_on(device, monkeypatch, on):
+    """``adapter.EMBEDDING_GRAD_INTO``: inside a capture's ``grads_into`` a swapped GPT's ``transformer.wte`` adds its
+    gradient into the named tensor (on) or leaves it to autograd (off); the loss and the other gradients are the same
+    either way."""
+    from litgpt import Config
+    from litgpt.model import GPT
+
+    import lit_liger.adapter as adapter
+    from lit_liger import apply_liger, chunked_cross_entropy
+    from lit_liger.kernels._grad_into import grads_into
+
+    monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
+                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
+    torch.manual_seed(0)
+    stock = GPT(cfg).to(device)
+    ours = GPT(cfg).to(device)
+    ours.load_state_dict(stock.state_dict())
+    apply_liger(ours)
+    x = torch.randint(0, 128, (2, 16), device=device)
+    from litgpt.utils import chunked_cross_entropy as stock_ce
+
+    stock_ce(stock(x), x).backward()
+    wte = ours.transformer.wte.weight
+    target = torch.zeros_like(wte)
+    with grads_into([(wte, target)]) as written:
+        chunked_cross_entropy(ours(x), x).backward()
+    ref = stock.transformer.wte.weight.grad
+    got = target if on else wte.grad
+    assert (id(target) in written) is on and (wte.grad is None) is on
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-6)
+    g, r = ours.lm_head.weight.grad, stock.lm_head.weight.grad
+    torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypatch, on):
+    """``graphs._warm_grads_into``: with ``EMBEDDING_GRAD_INTO`` the capture's warm-up launches the embedding's kernel
+    once into the embedding's gradient buffer (so that it is compiled and loaded outside the capture), leaving the
+    buffer's values as they were; off, nothing runs."""
+    from litgpt import Config
+    from litgpt.model import GPT
+
+    import importlib
+
+    import lit_liger.adapter as adapter
+    import lit_liger.graphs as graphs
+    from lit_liger import apply_liger
+
+    emb_mod = importlib.import_module("lit_liger.kernels.embedding")  # (the package exports the function's name)
+    monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
+                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
+    gpt = GPT(cfg).to(device)
+    apply_liger(gpt)
+    params = [p for p in gpt.parameters() if p.requires_grad]
+    bufs = [torch.randn_like(p) for p in params]
+    before = [b.clone() for b in bufs]
+    calls = []
+    real = emb_mod.embedding_grad_into_
+    monkeypatch.setattr(emb_mod, "embedding_grad_into_", lambda t, i, g: calls.append(t) or real(t, i, g))
+    graphs._warm_grads_into(gpt, params, bufs, torch.int64)
+    wte_buf = bufs[[id(p) for p in params].index(id(gpt.transformer.wte.weight))]
+    assert [id(t) for t in calls] == ([id(wte_buf)] if on else [])
+    assert all(torch.equal(a, b) for a, b in zip(bufs, before))
