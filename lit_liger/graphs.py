@@ -443,7 +443,6 @@ def _triton_runtime_knobs() -> Any:
     return rt
 
 
-@contextlib.contextmanager
 def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torch.Tensor], idx_dtype: torch.dtype
                      ) -> None:
     """Launch once, outside the capture, the kernels that add a weight's gradient into its ``.grad`` buffer only inside
@@ -463,6 +462,7 @@ def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torc
                                  torch.zeros(1, b.shape[1], dtype=b.dtype, device=b.device))
 
 
+@contextlib.contextmanager
 def _compile_guard() -> Iterator[None]:
     """While the block runs, a Triton kernel compilation (``knobs.runtime.jit_cache_hook``, which Triton calls before
     it compiles a kernel that its in-memory cache lacks) raises :class:`_NeedsWarmup` instead. The hook set before is
