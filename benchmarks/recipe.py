@@ -399,7 +399,8 @@ def steady_split(times_ms: list[float], stall_x: float = STALL_X) -> dict[str, f
     """The timed window's iterations without its stalls (longer than ``stall_x`` times the median): their mean, and how
     many stalls took how long. tokens/s counts the stalls, as a user's run does; comparing two variants by it alone
     also compares where their captures fell, and the first lit-liger run on a fresh machine compiles every Triton
-    kernel (Triton's disk cache is empty) inside its first capture (1.45 s against 0.15 s for the next run, ``h200x2-2026-11-27f``)."""
+    kernel (Triton's disk cache is empty) inside its first capture (1.45 s against 0.15 s for the next run,
+    ``h200x2-2026-11-27f``)."""
     if not times_ms:
         return {}
     cut = stall_x * statistics.median(times_ms)
@@ -429,8 +430,8 @@ def _line(r: dict) -> str:
 
 COLUMNS = ["model", "method", "B", "GPUs", "variant", "tok/s", "x stock", "scaling", "model TFLOP/s per GPU",
            "MFU (nominal)",
-           "MFU (measured peak)", "padding", "MFU over processed", "iter ms mean", "mean without stalls", "stall ms", "p50",
-           "p90", "peak alloc GB",
+           "MFU (measured peak)", "padding", "MFU over processed", "iter ms mean", "mean without stalls", "stall ms",
+           "p50", "p90", "peak alloc GB",
            "peak reserved GB", "max rank alloc GB", "x stock reserved", "loss iter 1", "final loss", "status"]
 
 

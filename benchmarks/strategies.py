@@ -23,7 +23,8 @@ Variants of the lit-liger run (``LigerCallback``'s ``LigerConfig``): ``bf16`` (t
 (``fp8_all_gather=True``: under ``modelparallel`` FSDP2 gathers the projections' weights in float8, where the callback
 swaps the model before ``configure_model`` shards it, i.e. with ``--init meta``) and ``fp8-bf16-gather``
 (``fp8_all_gather=False``: 16-bit all-gather, cast after), ``bf16-foreach-adam`` (``fused_optimizer=False``: the
-module's AdamW as built, torch's foreach, as every FSDP2 run stepped before the switch to PyTorch's fused kernel took DTensors).
+module's AdamW as built, torch's foreach, as every FSDP2 run stepped before the switch to PyTorch's fused kernel took
+DTensors).
 ``--init meta`` (FSDP2
 only) builds the GPT on the meta device in the module's ``__init__``, as litgpt's FSDP2 recipe does: the callback
 swaps it in ``setup``, ``configure_model`` shards it and Lightning materializes it (``reset_parameters``); the

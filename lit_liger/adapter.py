@@ -285,8 +285,8 @@ class _EmbeddingMixin:
     into ``.grad`` by that op; otherwise ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels)."""
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and self.weight.requires_grad and (
-                torch.compiler.is_compiling() or (EMBEDDING_GRAD_INTO and _grad_into.target_for(self.weight) is not None)):
+        into = EMBEDDING_GRAD_INTO and _grad_into.target_for(self.weight) is not None
+        if torch.is_grad_enabled() and self.weight.requires_grad and (torch.compiler.is_compiling() or into):
             return embedding(self.weight, idx)
         return super().forward(idx)
 

@@ -227,10 +227,10 @@ class LigerConfig:
             pass over each parameter, its gradient and moments per step, computed in fp32, instead of the ``foreach``
             default's dozen passes, each rounded to the parameters' dtype. CUDA parameters, plain or DTensor
             (FSDP2: each rank steps its shards); an optimizer the user configured (``fused``/``foreach`` set,
-            ``differentiable``, FSDP1's flat parameters) is left as it is, and the log says why. The step count then lives on the device (PyTorch's fused optimizers
-            keep it there; a checkpoint's CPU count is moved), and ``state_dict()`` hands it out on the host, as
-            the default implementation keeps it, so checkpoints are stock's. ``apply_liger`` alone does not touch
-            optimizers.
+            ``differentiable``, FSDP1's flat parameters) is left as it is, and the log says why. The step count then
+            lives on the device (PyTorch's fused optimizers keep it there; a checkpoint's CPU count is moved), and
+            ``state_dict()`` hands it out on the host, as the default implementation keeps it, so checkpoints are
+            stock's. ``apply_liger`` alone does not touch optimizers.
         defer_loss_sync: the ``lit-liger`` command, one process: litgpt's loop reads the loss and token counts it logs
             one iteration later (``lit_liger.lazylog``), so that no iteration waits for the GPU (at
             ``--train.log_interval 1`` litgpt's loop waited three times per iteration: its running loss's NaN check,

@@ -114,7 +114,7 @@ def test_adapter_uses_it_only_under_compile(device):
     assert torch.allclose(g, r, rtol=1e-3, atol=1e-5), (g - r).abs().max()
 
 
-# -- the weight's gradient added into a named tensor (kernels._grad_into, lit-liger's captured steps) --------------------
+# -- the weight's gradient added into a named tensor (kernels._grad_into, lit-liger's captured steps) ----------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
 def test_grad_into_adds_each_touched_row_once(dtype, idx_dtype, device):
