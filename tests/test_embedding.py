@@ -25,6 +25,23 @@ def _inputs(device, dtype, V=50, C=24, seed=0):
     return w, idx, dy
 
 
+def _stock_and_swapped(name, device):
+    """A one-layer LitGPT ``GPT`` of ``name``'s family (vocabulary 128), stock and a copy with lit-liger applied (its
+    report); the same weights."""
+    from litgpt import Config
+    from litgpt.model import GPT
+
+    from lit_liger import apply_liger
+
+    cfg = Config.from_name(name, n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
+                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
+    torch.manual_seed(0)
+    stock = GPT(cfg).to(device)
+    ours = GPT(cfg).to(device)
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours, apply_liger(ours)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_same_as_f_embedding(dtype, device):
     w, idx, dy = _inputs(device, dtype)
@@ -73,18 +90,9 @@ def test_bad_inputs(device):
 def test_adapter_uses_it_only_under_compile(device):
     """A swapped GPT's ``transformer.wte`` runs ``nn.Embedding`` in eager mode and the op while torch.compile traces
     a training forward; loss and gradients match stock LitGPT either way (aot_eager: the same ATen kernels)."""
-    from litgpt import Config
-    from litgpt.model import GPT
+    from lit_liger import chunked_cross_entropy
 
-    from lit_liger import apply_liger, chunked_cross_entropy
-
-    cfg = Config.from_name("gemma-2-2b", n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
-                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
-    torch.manual_seed(0)
-    stock = GPT(cfg).to(device)
-    ours = GPT(cfg).to(device)
-    ours.load_state_dict(stock.state_dict())
-    report = apply_liger(ours)
+    stock, ours, report = _stock_and_swapped("gemma-2-2b", device)
     assert any(kernel.startswith("embedding") for _, _, kernel in report.swapped), report
     x = torch.randint(0, 128, (2, 16), device=device)
     y = torch.randint(0, 128, (2, 16), device=device)
@@ -179,21 +187,12 @@ def test_swapped_wte_adds_into_grad_where_switched_on(device, monkeypatch, on):
     """``adapter.EMBEDDING_GRAD_INTO``: inside a capture's ``grads_into`` a swapped GPT's ``transformer.wte`` adds its
     gradient into the named tensor (on) or leaves it to autograd (off); the loss and the other gradients are the same
     either way."""
-    from litgpt import Config
-    from litgpt.model import GPT
-
     import lit_liger.adapter as adapter
-    from lit_liger import apply_liger, chunked_cross_entropy
+    from lit_liger import chunked_cross_entropy
     from lit_liger.kernels._grad_into import grads_into
 
     monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
-    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
-                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
-    torch.manual_seed(0)
-    stock = GPT(cfg).to(device)
-    ours = GPT(cfg).to(device)
-    ours.load_state_dict(stock.state_dict())
-    apply_liger(ours)
+    stock, ours, _ = _stock_and_swapped("Llama-3.2-1B", device)
     x = torch.randint(0, 128, (2, 16), device=device)
     from litgpt.utils import chunked_cross_entropy as stock_ce
 
@@ -215,21 +214,14 @@ def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypa
     """``graphs._warm_grads_into``: with ``EMBEDDING_GRAD_INTO`` the capture's warm-up launches the embedding's kernel
     once into the embedding's gradient buffer (so that it is compiled and loaded outside the capture), leaving the
     buffer's values as they were; off, nothing runs."""
-    from litgpt import Config
-    from litgpt.model import GPT
-
     import importlib
 
     import lit_liger.adapter as adapter
     import lit_liger.graphs as graphs
-    from lit_liger import apply_liger
 
     emb_mod = importlib.import_module("lit_liger.kernels.embedding")  # (the package exports the function's name)
     monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
-    cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=32, n_head=2, n_query_groups=1, head_size=16,
-                           intermediate_size=64, padded_vocab_size=128, vocab_size=128)
-    gpt = GPT(cfg).to(device)
-    apply_liger(gpt)
+    _, gpt, _ = _stock_and_swapped("Llama-3.2-1B", device)
     params = [p for p in gpt.parameters() if p.requires_grad]
     bufs = [torch.randn_like(p) for p in params]
     before = [b.clone() for b in bufs]
