@@ -1,7 +1,7 @@
 """Lightning Trainer + ``LigerCallback`` under Lightning's distributed strategies, ``--liger`` on vs off.
 
     python -m benchmarks.strategies --strategy fsdp|modelparallel|deepspeed2|deepspeed3 --liger true|false
-                                    [--variant bf16|fp8|fp8-float8-gather|fp8-bf16-gather] [--init configure_model|meta]
+                                    [--variant bf16|fp8|fp8-float8-gather|fp8-bf16-gather|bf16-foreach-adam] [--init configure_model|meta]
                                     [--devices 2] [--steps 20] [--model Llama-3.2-1B] [--n_layer N]
                                     [--micro_batch_size 2] [--seq 1024] --json RESULT.json
 
@@ -24,9 +24,7 @@ Variants of the lit-liger run (``LigerCallback``'s ``LigerConfig``): ``bf16`` (t
 swaps the model before ``configure_model`` shards it, i.e. with ``--init meta``) and ``fp8-bf16-gather``
 (``fp8_all_gather=False``: 16-bit all-gather, cast after), ``bf16-foreach-adam`` (``fused_optimizer=False``: the
 module's AdamW as built, torch's foreach, as every FSDP2 run stepped before the switch to PyTorch's fused kernel took
-DTensors).
-``--init meta`` (FSDP2
-only) builds the GPT on the meta device in the module's ``__init__``, as litgpt's FSDP2 recipe does: the callback
+DTensors). ``--init meta`` (FSDP2 only) builds the GPT on the meta device in the module's ``__init__``, as litgpt's FSDP2 recipe does: the callback
 swaps it in ``setup``, ``configure_model`` shards it and Lightning materializes it (``reset_parameters``); the
 default builds and shards it in ``configure_model`` (the callback swaps it after).
 """
