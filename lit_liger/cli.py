@@ -283,18 +283,20 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
-        from ._dist import several_processes, whole_model
+        from ._dist import liger_replica, several_processes, whole_model
         from .adapter import TRAINING_TOKENS
         from . import profiling
         from .graphs import CAPTURE_STATS, capture_report
 
-        restore = None
+        restore, loader, balanced = None, bound.get("train_dataloader"), None
         if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
             wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
             if wrapped is not None:
                 bound["train_dataloader"], restore = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
+        if config is not None and config.balance_ranks and loader is not None and liger_replica():
+            balanced = _balance(fabric, loader, rank0)
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
@@ -304,6 +306,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         finally:
             if restore is not None:
                 restore()
+            if balanced is not None:
+                loader._dataloader = balanced[1]
+                line = balanced[0].report()
+                if line and rank0:
+                    print(line, flush=True)
             if isinstance(model, torch.nn.Module):
                 from .graphs import release
 
@@ -361,6 +368,25 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
         raise
     restore()
     log.close()
+
+
+def _balance(fabric: Any, loader: Any, rank0: bool) -> tuple[Any, Any] | None:
+    """Under lit-liger's replica plan: Fabric's training ``loader`` reads every device's micro-batches and deals them
+    by length (``lit_liger.balance``; said in the log), as ``(the Balanced loader, the DataLoader it replaced)``; None
+    where it does not apply (said why)."""
+    from .balance import balanced_loader
+
+    inner = getattr(loader, "_dataloader", None)
+    strategy = getattr(fabric, "strategy", None)
+    out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size,
+                               lambda: getattr(strategy, "reductions", 0))
+    if rank0:
+        print("lit-liger: " + (f"{why}: the devices' micro-batches stay in litgpt's order" if out is None else
+                               "each device reads every device's micro-batches and they are dealt by length, so that "
+                               "each optimizer step's positions spread evenly over the devices (the same micro-batches "
+                               "per step; each step's first ones as litgpt's order; --liger.balance_ranks false keeps "
+                               "litgpt's order)"), flush=True)
+    return None if out is None else (out, inner)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command line's parser checks
 
 # LigerConfig fields that are settings, not on/off switches
-_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "cuda_graphs_max_tokens", "sdpa_backend", "caller_thread_backward",
+_SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "balance_ranks", "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "cuda_graphs_max_tokens", "sdpa_backend", "caller_thread_backward",
              "activation_checkpointing", "recompute_mlp", "fused_optimizer", "defer_loss_sync")
 
 
@@ -97,6 +97,13 @@ class LigerConfig:
             H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.81x one GPU's tokens/s, full fine-tuning
             1.41x, where litgpt's sharding ran 0.054x and 0.32x; Llama-3.1-8B full fine-tuning with ``"zero1"``
             3.45x stock litgpt's 2-GPU run. The Trainer keeps the user's strategy.
+        balance_ranks: under ``data_parallel`` ``"replicate"`` / ``"zero1"``: each device's loader reads every
+            device's micro-batches in rounds and deals each round by length, so that each optimizer step's positions
+            are spread evenly over the devices (``lit_liger.balance``): the first micro-batch of each step on each
+            device is litgpt's, each later one goes, longest first, to the device with the fewest positions in the
+            step so far. Each step trains on the micro-batches litgpt's order gives it (the same gradient, summed in
+            another order); what a device logs is the loss of the micro-batches it ran. The log says how much the
+            busiest device ran over the mean, dealt and in litgpt's order. ``False``: litgpt's order.
         replicate_frozen_base: the earlier name of ``data_parallel="replicate"`` (true forces it; false leaves
             ``data_parallel`` to decide).
         fp8: float8 GEMMs for the Block projections (attention ``qkv``/``proj``, MLP ``fc_1``/``fc_2``/``proj``;
@@ -260,6 +267,7 @@ class LigerConfig:
     seq_buckets: bool = True
     packing: bool = True
     data_parallel: Literal["auto", "replicate", "zero1", "shard", "litgpt"] = "auto"
+    balance_ranks: bool = True
     replicate_frozen_base: bool = False
     fp8: Literal["off", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"
     fp8_all_gather: bool | None = None

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -848,20 +849,26 @@ def test_finetune_two_gpus(assets, tmp_path, command):
     assert_first_losses_match(outs["true"], outs["false"])
 
 
-def _two_process_run(assets, tmp_path, command: str, name: str, liger: list, steps: int = 3) -> tuple[list, str]:
+def _two_process_run(assets, tmp_path, command: str, name: str, liger: list, steps: int = 3,
+                     interpret: bool = True, **given: Any) -> tuple[list, str]:
     """``lit-liger COMMAND`` on 2 CPU processes (gloo), one micro-batch per device per step, no dropout, a learning
-    rate that moves the weights visibly: (losses, stdout)."""
+    rate that moves the weights visibly: (losses, stdout). ``interpret`` false: without TRITON_INTERPRET (CPU tensors
+    take the reference PyTorch path). ``given``: arguments' values in place of :func:`finetune_args`' (``train__x``
+    for ``--train.x``)."""
     args = finetune_args(assets, command, tmp_path / name, None)
     args[args.index("--devices") + 1] = 2
     args[args.index("--train.max_steps") + 1] = steps
     gbs = args.index("--train.global_batch_size") + 1
     args[gbs] = 2 * int(args[gbs])
+    for key, value in given.items():
+        args[args.index("--" + key.replace("__", ".")) + 1] = value
     args += ["--optimizer", json.dumps({"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.02}})]
     if command == "finetune_lora":
         # (litgpt's FSDP2 recomputes each Block without restoring the random state: no dropout, to compare)
         args += ["--lora_dropout", "0"]
+    env = {k: v for k, v in os.environ.items() if interpret or k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "lit_liger", *map(str, args), *liger], capture_output=True, text=True,
-                          timeout=600, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                          timeout=600, check=False, env={**env, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return losses(tmp_path / name), proc.stdout
 
@@ -930,6 +937,34 @@ def test_data_parallel_zero1_two_processes(assets, tmp_path):
             a, b = opt["zero1"][i][key].float(), entry[key].float()
             assert torch.linalg.vector_norm(a - b) <= 1e-3 * torch.linalg.vector_norm(b) + 1e-9, (i, key)
         assert float(opt["zero1"][i]["step"]) == float(entry["step"]) == 2.0
+
+
+def test_data_parallel_deals_micro_batches_by_length(assets, tmp_path):
+    """``--liger.balance_ranks`` (default on) under the replica plan, 2 CPU processes, two micro-batches per device and
+    optimizer step, lengths up to 256 tokens: the log says the micro-batches were dealt and how even the devices'
+    positions per step came out against litgpt's order (better); each step trains on the same micro-batches as
+    litgpt's order (the weights saved after 4 steps equal the run with the deal off, to float rounding), and each
+    step's first micro-batch is litgpt's (the losses logged there equal)."""
+    data = tmp_path / "short.json"  # (short instructions: 178-304 tokens with the prompt, one per micro-batch)
+    make_instruction_dataset(data, source_files(), n=40, max_chars=250)
+    runs = {name: _two_process_run(assets, tmp_path, "finetune_full", name, flag, steps=4, interpret=False,
+                                   data__json_path=data, train__max_seq_length=256, train__micro_batch_size=1,
+                                   train__global_batch_size=4)
+            for name, flag in (("dealt", []), ("litgpt", ["--liger.balance_ranks", "false"]))}
+    (ours, out), (ref, ref_out) = runs["dealt"], runs["litgpt"]
+    assert "they are dealt by length" in out and "dealt by length" not in ref_out
+    line = next(ln for ln in out.splitlines() if "micro-batches were dealt by length" in ln)
+    changed = int(line.split("(")[1].split(" rounds changed")[0])
+    dealt = float(line.split("busiest device ran ")[1].split("%")[0])
+    litgpt = float(line.split("against ")[1].split("%")[0])
+    assert changed >= 1 and dealt < litgpt, line
+    assert len(ours) == len(ref) == 8 and ours[1:] != ref[1:]  # (rank 0 logged other micro-batches)
+    for i in (0, 2, 4, 6):  # each step's first micro-batch: litgpt's
+        assert abs(ours[i] - ref[i]) / abs(ref[i]) < LOSS_TOL, (i, ours, ref)
+    saved = {n: torch.load(tmp_path / n / "final" / "lit_model.pth", weights_only=True) for n in runs}
+    saved = {n: v.get("model", v) for n, v in saved.items()}
+    for k, v in saved["litgpt"].items():
+        assert torch.linalg.vector_norm(saved["dealt"][k] - v) <= 1e-4 * torch.linalg.vector_norm(v) + 1e-7, k
 
 
 def test_data_parallel_litgpt_keeps_litgpt_strategy(assets, tmp_path):

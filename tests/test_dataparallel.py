@@ -214,3 +214,115 @@ def test_replica_ignores_other_models():
     other = SimpleNamespace(config=SimpleNamespace(n_layer=2))
     strategy._ready(other, 1)  # (would need torch.distributed otherwise)
     assert strategy.early == 0 and strategy._segments[id(other)] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# lit_liger.balance: the devices' micro-batches dealt by length (the CLI on 2 processes: test_cli.py)
+# ----------------------------------------------------------------------------------------------
+def test_deal_keeps_litgpts_order_first_then_longest_to_the_least_loaded():
+    from lit_liger.balance import deal
+
+    assert deal([30.0, 10.0], [0.0, 0.0], first=True) == [0, 1]
+    assert deal([10.0, 30.0], [100.0, 50.0], first=True) == [0, 1]  # (a step's first round: litgpt's own)
+    assert deal([30.0, 10.0], [100.0, 50.0], first=False) == [1, 0]  # the long one to the device behind
+    assert deal([10.0, 30.0], [100.0, 50.0], first=False) == [0, 1]  # (litgpt's order is already that)
+    assert deal([30.0, 10.0], [70.0, 70.0], first=False) == [0, 1]  # equal loads: each keeps its own
+    assert deal([20.0, 20.0], [90.0, 10.0], first=False) == [0, 1]  # equal costs: each keeps its own
+    # four devices: longest first to the least loaded
+    assert deal([5.0, 40.0, 10.0, 20.0], [30.0, 0.0, 10.0, 20.0], first=False) == [0, 1, 3, 2]
+    assert deal([40.0, 5.0, 20.0, 10.0], [30.0, 0.0, 10.0, 20.0], first=False) == [1, 0, 2, 3]
+
+
+def test_positions_of_a_batch_packed_or_padded():
+    from lit_liger.balance import positions
+    from lit_liger.packing import BATCH_KEY, host_plan
+
+    idx = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+    assert positions({"input_ids": idx}) == 8
+    entry = host_plan(idx, None, None)
+    assert entry is not None and positions({"input_ids": idx, BATCH_KEY: entry}) == entry[1][3] == 5
+    assert positions([idx]) == 0 and positions({"labels": idx}) == 0
+
+
+class _Lengths(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64) -> None:
+        self.lengths = torch.randint(1, 40, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"i": i, "n": self.lengths[i]}
+
+
+def _collate(samples: list[dict]) -> dict:  # padded to the longest, as litgpt's SFT collate
+    return {"input_ids": torch.zeros(len(samples), max(s["n"] for s in samples), dtype=torch.long),
+            "ids": [s["i"] for s in samples]}
+
+
+def _fabric_loader(data, rank: int, world: int, batch_size: int = 2):
+    from lightning.fabric.wrappers import _FabricDataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
+    return _FabricDataLoader(torch.utils.data.DataLoader(data, batch_size=batch_size, sampler=sampler,
+                                                         collate_fn=_collate))
+
+
+@pytest.mark.parametrize("world,accumulate", [(2, 2), (2, 4), (3, 3)])
+def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate):
+    """Each device's balanced loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data): round
+    ``k`` hands out exactly the micro-batches that litgpt's loaders give at iteration ``k``, one to each device; each
+    step's first round as litgpt's; every device computes the same deal; the busiest device's positions per step come
+    out below litgpt's order; the second pass follows the samplers' next epoch (Fabric's ``set_epoch``)."""
+    from lit_liger.balance import balanced_loader
+
+    data = _Lengths()
+    natural, dealt, reports = [], [], []
+    for rank in range(world):
+        ref = _fabric_loader(data, rank, world)
+        natural.append([b["ids"] for _ in range(2) for b in ref])  # (Fabric sets epoch 0, then 1)
+        loader = _fabric_loader(data, rank, world)
+        steps = [0]
+        balanced, why = balanced_loader(loader, rank, world, lambda: steps[0])
+        assert balanced is not None and why == "" and len(loader) == len(ref)
+        got = []
+        for _ in range(2):
+            for batch in loader:
+                got.append(batch["ids"])
+                if len(got) % accumulate == 0:
+                    steps[0] += 1  # (the step's synchronizing backward)
+        dealt.append(got)
+        reports.append(balanced.report())
+    rounds = len(natural[0])
+    assert rounds == 2 * -(-(-(-len(data) // world)) // 2) and all(len(d) == rounds for d in dealt)
+    assert natural[0][:rounds // 2] != natural[0][rounds // 2:]  # (the second epoch is shuffled anew)
+    changed = 0
+    for k in range(rounds):
+        ours, theirs = sorted(d[k] for d in dealt), sorted(n[k] for n in natural)
+        assert ours == theirs, k
+        if k % accumulate == 0:
+            assert [d[k] for d in dealt] == [n[k] for n in natural], k
+        changed += [d[k] for d in dealt] != [n[k] for n in natural]
+    assert changed > 0
+    line = reports[0]
+    assert line is not None and f"({changed:,} rounds changed)" in line
+    ran = float(line.split("busiest device ran ")[1].split("%")[0])
+    litgpt = float(line.split("against ")[1].split("%")[0])
+    assert ran < litgpt, line
+    shares = [float(r.split("this device: ")[1].split("%")[0]) for r in reports]
+    assert abs(sum(shares) - 100) < 0.2, shares
+
+
+def test_balanced_loader_says_why_not():
+    from lit_liger.balance import balanced_loader
+    from lightning.fabric.wrappers import _FabricDataLoader
+
+    data = _Lengths()
+    plain = _FabricDataLoader(torch.utils.data.DataLoader(data, batch_size=2, collate_fn=_collate))
+    out, why = balanced_loader(plain, 0, 2, lambda: 0)
+    assert out is None and "DistributedSampler" in why and isinstance(plain._dataloader, torch.utils.data.DataLoader)
+    out, why = balanced_loader(_fabric_loader(data, 1, 2), 0, 2, lambda: 0)  # (another rank's sampler)
+    assert out is None and "DistributedSampler" in why
+    out, why = balanced_loader(object(), 0, 2, lambda: 0)
+    assert out is None and "Fabric" in why
