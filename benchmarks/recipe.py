@@ -92,6 +92,8 @@ VARIANTS = {
     # ... zero1 with gradients all-reduced and each stepped parameter broadcast (lit_liger.dataparallel.ZERO1_P2P off)
     "liger-dp-zero1-bcast": ["--liger.data_parallel", "zero1"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
+    # ... and each device's micro-batches in litgpt's order (LigerConfig.balance_ranks off: not dealt by length)
+    "liger-no-balance": ["--liger.balance_ranks", "false"],
     # ... and the replica's optimizer step after every all-reduce (lit_liger.dataparallel.OVERLAP_STEP off)
     "liger-step-after-reduce": ["--liger", "true"],
     # issue 47: every captured shape warmed up by its own uncaptured pass first (lit_liger.graphs.WARMUP_ONCE off)
