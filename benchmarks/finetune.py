@@ -241,10 +241,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.WARMUP_ONCE = False
-    if os.environ.get("LIT_LIGER_BENCH_EMBEDDING_INTO") == "1":  # the recipe's liger-embedding-into variant
+    if os.environ.get("LIT_LIGER_BENCH_EMBEDDING_INTO") in ("0", "1"):  # the recipe's liger-embedding-* variants
         from lit_liger import adapter
 
-        adapter.EMBEDDING_GRAD_INTO = True
+        adapter.EMBEDDING_GRAD_INTO = os.environ["LIT_LIGER_BENCH_EMBEDDING_INTO"] == "1"
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 
