@@ -6,12 +6,15 @@ each device its own shard of the data (a ``DistributedSampler`` per rank), so wh
 is chance. Measured on 2 x H200 (Llama-3.2-1B full fine-tuning, Alpaca-shaped lengths, two micro-batches per device and
 step): 1.7-3.4 ms of each iteration were the faster device waiting (``benchmarks/results/h200x2-2026-11-27b``).
 
-:class:`Balanced` replaces, on every device, the training loader with one that reads the micro-batches of *every*
-device (the same samplers litgpt's would have had, one per rank, in lock step: round ``k`` is micro-batch ``k`` of each
-device), and deals each round's micro-batches to the devices: the first round after an optimizer step as litgpt would
-(so each step's first micro-batch on each device is litgpt's), each later one longest first to the device with the
-fewest positions so far in this step (longest processing time first). Every device computes the same deal from the same
-batches, without a collective.
+:class:`DealtBatches` is each device's batch sampler in place of litgpt's: it draws the index lists of *every* device
+(the samplers litgpt's loaders would have had, one per rank, in lock step: round ``k`` is micro-batch ``k`` of each
+device), estimates each micro-batch's positions from its samples' text (:class:`SampleCost`: characters, at a
+tokens-per-character ratio measured on a few samples; no tokenization per round), and deals the round: the first round
+of each optimizer step as litgpt would (so each step's first micro-batch on each device is litgpt's), each later one
+longest first to the device with the fewest positions so far in the step (longest processing time first). Every device
+computes the same deal without a collective, and loads only the micro-batch it was dealt (an earlier design that
+loaded every device's batches and dealt them by their collated size cost ~1 ms of host time per extra batch: 11% on
+LoRA's 12 ms iterations, ``benchmarks/results/h200x2-2026-11-27g``).
 
 Round ``k`` runs at iteration ``k`` on every device, so the micro-batches of each optimizer step are the ones litgpt's
 order gives it: the averaged gradient is the same sum of the same micro-batch gradients (only the order of the
@@ -21,12 +24,10 @@ before, of the micro-batches it was dealt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import torch
-
-__all__ = ["Balanced", "RoundSampler", "balanced_loader", "deal", "positions"]
+__all__ = ["DealtBatches", "SampleCost", "balanced_loader", "deal"]
 
 
 def deal(costs: list[float], loads: list[float], first: bool) -> list[int]:
@@ -49,19 +50,54 @@ def deal(costs: list[float], loads: list[float], first: bool) -> list[int]:
     return out
 
 
-def positions(batch: Any) -> int:
-    """The token positions the GPU runs for a collated batch: its packed length where the data loader laid it out
-    packed (``lit_liger.packing.host_plan``), else its ``input_ids``' size; 0 where it has none."""
-    from .packing import BATCH_KEY
+class SampleCost:
+    """The estimated positions of a micro-batch of litgpt's ``SFTDataset`` (its ``data``, ``prompt_style``,
+    ``max_seq_length``, ``transform``): each sample's prompt and response characters over a tokens-per-character ratio
+    measured once on up to :data:`CALIBRATE` samples that litgpt's tokenization leaves whole, capped at
+    ``max_seq_length``; a micro-batch's cost is the sum of its samples' (``packed``: the packed row runs them all) or
+    its size times the longest (padded)."""
 
-    if isinstance(batch, dict):
-        entry = batch.get(BATCH_KEY)
-        if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], tuple) and len(entry[1]) > 3:
-            return int(entry[1][3])
-        idx = batch.get("input_ids")
-        if isinstance(idx, torch.Tensor):
-            return idx.numel()
-    return 0
+    CALIBRATE = 32
+
+    def __init__(self, dataset: Any, packed: bool) -> None:
+        self.dataset, self.packed = dataset, packed
+        self.cap = getattr(dataset, "max_seq_length", -1)
+        self._chars_per_token: float | None = None
+
+    @staticmethod
+    def usable(dataset: Any) -> bool:
+        data = getattr(dataset, "data", None)  # (a list, or random_split's Subset of one: litgpt's JSON data)
+        return hasattr(data, "__getitem__") and hasattr(data, "__len__") and hasattr(dataset, "prompt_style")
+
+    def chars(self, i: int) -> int:
+        example = self.dataset.data[i]
+        if getattr(self.dataset, "transform", None) is not None:
+            example = self.dataset.transform(example)
+        prompt = self.dataset.prompt_style.apply(prompt=example["instruction"], **example)
+        return len(prompt) + len(example["output"])
+
+    def _ratio(self) -> float:
+        if self._chars_per_token is None:
+            chars = tokens = 0
+            for i in range(min(len(self.dataset), 4 * self.CALIBRATE)):
+                n = len(self.dataset[i]["input_ids"])
+                if self.cap > 0 and n >= self.cap:
+                    continue  # (cut at max_seq_length: its characters overstate it)
+                chars, tokens = chars + self.chars(i), tokens + n
+                if tokens and i + 1 >= self.CALIBRATE:
+                    break
+            self._chars_per_token = chars / tokens if tokens else 4.0
+        return self._chars_per_token
+
+    def tokens(self, i: int) -> float:
+        n = self.chars(i) / self._ratio()
+        return min(n, float(self.cap)) if self.cap > 0 else n
+
+    def __call__(self, indices: list[int]) -> float:
+        sizes = [self.tokens(i) for i in indices]
+        if not sizes:
+            return 0.0
+        return sum(sizes) if self.packed else len(sizes) * max(sizes)
 
 
 class _EpochFanout:
@@ -75,49 +111,35 @@ class _EpochFanout:
             s.set_epoch(epoch)
 
 
-class RoundSampler:
-    """A batch sampler over every rank's ``DistributedSampler``: round ``k`` yields micro-batch ``k`` of rank 0, then
-    of rank 1, ... (each as ``BatchSampler`` would batch that rank's indices)."""
+class DealtBatches:
+    """This device's batch sampler: every rank's ``BatchSampler`` in lock step, each round dealt by :func:`deal` on
+    ``cost`` (see the module's doc); the round after ``start`` iterations whose count is a multiple of
+    ``accumulation`` opens an optimizer step. Keeps the estimated positions each device ran per step, dealt and in
+    litgpt's order, for :meth:`report`."""
 
-    def __init__(self, samplers: list, batch_size: int, drop_last: bool) -> None:
-        self.samplers, self.batch_size, self.drop_last = samplers, batch_size, drop_last
-        self.sampler = _EpochFanout(samplers)
+    def __init__(self, samplers: list, batch_size: int, drop_last: bool, rank: int, cost: Any, accumulation: int,
+                 start: int = 0) -> None:
+        self.samplers, self.batch_size, self.drop_last, self.rank = samplers, batch_size, drop_last, rank
+        self.cost, self.accumulation, self.start = cost, max(1, accumulation), start
+        self.sampler = _EpochFanout(samplers)  # (Fabric's set_epoch finds it)
+        self.world = len(samplers)
+        self.rounds = 0  # rounds dealt (all passes over the data)
+        self.steps = 0  # optimizer steps closed
+        self.dealt = 0  # rounds not dealt as litgpt would
+        self.busiest = [0.0, 0.0]  # sum over steps of the busiest device's positions: dealt, litgpt's
+        self.mean = 0.0  # ... of the devices' mean positions
+        self.mine = 0.0  # this device's positions, dealt
+        self.total = 0.0  # every device's positions
+        self._loads = [0.0] * self.world  # this step's positions per device so far: dealt, litgpt's
+        self._natural = [0.0] * self.world
 
     def _batches(self) -> list:
         from torch.utils.data import BatchSampler
 
         return [BatchSampler(s, self.batch_size, self.drop_last) for s in self.samplers]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        for row in zip(*self._batches()):
-            yield from row
-
     def __len__(self) -> int:
-        return min(len(b) for b in self._batches()) * len(self.samplers)
-
-
-class Balanced:
-    """The training data of one device under the replica plan: every device's micro-batches read in rounds, each
-    round dealt by :func:`deal` (see the module's doc). ``window()`` counts the optimizer steps' synchronizing
-    backwards so far (``ReplicaStrategy.reductions``): a change starts a new step's deal. Keeps the positions each
-    device ran per step, dealt and as litgpt would have dealt them, for :meth:`report`."""
-
-    def __init__(self, loader: Any, rank: int, world: int, window: Callable[[], int]) -> None:
-        self.loader, self.rank, self.world, self.window = loader, rank, world, window
-        self.sampler = loader.batch_sampler.sampler  # (Fabric's set_epoch finds it)
-        self.batch_sampler = None
-        self.steps = 0  # optimizer steps seen (windows)
-        self.dealt = 0  # rounds not dealt as litgpt would
-        self.busiest = [0.0, 0.0]  # sum over steps of the busiest device's positions: dealt, litgpt's
-        self.mean = 0.0  # ... of the devices' mean positions
-        self.mine = 0.0  # this device's positions, dealt
-        self.total = 0.0  # every device's positions
-        self._loads = [0.0] * world  # this step's positions per device so far: dealt, litgpt's
-        self._natural = [0.0] * world
-        self._seen: int | None = None  # window() at this step's first round
-
-    def __len__(self) -> int:
-        return len(self.loader) // self.world
+        return min(len(b) for b in self._batches())
 
     def _close(self) -> None:
         """Count the step whose rounds were dealt so far (none: nothing), and start the next one's."""
@@ -129,19 +151,12 @@ class Balanced:
             self.mean += sum(loads) / len(loads)
         self._loads, self._natural = [0.0] * self.world, [0.0] * self.world
 
-    def __iter__(self) -> Iterator[Any]:
-        it = iter(self.loader)
-        while True:
-            try:
-                batches = [next(it) for _ in range(self.world)]
-            except StopIteration:
-                return
-            now = self.window()
-            first = now != self._seen  # (a new pass over the data inside a step goes on with the step's deal)
+    def __iter__(self) -> Iterator[list[int]]:
+        for row in zip(*self._batches()):
+            first = (self.start + self.rounds) % self.accumulation == 0
             if first:
                 self._close()
-                self._seen = now
-            costs = [float(positions(b)) for b in batches]
+            costs = [float(self.cost(b)) for b in row]
             pick = deal(costs, self._loads, first)
             for r, i in enumerate(pick):
                 self._loads[r] += costs[i]
@@ -149,25 +164,28 @@ class Balanced:
             self.dealt += pick != list(range(self.world))
             self.mine += costs[pick[self.rank]]
             self.total += sum(costs)
-            yield batches[pick[self.rank]]
+            self.rounds += 1
+            yield row[pick[self.rank]]
 
     def report(self) -> str | None:
-        """One line on the deal (None before any step): the busiest device's positions per optimizer step over the
-        devices' mean, dealt and in litgpt's order, and this device's share."""
+        """One line on the deal (None before any step): the busiest device's estimated positions per optimizer step
+        over the devices' mean, dealt and in litgpt's order, and this device's share."""
         self._close()
         if not self.steps or not self.mean:
             return None
         dealt, litgpt = self.busiest[0] / self.mean - 1, self.busiest[1] / self.mean - 1
-        return (f"lit-liger: the devices' micro-batches were dealt by length ({self.dealt:,} rounds changed): per "
-                f"optimizer step the busiest device ran {dealt:.1%} more positions than the devices' mean, against "
-                f"{litgpt:.1%} in litgpt's order (this device: {self.mine / max(self.total, 1):.1%} of all positions; "
-                "--liger.balance_ranks false keeps litgpt's order)")
+        return (f"lit-liger: the devices' micro-batches were dealt by length ({self.dealt:,} of {self.rounds:,} rounds "
+                f"changed): per optimizer step the busiest device ran {dealt:.1%} more positions than the devices' "
+                f"mean, against {litgpt:.1%} in litgpt's order (estimated from the samples' characters; this device: "
+                f"{self.mine / max(self.total, 1):.1%} of them; --liger.balance_ranks false keeps litgpt's order)")
 
 
-def balanced_loader(loader: Any, rank: int, world: int, window: Callable[[], int]) -> tuple[Balanced | None, str]:
-    """A :class:`Balanced` for Fabric's training loader ``loader`` (its DataLoader: a ``BatchSampler`` over
-    torch's ``DistributedSampler`` of ``world`` ranks, as Fabric sets it up), put in place of that DataLoader; and
-    why not (None) where that is not the loader's shape. The caller puts ``loader._dataloader`` back after the run."""
+def balanced_loader(loader: Any, rank: int, world: int, accumulation: int, start: int = 0,
+                    packed: bool = True) -> tuple[DealtBatches | None, str]:
+    """Fabric's training ``loader`` with its DataLoader (a ``BatchSampler`` over torch's ``DistributedSampler`` of
+    ``world`` ranks, as Fabric sets it up, over litgpt's ``SFTDataset``) replaced by one whose batch sampler is a
+    :class:`DealtBatches` (returned); None and why not where the loader is not of that shape. The caller puts
+    ``loader._dataloader`` back after the run."""
     from torch.utils.data import BatchSampler, DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
@@ -178,20 +196,21 @@ def balanced_loader(loader: Any, rank: int, world: int, window: Callable[[], int
     if type(sampler) is not DistributedSampler or type(batches) is not BatchSampler or \
             sampler.num_replicas != world or sampler.rank != rank:
         return None, "the training DataLoader's sampler is not the DistributedSampler Fabric puts in"
+    if not SampleCost.usable(inner.dataset):
+        return None, "the training data is not litgpt's SFTDataset (no text to estimate the lengths from)"
     samplers = [sampler if r == rank else DistributedSampler(inner.dataset, num_replicas=world, rank=r,
                                                              shuffle=sampler.shuffle, seed=sampler.seed,
                                                              drop_last=sampler.drop_last)
                 for r in range(world)]
     for s in samplers:
         s.set_epoch(sampler.epoch)
+    dealt = DealtBatches(samplers, batches.batch_size, batches.drop_last, rank, SampleCost(inner.dataset, packed),
+                         accumulation, start)
     extra = {}
-    if inner.num_workers > 0:  # (as many rounds ahead as litgpt's loader had micro-batches ahead)
-        extra = {"prefetch_factor": (inner.prefetch_factor or 2) * world,
-                 "persistent_workers": inner.persistent_workers}
-    rounds = DataLoader(inner.dataset, batch_sampler=RoundSampler(samplers, batches.batch_size, batches.drop_last),
-                        collate_fn=inner.collate_fn, num_workers=inner.num_workers, pin_memory=inner.pin_memory,
-                        timeout=inner.timeout, worker_init_fn=inner.worker_init_fn, generator=inner.generator,
-                        multiprocessing_context=inner.multiprocessing_context, **extra)
-    out = Balanced(rounds, rank, world, window)
-    loader._dataloader = out
-    return out, ""
+    if inner.num_workers > 0:
+        extra = {"prefetch_factor": inner.prefetch_factor, "persistent_workers": inner.persistent_workers}
+    loader._dataloader = DataLoader(inner.dataset, batch_sampler=dealt, collate_fn=inner.collate_fn,
+                                    num_workers=inner.num_workers, pin_memory=inner.pin_memory, timeout=inner.timeout,
+                                    worker_init_fn=inner.worker_init_fn, generator=inner.generator,
+                                    multiprocessing_context=inner.multiprocessing_context, **extra)
+    return dealt, ""

@@ -288,15 +288,15 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         from . import profiling
         from .graphs import CAPTURE_STATS, capture_report
 
-        restore, loader, balanced = None, bound.get("train_dataloader"), None
+        restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
         if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
             wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
             if wrapped is not None:
-                bound["train_dataloader"], restore = wrapped
+                bound["train_dataloader"], restore, packed = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
         if config is not None and config.balance_ranks and loader is not None and liger_replica():
-            balanced = _balance(fabric, loader, rank0)
+            balanced = _balance(fabric, loader, bound, packed, rank0)
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
@@ -370,29 +370,36 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
     log.close()
 
 
-def _balance(fabric: Any, loader: Any, rank0: bool) -> tuple[Any, Any] | None:
-    """Under lit-liger's replica plan: Fabric's training ``loader`` reads every device's micro-batches and deals them
-    by length (``lit_liger.balance``; said in the log), as ``(the Balanced loader, the DataLoader it replaced)``; None
-    where it does not apply (said why)."""
+def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -> tuple[Any, Any] | None:
+    """Under lit-liger's replica plan: Fabric's training ``loader`` draws every device's micro-batches and deals them
+    by length (``lit_liger.balance``; said in the log), from litgpt's ``fit`` arguments ``bound`` (its ``train``
+    arguments' gradient accumulation, the iteration it starts from); ``packed``: the batches are laid out packed. As
+    ``(the batch sampler, the DataLoader it replaced)``; None where it does not apply (said why)."""
     from .balance import balanced_loader
 
     inner = getattr(loader, "_dataloader", None)
-    strategy = getattr(fabric, "strategy", None)
-    out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size,
-                               lambda: getattr(strategy, "reductions", 0))
+    train, state = bound.get("train"), bound.get("state")
+    try:
+        accumulation = train.gradient_accumulation_iters(bound.get("devices", fabric.world_size),
+                                                         bound.get("num_nodes", 1))
+    except Exception:  # (not litgpt's TrainArgs)
+        out, why = None, "litgpt's fit names no gradient accumulation"
+    else:
+        start = int(state.get("iter_num", 0)) if isinstance(state, dict) else 0
+        out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size, accumulation, start, packed)
     if rank0:
         print("lit-liger: " + (f"{why}: the devices' micro-batches stay in litgpt's order" if out is None else
-                               "each device reads every device's micro-batches and they are dealt by length, so that "
-                               "each optimizer step's positions spread evenly over the devices (the same micro-batches "
-                               "per step; each step's first ones as litgpt's order; --liger.balance_ranks false keeps "
-                               "litgpt's order)"), flush=True)
+                               "each optimizer step's micro-batches are dealt to the devices by their estimated length "
+                               "(every device draws every device's index lists; the same micro-batches per step, each "
+                               "step's first ones as litgpt's order; --liger.balance_ranks false keeps litgpt's "
+                               "order)"), flush=True)
     return None if out is None else (out, inner)
 
 
-def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable] | None:
+def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:
     """The training data loader with ``lit_liger.batches.LigerCollate`` in its DataLoader and ``AfterMove`` around it,
-    for a swapped model in one process (said in the log), and what puts litgpt's collate back (after ``fit``); None
-    where it does not apply (see ``lit_liger.batches.install``)."""
+    for a swapped model in one process (said in the log), what puts litgpt's collate back (after ``fit``) and whether
+    the batches are laid out packed; None where it does not apply (see ``lit_liger.batches.install``)."""
     from .batches import AfterMove, install
 
     installed = install(model, loader)
@@ -404,7 +411,7 @@ def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> t
               "iteration no longer wait for the GPU; the numbers logged are the same)"
               + ("; and lay each batch out packed, so that the step reads nothing back from the GPU" if pack else ""),
               flush=True)
-    return AfterMove(loader), restore
+    return AfterMove(loader), restore, pack
 
 
 def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:

@@ -952,9 +952,9 @@ def test_data_parallel_deals_micro_batches_by_length(assets, tmp_path):
                                    train__global_batch_size=4)
             for name, flag in (("dealt", []), ("litgpt", ["--liger.balance_ranks", "false"]))}
     (ours, out), (ref, ref_out) = runs["dealt"], runs["litgpt"]
-    assert "they are dealt by length" in out and "dealt by length" not in ref_out
+    assert "dealt to the devices by their estimated length" in out and "dealt" not in ref_out
     line = next(ln for ln in out.splitlines() if "micro-batches were dealt by length" in ln)
-    changed = int(line.split("(")[1].split(" rounds changed")[0])
+    changed = int(line.split("(")[1].split(" of ")[0])
     dealt = float(line.split("busiest device ran ")[1].split("%")[0])
     litgpt = float(line.split("against ")[1].split("%")[0])
     assert changed >= 1 and dealt < litgpt, line
@@ -1075,8 +1075,9 @@ def test_batches_off_the_host_puts_litgpt_collate_back():
     collate = get_sft_collate_fn()
     loader = DataLoader([{"input_ids": torch.arange(1, 4), "labels": torch.arange(1, 4),
                           "token_counts": {"raw": 3, "raw_plus_prompt_template": 3}}], collate_fn=collate)
-    wrapped, restore = _batches_off_the_host(gpt, loader, rank0=False)
+    wrapped, restore, packed = _batches_off_the_host(gpt, loader, rank0=False)
     assert isinstance(wrapped, AfterMove) and isinstance(loader.collate_fn, LigerCollate) and len(wrapped) == 1
+    assert packed
     (batch,) = list(wrapped)
     assert torch.is_tensor(batch["token_counts"]["raw"])
     restore()

@@ -233,31 +233,45 @@ def test_deal_keeps_litgpts_order_first_then_longest_to_the_least_loaded():
     assert deal([40.0, 5.0, 20.0, 10.0], [30.0, 0.0, 10.0, 20.0], first=False) == [1, 0, 2, 3]
 
 
-def test_positions_of_a_batch_packed_or_padded():
-    from lit_liger.balance import positions
-    from lit_liger.packing import BATCH_KEY, host_plan
+class _Texts(torch.utils.data.Dataset):
+    """litgpt's SFTDataset, with a tokenizer of one token per 2 characters (the ratio SampleCost must find)."""
 
-    idx = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
-    assert positions({"input_ids": idx}) == 8
-    entry = host_plan(idx, None, None)
-    assert entry is not None and positions({"input_ids": idx, BATCH_KEY: entry}) == entry[1][3] == 5
-    assert positions([idx]) == 0 and positions({"labels": idx}) == 0
+    def __init__(self, n: int = 64, cap: int = 80) -> None:
+        from litgpt.prompts import Default
 
-
-class _Lengths(torch.utils.data.Dataset):
-    def __init__(self, n: int = 64) -> None:
-        self.lengths = torch.randint(1, 40, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+        g = torch.Generator().manual_seed(0)
+        self.data = [{"instruction": "x" * 4, "output": "y" * int(k)} for k in torch.randint(2, 120, (n,), generator=g)]
+        self.prompt_style, self.max_seq_length, self.transform = Default(), cap, None
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return len(self.data)
+
+    def length(self, i: int) -> int:
+        e = self.data[i]
+        return min(self.max_seq_length, (len(self.prompt_style.apply(prompt=e["instruction"], **e)) + len(e["output"])) // 2)
 
     def __getitem__(self, i: int) -> dict:
-        return {"i": i, "n": self.lengths[i]}
+        return {"input_ids": torch.zeros(self.length(i), dtype=torch.long), "i": i}
 
 
 def _collate(samples: list[dict]) -> dict:  # padded to the longest, as litgpt's SFT collate
-    return {"input_ids": torch.zeros(len(samples), max(s["n"] for s in samples), dtype=torch.long),
+    return {"input_ids": torch.zeros(len(samples), max(len(s["input_ids"]) for s in samples), dtype=torch.long),
             "ids": [s["i"] for s in samples]}
+
+
+def test_sample_cost_estimates_positions_from_the_text():
+    from lit_liger.balance import SampleCost
+
+    data = _Texts()
+    packed, padded = SampleCost(data, packed=True), SampleCost(data, packed=False)
+    for i in range(len(data)):
+        assert abs(packed.tokens(i) - data.length(i)) <= 1.0, i  # (the ratio measured: 2 characters a token)
+    assert packed([0, 1, 2]) == pytest.approx(sum(packed.tokens(i) for i in (0, 1, 2)))
+    assert padded([0, 1, 2]) == pytest.approx(3 * max(packed.tokens(i) for i in (0, 1, 2)))
+    short = _Texts(cap=20)
+    capped = SampleCost(short, packed=True)
+    assert max(capped.tokens(i) for i in range(len(short))) == 20  # (capped at max_seq_length)
+    assert SampleCost.usable(data) and not SampleCost.usable(list(range(3)))
 
 
 def _fabric_loader(data, rank: int, world: int, batch_size: int = 2):
@@ -269,31 +283,25 @@ def _fabric_loader(data, rank: int, world: int, batch_size: int = 2):
                                                          collate_fn=_collate))
 
 
-@pytest.mark.parametrize("world,accumulate", [(2, 2), (2, 4), (3, 3)])
-def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate):
-    """Each device's balanced loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data): round
-    ``k`` hands out exactly the micro-batches that litgpt's loaders give at iteration ``k``, one to each device; each
-    step's first round as litgpt's; every device computes the same deal; the busiest device's positions per step come
-    out below litgpt's order; the second pass follows the samplers' next epoch (Fabric's ``set_epoch``)."""
+@pytest.mark.parametrize("world,accumulate,start", [(2, 2, 0), (2, 4, 2), (3, 3, 0)])
+def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate, start):
+    """Each device's dealt loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data, a run
+    resumed at iteration ``start``): round ``k`` hands out exactly the micro-batches that litgpt's loaders give at
+    iteration ``k``, one to each device; each step's first round as litgpt's; every device computes the same deal; the
+    busiest device's positions per step come out below litgpt's order, by the true lengths too; the second pass follows
+    the samplers' next epoch (Fabric's ``set_epoch``)."""
     from lit_liger.balance import balanced_loader
 
-    data = _Lengths()
+    data = _Texts()
     natural, dealt, reports = [], [], []
     for rank in range(world):
         ref = _fabric_loader(data, rank, world)
         natural.append([b["ids"] for _ in range(2) for b in ref])  # (Fabric sets epoch 0, then 1)
         loader = _fabric_loader(data, rank, world)
-        steps = [0]
-        balanced, why = balanced_loader(loader, rank, world, lambda: steps[0])
-        assert balanced is not None and why == "" and len(loader) == len(ref)
-        got = []
-        for _ in range(2):
-            for batch in loader:
-                got.append(batch["ids"])
-                if len(got) % accumulate == 0:
-                    steps[0] += 1  # (the step's synchronizing backward)
-        dealt.append(got)
-        reports.append(balanced.report())
+        sampler, why = balanced_loader(loader, rank, world, accumulate, start, packed=False)  # (padded batches)
+        assert sampler is not None and why == "" and len(loader) == len(ref)
+        dealt.append([b["ids"] for _ in range(2) for b in loader])
+        reports.append(sampler.report())
     rounds = len(natural[0])
     assert rounds == 2 * -(-(-(-len(data) // world)) // 2) and all(len(d) == rounds for d in dealt)
     assert natural[0][:rounds // 2] != natural[0][rounds // 2:]  # (the second epoch is shuffled anew)
@@ -301,28 +309,39 @@ def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accum
     for k in range(rounds):
         ours, theirs = sorted(d[k] for d in dealt), sorted(n[k] for n in natural)
         assert ours == theirs, k
-        if k % accumulate == 0:
+        if (start + k) % accumulate == 0:
             assert [d[k] for d in dealt] == [n[k] for n in natural], k
         changed += [d[k] for d in dealt] != [n[k] for n in natural]
     assert changed > 0
     line = reports[0]
-    assert line is not None and f"({changed:,} rounds changed)" in line
+    assert line is not None and f"({changed:,} of {rounds:,} rounds changed)" in line
     ran = float(line.split("busiest device ran ")[1].split("%")[0])
     litgpt = float(line.split("against ")[1].split("%")[0])
     assert ran < litgpt, line
     shares = [float(r.split("this device: ")[1].split("%")[0]) for r in reports]
     assert abs(sum(shares) - 100) < 0.2, shares
 
+    def busiest(order: list) -> float:  # the true positions (padded), summed over steps of the busiest device's
+        out = 0.0
+        for k0 in range(-start % accumulate, rounds - accumulate + 1, accumulate):
+            out += max(sum(2 * max(data.length(i) for i in order[r][k]) for k in range(k0, k0 + accumulate))
+                       for r in range(world))
+        return out
+
+    assert busiest(dealt) < busiest(natural)
+
 
 def test_balanced_loader_says_why_not():
     from lit_liger.balance import balanced_loader
     from lightning.fabric.wrappers import _FabricDataLoader
 
-    data = _Lengths()
+    data = _Texts()
     plain = _FabricDataLoader(torch.utils.data.DataLoader(data, batch_size=2, collate_fn=_collate))
-    out, why = balanced_loader(plain, 0, 2, lambda: 0)
+    out, why = balanced_loader(plain, 0, 2, 2)
     assert out is None and "DistributedSampler" in why and isinstance(plain._dataloader, torch.utils.data.DataLoader)
-    out, why = balanced_loader(_fabric_loader(data, 1, 2), 0, 2, lambda: 0)  # (another rank's sampler)
+    out, why = balanced_loader(_fabric_loader(data, 1, 2), 0, 2, 2)  # (another rank's sampler)
     assert out is None and "DistributedSampler" in why
-    out, why = balanced_loader(object(), 0, 2, lambda: 0)
+    out, why = balanced_loader(_fabric_loader(list(range(8)), 0, 2), 0, 2, 2)
+    assert out is None and "SFTDataset" in why
+    out, why = balanced_loader(object(), 0, 2, 2)
     assert out is None and "Fabric" in why
