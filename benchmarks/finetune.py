@@ -245,6 +245,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import adapter
 
         adapter.EMBEDDING_GRAD_INTO = os.environ["LIT_LIGER_BENCH_EMBEDDING_INTO"] == "1"
+    if os.environ.get("LIT_LIGER_BENCH_GC_FREEZE") == "0":  # the recipe's liger-gc variant
+        from lit_liger import hostgc
+
+        hostgc.FREEZE = False
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 

@@ -102,6 +102,8 @@ VARIANTS = {
     # the default since h200x2-2026-11-27g), and (-after) as a new (V, C) gradient that a second pass adds
     "liger-embedding-into": ["--liger", "true"],
     "liger-embedding-after": ["--liger", "true"],
+    # Python's garbage collector as Python runs it (lit_liger.hostgc.FREEZE off: nothing frozen for the loop)
+    "liger-gc": ["--liger", "true"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
@@ -116,7 +118,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-dp-zero1-bcast": {"LIT_LIGER_BENCH_ZERO1_P2P": "0"},
                "liger-warmup-each": {"LIT_LIGER_BENCH_WARMUP_ONCE": "0"},
                "liger-embedding-into": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "1"},
-               "liger-embedding-after": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "0"}}
+               "liger-embedding-after": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "0"},
+               "liger-gc": {"LIT_LIGER_BENCH_GC_FREEZE": "0"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

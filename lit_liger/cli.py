@@ -285,7 +285,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
         from ._dist import liger_replica, several_processes, whole_model
         from .adapter import TRAINING_TOKENS
-        from . import profiling
+        from . import hostgc, profiling
         from .graphs import CAPTURE_STATS, capture_report
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
@@ -301,8 +301,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                  and whole_model() else contextlib.nullcontext())
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
-            with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)):
+            with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
                 out = fit(*args, **kwargs)
+            line = hostgc.report(gcwatch)
+            if line and rank0:
+                print(line, flush=True)
         finally:
             if restore is not None:
                 restore()

@@ -900,8 +900,9 @@ def test_data_parallel_replica_two_processes(assets, tmp_path, command):
         stock, stock_out = runs["stock"]
         assert "lit-liger: data parallel" not in stock_out
         assert all(abs(a - b) / abs(b) < LOSS_TOL for a, b in zip(ours[:2], stock[:2])), (ours, stock)
-    # the single-process machinery on each replica: the deferred log
+    # the single-process machinery on each replica: the deferred log; the collector's objects frozen for the loop
     assert "one iteration later" in out
+    assert "objects alive at the start frozen (gc.freeze)" in out
     name = "lit_model.pth.lora" if recipe == "lora" else "lit_model.pth"
     saved = {n: torch.load(tmp_path / n / "final" / name, weights_only=True) for n in runs}
     saved = {n: v.get("model", v) for n, v in saved.items()}

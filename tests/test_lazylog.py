@@ -118,3 +118,44 @@ def test_cli_deferred_log_restores_fabric_and_keeps_fit_errors(capsys):
             raise ValueError("in fit")
     assert lazylog.ACTIVE[0] is None and "print" not in fabric.__dict__ and "log_dict" not in fabric.__dict__
     assert "loss 4.00" in capsys.readouterr().out and fabric.logged == [(1, {"loss": 4.0})]
+
+
+# ----------------------------------------------------------------------------------------------
+# lit_liger.hostgc: Python's garbage collector during litgpt's loop
+# ----------------------------------------------------------------------------------------------
+def test_quiet_freezes_for_the_loop_and_times_each_collection():
+    import gc
+
+    from lit_liger import hostgc
+
+    assert gc.get_freeze_count() == 0
+    with hostgc.quiet(freeze=True) as watch:
+        assert watch.frozen > 0 and gc.get_freeze_count() > 0
+        garbage = [[] for _ in range(10)]
+        for a, b in zip(garbage, garbage[1:] + garbage[:1]):
+            a.append(b)  # (a reference cycle: only the collector frees it)
+        del garbage, a, b
+        assert gc.collect() >= 10  # (the cycle, created after the freeze, is collected)
+        assert watch in gc.callbacks
+    assert gc.get_freeze_count() == 0 and watch not in gc.callbacks
+    assert len(watch.pauses[2]) >= 1 and all(p >= 0 for p in watch.pauses[2])
+    line = hostgc.report(watch)
+    assert line.startswith("lit-liger: Python's garbage collector in the training loop: ") and "gc.freeze" in line
+    with hostgc.quiet(freeze=False) as plain:
+        assert gc.get_freeze_count() == 0
+        gc.collect(1)
+    assert plain.frozen == 0 and len(plain.pauses[1]) >= 1 and "nothing frozen" in hostgc.report(plain)
+    assert hostgc.report(hostgc.GcWatch()) is None
+
+
+def test_quiet_unfreezes_after_an_error():
+    import gc
+
+    from lit_liger import hostgc
+
+    try:
+        with hostgc.quiet(freeze=True):
+            raise RuntimeError("the loop failed")
+    except RuntimeError:
+        pass
+    assert gc.get_freeze_count() == 0
