@@ -37,6 +37,7 @@ from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_s
 from .batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
+from . import hostgc
 from . import optim as _optim
 
 __all__ = ["LigerCallback"]
@@ -54,6 +55,8 @@ class LigerCallback(Callback):
         self._tokens = 0
         self._samples = 0
         self._backward_thread: Any = None
+        self._gc: Any = None  # (lit_liger.hostgc.quiet, entered for the training loop) and its watch
+        self._gc_watch: Any = None
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
@@ -135,6 +138,10 @@ class LigerCallback(Callback):
             self._backward_thread.__enter__()
         if self.report is not None and self.config.enabled and self.config.defer_loss_sync:
             _LaggedSigtermCheck.install(trainer)
+        if self.report is not None and self.config.enabled and self._gc is None:
+            # the objects alive now frozen for the loop (lit_liger.hostgc): a full collection would walk them all
+            self._gc = hostgc.quiet()
+            self._gc_watch = self._gc.__enter__()
         if not self.log_metrics:
             return
         self._throughput = Throughput(world_size=trainer.world_size, window_size=max(2, trainer.log_every_n_steps))
@@ -151,6 +158,7 @@ class LigerCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _LaggedSigtermCheck.remove(trainer)
+        self._end_gc(trainer)
         self._restore_backward_thread()
         self._clear_fp8_scales(pl_module)
         self._put_collate_back()
@@ -158,6 +166,7 @@ class LigerCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         _LaggedSigtermCheck.remove(trainer)
+        self._end_gc(trainer)
         self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
         self._clear_fp8_scales(pl_module)
         self._put_collate_back()
@@ -189,6 +198,16 @@ class LigerCallback(Callback):
         if self._fp8_weights:
             precompute_fp8_scales(pl_module, clear=True)
             self._fp8_weights, self._fp8_step = 0, -1
+
+    def _end_gc(self, trainer: Trainer) -> None:
+        """The collector as it was before the loop (``on_train_start``), and one line on its collections meanwhile."""
+        if self._gc is None:
+            return
+        gc_context, watch, self._gc, self._gc_watch = self._gc, self._gc_watch, None, None
+        gc_context.__exit__(None, None, None)
+        line = hostgc.report(watch)
+        if line and getattr(trainer, "is_global_zero", True):
+            rank_zero_info(line)
 
     def _restore_backward_thread(self) -> None:
         if self._backward_thread is not None:

@@ -131,6 +131,31 @@ def test_fit_switches_adamw_to_the_fused_kernel(tmp_path, monkeypatch, fused):
         assert rel_err(a, b) <= 1e-4
 
 
+class FreezeCountModule(LLMModule):
+    def training_step(self, batch, batch_idx):
+        import gc
+
+        self.frozen = getattr(self, "frozen", []) + [gc.get_freeze_count()]
+        gc.collect(0)  # (one collection in the loop at least, for the line)
+        return super().training_step(batch, batch_idx)
+
+
+def test_fit_freezes_the_objects_alive_for_the_training_loop(tmp_path, caplog):
+    """``lit_liger.hostgc`` under the Trainer: the objects alive when training starts are frozen for the loop (a full
+    collection skips them), unfrozen when it ends; one line says what the collections cost."""
+    import gc
+    import logging
+
+    _, ours = _stock_and_ours(FreezeCountModule)
+    cb = LigerCallback(log_metrics=False)
+    with caplog.at_level(logging.INFO):
+        _trainer(tmp_path, cb, steps=3).fit(ours, _data())
+    assert len(ours.frozen) == 3 and all(n > 1000 for n in ours.frozen)
+    assert gc.get_freeze_count() == 0 and cb._gc is None
+    line = next(r.getMessage() for r in caplog.records if "garbage collector" in r.getMessage())
+    assert "objects alive at the start frozen (gc.freeze)" in line and int(line.split("loop: ")[1].split(" ")[0]) >= 3
+
+
 def test_fit_with_configure_model(tmp_path):
     cfg = tiny_config("Qwen3-0.6B")
     torch.manual_seed(0)
