@@ -145,9 +145,12 @@ def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, mic
                     device=device_bytes)
 
 
-#: ``data_parallel="auto"`` picks ``"shard"`` where a replica does not fit and ZeRO-2 does. Off: the plan is built and
-#: CPU-tested (its strategy, its estimate), not yet run on GPUs (FSDP needs them); until it is, auto keeps litgpt's
-#: strategy there and ``--liger.data_parallel shard`` asks for it
+#: ``data_parallel="auto"`` picks ``"shard"`` where a replica does not fit and ZeRO-2 does. Off: the plan is
+#: CPU-tested (its strategy, its estimate) and has run on GPUs once, at a size where a replica fits (Llama-3.2-1B full
+#: fine-tuning on 2 x H200, no Block recomputed: it trains, 0.29x the replica's speed,
+#: ``benchmarks/results/h200x2-2026-11-27g``), never where auto would pick it (Llama-3.1-8B-class full fine-tuning on
+#: 80 GB cards, Blocks recomputed); until it has, auto keeps litgpt's strategy there and ``--liger.data_parallel
+#: shard`` asks for it
 AUTO_SHARD = False
 
 
@@ -170,7 +173,7 @@ def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
                     return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
                 how = "with" if checkpoint else "without"
                 return Plan("litgpt", f"{over}; ZeRO-2 {how} recomputed Blocks would fit ({_gib(z2)}: "
-                                      "--liger.data_parallel shard, not yet measured on GPUs)", estimate=est)
+                                      "--liger.data_parallel shard, not yet measured on GPUs at this size)", estimate=est)
     return Plan("litgpt", f"{over}, and no lighter plan fits", estimate=est)
 
 

@@ -4,8 +4,9 @@ A training process holds a few hundred thousand Python objects before its first 
 model's modules and parameters, the data): a collection of the oldest generation walks them all, 120-150 ms on this
 project's CPU machine for a Llama-3.2-1B LoRA model built on the meta device. Python runs one when enough objects have
 survived since the last, which in a training loop happens after a few dozen iterations. On several GPUs the process
-that collects holds up the others at the next all-reduce: on 2 x H200 about half of the 2-GPU runs of Llama-3.2-1B
-paused 43-404 ms at iteration 89, every shape already captured (``benchmarks/results/h200x2-2026-11-27g``).
+that collects holds up the others at the next all-reduce: measured on 2 x H200 (Llama-3.2-1B LoRA, litgpt's recipe),
+one full collection of 415 ms at iteration 89, every shape already captured; with the objects frozen it took 2.5 ms
+(``benchmarks/results/h200x2-2026-11-27g``).
 
 :func:`quiet` collects once and freezes what is alive (``gc.freeze``: later collections skip those objects, which
 live for the run anyway) for the loop, unfreezes after it, and times every collection meanwhile
