@@ -113,14 +113,15 @@ class _EpochFanout:
 
 class DealtBatches:
     """This device's batch sampler: every rank's ``BatchSampler`` in lock step, each round dealt by :func:`deal` on
-    ``cost`` (see the module's doc); the round after ``start`` iterations whose count is a multiple of
-    ``accumulation`` opens an optimizer step. Keeps the estimated positions each device ran per step, dealt and in
+    ``cost`` (see the module's doc); every ``accumulation``-th round, from the first, opens an optimizer step (litgpt's
+    loops count iterations from the first batch of the data: a resumed run reads the batches it had trained on again
+    first). Keeps the estimated positions each device ran per step, dealt and in
     litgpt's order, for :meth:`report`."""
 
-    def __init__(self, samplers: list, batch_size: int, drop_last: bool, rank: int, cost: Any, accumulation: int,
-                 start: int = 0) -> None:
+    def __init__(self, samplers: list, batch_size: int, drop_last: bool, rank: int, cost: Any,
+                 accumulation: int) -> None:
         self.samplers, self.batch_size, self.drop_last, self.rank = samplers, batch_size, drop_last, rank
-        self.cost, self.accumulation, self.start = cost, max(1, accumulation), start
+        self.cost, self.accumulation = cost, max(1, accumulation)
         self.sampler = _EpochFanout(samplers)  # (Fabric's set_epoch finds it)
         self.world = len(samplers)
         self.rounds = 0  # rounds dealt (all passes over the data)
@@ -153,7 +154,7 @@ class DealtBatches:
 
     def __iter__(self) -> Iterator[list[int]]:
         for row in zip(*self._batches()):
-            first = (self.start + self.rounds) % self.accumulation == 0
+            first = self.rounds % self.accumulation == 0
             if first:
                 self._close()
             costs = [float(self.cost(b)) for b in row]
@@ -180,7 +181,7 @@ class DealtBatches:
                 f"{self.mine / max(self.total, 1):.1%} of them; --liger.balance_ranks false keeps litgpt's order)")
 
 
-def balanced_loader(loader: Any, rank: int, world: int, accumulation: int, start: int = 0,
+def balanced_loader(loader: Any, rank: int, world: int, accumulation: int,
                     packed: bool = True) -> tuple[DealtBatches | None, str]:
     """Fabric's training ``loader`` with its DataLoader (a ``BatchSampler`` over torch's ``DistributedSampler`` of
     ``world`` ranks, as Fabric sets it up, over litgpt's ``SFTDataset``) replaced by one whose batch sampler is a
@@ -205,7 +206,7 @@ def balanced_loader(loader: Any, rank: int, world: int, accumulation: int, start
     for s in samplers:
         s.set_epoch(sampler.epoch)
     dealt = DealtBatches(samplers, batches.batch_size, batches.drop_last, rank, SampleCost(inner.dataset, packed),
-                         accumulation, start)
+                         accumulation)
     extra = {}
     if inner.num_workers > 0:
         extra = {"prefetch_factor": inner.prefetch_factor, "persistent_workers": inner.persistent_workers}

@@ -376,20 +376,20 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
 def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -> tuple[Any, Any] | None:
     """Under lit-liger's replica plan: Fabric's training ``loader`` draws every device's micro-batches and deals them
     by length (``lit_liger.balance``; said in the log), from litgpt's ``fit`` arguments ``bound`` (its ``train``
-    arguments' gradient accumulation, the iteration it starts from); ``packed``: the batches are laid out packed. As
-    ``(the batch sampler, the DataLoader it replaced)``; None where it does not apply (said why)."""
+    arguments' gradient accumulation; a resumed run's loop reads the data from its start again, so the optimizer
+    steps' rounds count from the first); ``packed``: the batches are laid out packed. As ``(the batch sampler, the
+    DataLoader it replaced)``; None where it does not apply (said why)."""
     from .balance import balanced_loader
 
     inner = getattr(loader, "_dataloader", None)
-    train, state = bound.get("train"), bound.get("state")
+    train = bound.get("train")
     try:
         accumulation = train.gradient_accumulation_iters(bound.get("devices", fabric.world_size),
                                                          bound.get("num_nodes", 1))
     except Exception:  # (not litgpt's TrainArgs)
         out, why = None, "litgpt's fit names no gradient accumulation"
     else:
-        start = int(state.get("iter_num", 0)) if isinstance(state, dict) else 0
-        out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size, accumulation, start, packed)
+        out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size, accumulation, packed)
     if rank0:
         print("lit-liger: " + (f"{why}: the devices' micro-batches stay in litgpt's order" if out is None else
                                "each optimizer step's micro-batches are dealt to the devices by their estimated length "
