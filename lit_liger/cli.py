@@ -303,9 +303,6 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         try:
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
                 out = fit(*args, **kwargs)
-            line = hostgc.report(gcwatch)
-            if line and rank0:
-                print(line, flush=True)
         finally:
             if restore is not None:
                 restore()
@@ -323,17 +320,24 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         wall = time.perf_counter() - t0
         # (litgpt's counts are summed over the ranks, the model's are this rank's: under the replica plan they are
         # summed too; the graphs' line is rank 0's)
+        anywhere = None  # (the longest full collection of any process, under the replica plan)
         if whole_model():
             tokens = {k: TRAINING_TOKENS[k] - before[k] for k in before}
             if several_processes() and fabric is not None:
                 summed = fabric.all_reduce(torch.tensor(list(tokens.values()), dtype=torch.float64,
                                                         device=fabric.device), reduce_op="sum")
                 tokens = dict(zip(tokens, (int(v) for v in summed.tolist())))
+                anywhere = float(fabric.all_reduce(torch.tensor(max(gcwatch.pauses[2], default=0.0),
+                                                                dtype=torch.float64, device=fabric.device),
+                                                   reduce_op="max"))
             lines = (padding_report(out, tokens),
                      capture_report({k: CAPTURE_STATS[k] - captured[k] for k in captured}, wall))
             for line in lines:
                 if line and rank0:
                     print(line, flush=True)
+        line = hostgc.report(gcwatch, anywhere)
+        if line and rank0:
+            print(line, flush=True)
         return out
 
     return run

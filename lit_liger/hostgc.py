@@ -10,7 +10,7 @@ one full collection of 415 ms at iteration 89, every shape already captured; wit
 
 :func:`quiet` collects once and freezes what is alive (``gc.freeze``: later collections skip those objects, which
 live for the run anyway) for the loop, unfreezes after it, and times every collection meanwhile
-(``gc.callbacks``); :func:`report` says what they cost.
+(``gc.callbacks``); :func:`report` says what they cost (rank 0's, and the longest of any process).
 """
 
 from __future__ import annotations
@@ -63,14 +63,16 @@ def quiet(freeze: bool | None = None) -> Iterator[GcWatch]:
             gc.unfreeze()
 
 
-def report(watch: GcWatch) -> str | None:
-    """One line on the collections the block saw (None where there were none)."""
+def report(watch: GcWatch, anywhere: float | None = None) -> str | None:
+    """One line on the collections the block saw (None where there were none); ``anywhere``: the longest full
+    collection of any process (seconds), where several ran."""
     if not any(watch.pauses.values()):
         return None
     full = watch.pauses.get(2, [])
     every = [p for ps in watch.pauses.values() for p in ps]
     how = (f"{watch.frozen:,} objects alive at the start frozen (gc.freeze)" if watch.frozen else
            "nothing frozen")
+    other = "" if anywhere is None else f"; the longest full collection of any process {anywhere * 1e3:.1f} ms"
     return (f"lit-liger: Python's garbage collector in the training loop: {len(every):,} collections, "
             f"{sum(every) * 1e3:.0f} ms in all; {len(full)} of the oldest generation, the longest "
-            f"{max(full, default=0.0) * 1e3:.1f} ms ({how})")
+            f"{max(full, default=0.0) * 1e3:.1f} ms ({how}{other})")

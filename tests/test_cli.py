@@ -902,7 +902,7 @@ def test_data_parallel_replica_two_processes(assets, tmp_path, command):
         assert all(abs(a - b) / abs(b) < LOSS_TOL for a, b in zip(ours[:2], stock[:2])), (ours, stock)
     # the single-process machinery on each replica: the deferred log; the collector's objects frozen for the loop
     assert "one iteration later" in out
-    assert "objects alive at the start frozen (gc.freeze)" in out
+    assert "objects alive at the start frozen (gc.freeze); the longest full collection of any process" in out
     name = "lit_model.pth.lora" if recipe == "lora" else "lit_model.pth"
     saved = {n: torch.load(tmp_path / n / "final" / name, weights_only=True) for n in runs}
     saved = {n: v.get("model", v) for n, v in saved.items()}

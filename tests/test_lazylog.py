@@ -146,6 +146,7 @@ def test_quiet_freezes_for_the_loop_and_times_each_collection():
         gc.collect(1)
     assert plain.frozen == 0 and len(plain.pauses[1]) >= 1 and "nothing frozen" in hostgc.report(plain)
     assert hostgc.report(hostgc.GcWatch()) is None
+    assert hostgc.report(watch, 0.4149).endswith("gc.freeze); the longest full collection of any process 414.9 ms)")
 
 
 def test_quiet_unfreezes_after_an_error():
