@@ -505,3 +505,22 @@ def test_recipe_long_documents_fill_the_context_and_count_attention(tmp_path):
     assert {"n_head", "head_size"} <= set(info)
     d = info["n_head"] * info["head_size"]
     assert attention_flops_per_token(info, 1000) == 3 * 2 * 1000 * d * info["n_layer"]
+
+
+def test_logtimes_reads_litgpts_iteration_lines(tmp_path, capsys):
+    """``python -m benchmarks.logtimes``: litgpt's ``iter N ... iter time: X ms`` lines after the warm-up, their mean,
+    the mean without stalls and the iterations over 3x the median (a run's log where its JSON row is missing)."""
+    from benchmarks import logtimes
+
+    lines = ["lit-liger: something else"] + [
+        f"Epoch 1 | iter {i} step {i // 2} | loss train: 2.000, val: n/a | iter time: {t:.2f} ms{' (step)' if i % 2 else ''}"
+        for i, t in enumerate([50.0, 12.0, 13.0, 12.0, 400.0, 13.0, 12.0], start=1)]
+    s = logtimes.summary("\n".join(lines), warmup=1)
+    assert s["iterations"] == 6 and s["iter_ms_mean"] == pytest.approx((12 + 13 + 12 + 400 + 13 + 12) / 6)
+    assert s["iter_ms_mean_steady"] == pytest.approx(62 / 5) and s["stalls"] == 1 and s["over"] == [(5, 400.0)]
+    log = tmp_path / "run.txt"
+    log.write_text("\n".join(lines))
+    logtimes.main([str(log), "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run.txt: n 6, mean") and "over 3x the median: [(5, 400.0)]" in out
+    assert logtimes.summary("no iterations here") == {"iterations": 0}

@@ -274,17 +274,17 @@ def test_sample_cost_estimates_positions_from_the_text():
     assert SampleCost.usable(data) and not SampleCost.usable(list(range(3)))
 
 
-def _fabric_loader(data, rank: int, world: int, batch_size: int = 2):
+def _fabric_loader(data, rank: int, world: int, batch_size: int = 2, workers: int = 0):
     from lightning.fabric.wrappers import _FabricDataLoader
     from torch.utils.data.distributed import DistributedSampler
 
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
     return _FabricDataLoader(torch.utils.data.DataLoader(data, batch_size=batch_size, sampler=sampler,
-                                                         collate_fn=_collate))
+                                                         collate_fn=_collate, num_workers=workers))
 
 
-@pytest.mark.parametrize("world,accumulate", [(2, 2), (2, 4), (3, 3)])
-def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate):
+@pytest.mark.parametrize("world,accumulate,workers", [(2, 2, 0), (2, 4, 0), (3, 3, 0), (2, 2, 2)])
+def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate, workers):
     """Each device's dealt loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data): round ``k`` hands out exactly the micro-batches that litgpt's loaders give at
     iteration ``k``, one to each device; each step's first round as litgpt's; every device computes the same deal; the
     busiest device's positions per step come out below litgpt's order, by the true lengths too; the second pass follows
@@ -296,7 +296,7 @@ def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accum
     for rank in range(world):
         ref = _fabric_loader(data, rank, world)
         natural.append([b["ids"] for _ in range(2) for b in ref])  # (Fabric sets epoch 0, then 1)
-        loader = _fabric_loader(data, rank, world)
+        loader = _fabric_loader(data, rank, world, workers=workers)  # (workers: the deal stays in this process)
         sampler, why = balanced_loader(loader, rank, world, accumulate, packed=False)  # (padded batches)
         assert sampler is not None and why == "" and len(loader) == len(ref)
         dealt.append([b["ids"] for _ in range(2) for b in loader])
