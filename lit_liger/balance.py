@@ -52,10 +52,10 @@ def deal(costs: list[float], loads: list[float], first: bool) -> list[int]:
 
 class SampleCost:
     """The estimated positions of a micro-batch of litgpt's ``SFTDataset`` (its ``data``, ``prompt_style``,
-    ``max_seq_length``, ``transform``): each sample's prompt and response characters over a tokens-per-character ratio
-    measured once on up to :data:`CALIBRATE` samples that litgpt's tokenization leaves whole, capped at
-    ``max_seq_length``; a micro-batch's cost is the sum of its samples' (``packed``: the packed row runs them all) or
-    its size times the longest (padded)."""
+    ``max_seq_length``, ``transform``): each sample's prompt and response characters over a characters-per-token ratio
+    measured once on the first :data:`CALIBRATE` samples that litgpt's tokenization leaves whole (of at most 4 times as
+    many), capped at ``max_seq_length``; a micro-batch's cost is the sum of its samples' (``packed``: the packed row
+    runs them all) or its size times the longest (padded)."""
 
     CALIBRATE = 32
 
@@ -78,13 +78,13 @@ class SampleCost:
 
     def _ratio(self) -> float:
         if self._chars_per_token is None:
-            chars = tokens = 0
-            for i in range(min(len(self.dataset), 4 * self.CALIBRATE)):
+            chars = tokens = whole = 0
+            for i in range(min(len(self.dataset), 4 * self.CALIBRATE)):  # (the first samples; the data is shuffled)
                 n = len(self.dataset[i]["input_ids"])
                 if self.cap > 0 and n >= self.cap:
                     continue  # (cut at max_seq_length: its characters overstate it)
-                chars, tokens = chars + self.chars(i), tokens + n
-                if tokens and i + 1 >= self.CALIBRATE:
+                chars, tokens, whole = chars + self.chars(i), tokens + n, whole + 1
+                if whole == self.CALIBRATE:
                     break
             self._chars_per_token = chars / tokens if tokens else 4.0
         return self._chars_per_token
