@@ -173,7 +173,8 @@ def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
                     return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
                 how = "with" if checkpoint else "without"
                 return Plan("litgpt", f"{over}; ZeRO-2 {how} recomputed Blocks would fit ({_gib(z2)}: "
-                                      "--liger.data_parallel shard, not yet measured on GPUs at this size)", estimate=est)
+                                      "--liger.data_parallel shard, not yet measured on GPUs at this size)",
+                            estimate=est)
     return Plan("litgpt", f"{over}, and no lighter plan fits", estimate=est)
 
 

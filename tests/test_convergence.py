@@ -513,8 +513,8 @@ def test_logtimes_reads_litgpts_iteration_lines(tmp_path, capsys):
     from benchmarks import logtimes
 
     lines = ["lit-liger: something else"] + [
-        f"Epoch 1 | iter {i} step {i // 2} | loss train: 2.000, val: n/a | iter time: {t:.2f} ms{' (step)' if i % 2 else ''}"
-        for i, t in enumerate([50.0, 12.0, 13.0, 12.0, 400.0, 13.0, 12.0], start=1)]
+        f"Epoch 1 | iter {i} step {i // 2} | loss train: 2.000, val: n/a | iter time: {t:.2f} ms"
+        + (" (step)" if i % 2 else "") for i, t in enumerate([50.0, 12.0, 13.0, 12.0, 400.0, 13.0, 12.0], start=1)]
     s = logtimes.summary("\n".join(lines), warmup=1)
     assert s["iterations"] == 6 and s["iter_ms_mean"] == pytest.approx((12 + 13 + 12 + 400 + 13 + 12) / 6)
     assert s["iter_ms_mean_steady"] == pytest.approx(62 / 5) and s["stalls"] == 1 and s["over"] == [(5, 400.0)]

@@ -248,7 +248,8 @@ class _Texts(torch.utils.data.Dataset):
 
     def length(self, i: int) -> int:
         e = self.data[i]
-        return min(self.max_seq_length, (len(self.prompt_style.apply(prompt=e["instruction"], **e)) + len(e["output"])) // 2)
+        chars = len(self.prompt_style.apply(prompt=e["instruction"], **e)) + len(e["output"])
+        return min(self.max_seq_length, chars // 2)
 
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": torch.zeros(self.length(i), dtype=torch.long), "i": i}
@@ -285,7 +286,8 @@ def _fabric_loader(data, rank: int, world: int, batch_size: int = 2, workers: in
 
 @pytest.mark.parametrize("world,accumulate,workers", [(2, 2, 0), (2, 4, 0), (3, 3, 0), (2, 2, 2)])
 def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accumulate, workers):
-    """Each device's dealt loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data): round ``k`` hands out exactly the micro-batches that litgpt's loaders give at
+    """Each device's dealt loader (Fabric's wrapper, as litgpt's loop iterates it, two passes over the data; with
+    worker processes too): round ``k`` hands out exactly the micro-batches that litgpt's loaders give at
     iteration ``k``, one to each device; each step's first round as litgpt's; every device computes the same deal; the
     busiest device's positions per step come out below litgpt's order, by the true lengths too; the second pass follows
     the samplers' next epoch (Fabric's ``set_epoch``) and goes on with the steps' count (a step may straddle it)."""
