@@ -90,14 +90,13 @@ class LigerConfig:
             of the lower ones, the optimizer stepping in chunks as the last all-reduces finish); where only Adam's
             state does not fit, the same replica with that state split between the devices (``"zero1"``: each
             gradient sent to the device that steps it, each stepped parameter sent back; checkpoints hold the whole
-            state); else litgpt's own strategy (``"litgpt"``, which keeps it
-            always). ``"shard"`` runs the
-            recipes that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
+            state); else litgpt's own strategy (``"litgpt"``, which keeps it always). ``"shard"`` runs the recipes
+            that litgpt shards with FSDP1 (full fine-tuning, adapters, pretraining) with ZeRO-2 (FSDP
             ``SHARD_GRAD_OP``, Blocks recomputed only if the estimate needs it); CPU-tested and run on GPUs only at
-            1B (it trains, 0.29x the replica's speed), so ``"auto"`` does not name it yet. The plan and why are printed. Measured on 2 x
-            H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.90x one GPU's tokens/s, full fine-tuning
-            1.59x, where litgpt's sharding ran 0.054x and 0.32x; Llama-3.1-8B full fine-tuning with ``"zero1"``
-            3.45x stock litgpt's 2-GPU run. The Trainer keeps the user's strategy.
+            1B (it trains, 0.29x the replica's speed), so ``"auto"`` does not name it yet. The plan and why are
+            printed. Measured on 2 x H200 (Llama-3.2-1B, litgpt's recipes, micro-batch 4): LoRA 1.90x one GPU's
+            tokens/s, full fine-tuning 1.59x, where litgpt's sharding ran 0.054x and 0.32x; Llama-3.1-8B full
+            fine-tuning with ``"zero1"`` 3.45x stock litgpt's 2-GPU run. The Trainer keeps the user's strategy.
         balance_ranks: under ``data_parallel`` ``"replicate"`` / ``"zero1"``: each device's sampler draws every
             device's index lists (litgpt's ``DistributedSampler`` per rank), estimates each micro-batch's positions
             from its samples' text (litgpt's ``SFTDataset``; other data keeps litgpt's order, said in the log) and
