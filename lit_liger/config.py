@@ -11,7 +11,8 @@ from jsonargparse.typing import NonNegativeInt  # an int >= 0 that the command l
 # LigerConfig fields that are settings, not on/off switches
 _SETTINGS = ("flce_mode", "compile_min_tokens", "seq_buckets", "packing", "data_parallel", "balance_ranks",
              "replicate_frozen_base", "fp8", "fp8_all_gather", "cuda_graphs", "cuda_graphs_max_tokens", "sdpa_backend",
-             "caller_thread_backward", "activation_checkpointing", "recompute_mlp", "fused_optimizer", "defer_loss_sync")
+             "caller_thread_backward", "activation_checkpointing", "recompute_mlp", "fused_optimizer",
+             "defer_loss_sync")
 
 
 @dataclass
