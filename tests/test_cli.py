@@ -944,8 +944,9 @@ def test_data_parallel_deals_micro_batches_by_length(assets, tmp_path):
     """``--liger.balance_ranks`` (default on) under the replica plan, 2 CPU processes, two micro-batches per device and
     optimizer step, lengths up to 256 tokens: the log says the micro-batches were dealt and how even the devices'
     positions per step came out against litgpt's order (better); each step trains on the same micro-batches as
-    litgpt's order (the weights saved after 4 steps equal the run with the deal off, to float rounding), and each
-    step's first micro-batch is litgpt's (the losses logged there equal)."""
+    litgpt's order (the weights saved after 4 steps equal the run with the deal off, to float rounding), and the first
+    iteration's is litgpt's (its logged loss equal; later ones are litgpt's running mean over the step's iterations,
+    which takes in the dealt ones)."""
     data = tmp_path / "short.json"  # (short instructions: 178-304 tokens with the prompt, one per micro-batch)
     make_instruction_dataset(data, source_files(), n=40, max_chars=250)
     runs = {name: _two_process_run(assets, tmp_path, "finetune_full", name, flag, steps=4, interpret=False,
@@ -960,8 +961,7 @@ def test_data_parallel_deals_micro_batches_by_length(assets, tmp_path):
     litgpt = float(line.split("against ")[1].split("%")[0])
     assert changed >= 1 and dealt < litgpt, line
     assert len(ours) == len(ref) == 8 and ours[1:] != ref[1:]  # (rank 0 logged other micro-batches)
-    for i in (0, 2, 4, 6):  # each step's first micro-batch: litgpt's
-        assert abs(ours[i] - ref[i]) / abs(ref[i]) < LOSS_TOL, (i, ours, ref)
+    assert abs(ours[0] - ref[0]) / abs(ref[0]) < LOSS_TOL, (ours, ref)
     saved = {n: torch.load(tmp_path / n / "final" / "lit_model.pth", weights_only=True) for n in runs}
     saved = {n: v.get("model", v) for n, v in saved.items()}
     for k, v in saved["litgpt"].items():
