@@ -249,6 +249,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import hostgc
 
         hostgc.FREEZE = False
+    if os.environ.get("LIT_LIGER_BENCH_PRECAPTURE_ALL") == "1":  # the recipe's liger-precapture-all variant
+        from lit_liger import cli, graphs
+
+        cli.EXPECT_ROUNDS, graphs.CAPTURE_AFTER = 0, 1
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 

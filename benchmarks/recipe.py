@@ -104,6 +104,9 @@ VARIANTS = {
     "liger-embedding-after": ["--liger", "true"],
     # Python's garbage collector as Python runs it (lit_liger.hostgc.FREEZE off: nothing frozen for the loop)
     "liger-gc": ["--liger", "true"],
+    # issue 47: the replicas pre-capture the whole ladder of packed lengths and capture any other shape at once
+    # (lit_liger.cli.EXPECT_ROUNDS 0: the data's lengths not estimated; lit_liger.graphs.CAPTURE_AFTER 1)
+    "liger-precapture-all": ["--liger", "true"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
@@ -119,7 +122,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-warmup-each": {"LIT_LIGER_BENCH_WARMUP_ONCE": "0"},
                "liger-embedding-into": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "1"},
                "liger-embedding-after": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "0"},
-               "liger-gc": {"LIT_LIGER_BENCH_GC_FREEZE": "0"}}
+               "liger-gc": {"LIT_LIGER_BENCH_GC_FREEZE": "0"},
+               "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

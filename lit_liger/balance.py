@@ -168,6 +168,15 @@ class DealtBatches:
             self.rounds += 1
             yield row[pick[self.rank]]
 
+    def estimated_sizes(self, rounds: int) -> Iterator[list[list[float]]]:
+        """Every device's micro-batch of each of the first ``rounds`` rounds of this pass over the data, as its samples'
+        estimated tokens (:meth:`SampleCost.tokens`); nothing is dealt or counted (the samplers' order depends on
+        their seed and epoch only). For ``lit_liger.graphs.expected_lengths``."""
+        for k, row in enumerate(zip(*self._batches())):
+            if k >= rounds:
+                return
+            yield [[self.cost.tokens(i) for i in batch] for batch in row]
+
     def report(self) -> str | None:
         """One line on the deal (None before any step): the busiest device's estimated positions per optimizer step
         over the devices' mean, dealt and in litgpt's order, and this device's share."""

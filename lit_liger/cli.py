@@ -307,6 +307,9 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             if restore is not None:
                 restore()
             if balanced is not None:
+                from . import graphs
+
+                graphs.EXPECTED_LENGTHS = None
                 loader._dataloader = balanced[1]
                 line = balanced[0].report()
                 if line and rank0:
@@ -394,6 +397,8 @@ def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -
         out, why = None, "litgpt's fit names no gradient accumulation"
     else:
         out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size, accumulation, packed)
+        if out is not None and packed:
+            _expect_lengths(out, train, accumulation)
     if rank0:
         print("lit-liger: " + (f"{why}: the devices' micro-batches stay in litgpt's order" if out is None else
                                "each optimizer step's micro-batches are dealt to the devices by their estimated length "
@@ -401,6 +406,29 @@ def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -
                                "step's first ones as litgpt's order; --liger.balance_ranks false keeps litgpt's "
                                "order)"), flush=True)
     return None if out is None else (out, inner)
+
+
+#: the most rounds of the data :func:`_expect_lengths` reads (a longer run's counts are scaled up); 0: none (the
+#: replicas pre-capture the whole ladder)
+EXPECT_ROUNDS = 4096
+
+
+def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
+    """``lit_liger.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
+    sampler's first pass is expected to give each process, scaled to the run's iterations per process (litgpt's
+    ``train.max_steps`` times ``accumulation``, or its epochs)."""
+    from . import graphs
+
+    per_epoch = len(dealt)
+    runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
+    if getattr(train, "max_steps", None):
+        runs.append(train.max_steps * accumulation)
+    rounds = min(runs) if runs else per_epoch
+    sampled = min(rounds, per_epoch, EXPECT_ROUNDS)
+    if sampled <= 0:
+        return
+    cap = dealt.cost.cap if isinstance(dealt.cost.cap, int) else -1
+    graphs.EXPECTED_LENGTHS = graphs.expected_lengths(dealt.estimated_sizes(sampled), cap, rounds / sampled)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:

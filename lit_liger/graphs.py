@@ -35,7 +35,7 @@ import gc
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -175,9 +175,12 @@ MAX_GRAPHS = 48
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
-#: again with one
+#: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
+#: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
+#: (:data:`CAPTURE_AFTER`)
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0}
+                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
+                 "left_out": 0, "deferred": 0}
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -194,6 +197,60 @@ CAPTURE_MAX_WORK = 5 * 10**11
 #: held 2 GPUs to 1.68x one GPU's tokens/s (1.80x without them); captured together (16 lengths in 2.9 s at the first
 #: step), 1.81x
 PRECAPTURE_REPLICAS = True
+
+#: what the replicas' run is expected to feed each process: ``{packed length: micro-batches}`` (key None: the unpacked
+#: ``samples x max_seq_length`` of a batch without padding), estimated from the data before the run
+#: (:func:`expected_lengths`; the ``lit-liger`` command sets it for the run's ``fit`` where the micro-batches are dealt,
+#: ``LigerConfig.balance_ranks``). With it the first step pre-captures only the lengths expected at least
+#: :data:`PRECAPTURE_MIN_COUNT` times; None: not known, the whole ladder is pre-captured
+EXPECTED_LENGTHS: dict | None = None
+
+#: a length of the ladder expected fewer times than this per process is left out of the replicas' pre-capture; met
+#: later, it runs uncaptured until its :data:`CAPTURE_AFTER`-th micro-batch. Measured (one H100, ``diag graph-gain``,
+#: ``benchmarks/results/h100-2026-11-26f``; records ``../h100-2026-11-27c``, ``../h200x2-2026-11-27e``): recording a
+#: length costs ~70 ms at Llama-3.2-1B and ~160 ms at Llama-3.1-8B; a captured micro-batch saves ~35 ms of host time
+#: at Llama-3.2-1B (57.5 vs 23.3 ms at 2,048 tokens) and ~3 ms at Llama-3.1-8B (8 layers: 36.6 vs 33.5 ms), so a
+#: capture pays back after ~2 micro-batches at 1B and ~13+ at 8B; 4 sits between them
+PRECAPTURE_MIN_COUNT = 4
+
+#: in a replica whose lengths were pre-captured, a shape outside them runs uncaptured until its micro-batch of this
+#: number, which is captured (a capture there stalls the other processes at the next all-reduce): a shape met once or
+#: twice in a run never pays for its capture, one met often pays for its first micro-batches uncaptured at most once
+#: more (renting before buying). 1: captured at once, as before
+CAPTURE_AFTER = 4
+
+#: :func:`expected_lengths`: the relative error allowed the estimate of a micro-batch's tokens (each micro-batch
+#: counts at every packed length within it)
+ESTIMATE_MARGIN = 0.05
+
+
+def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float = 1.0,
+                     margin: float = ESTIMATE_MARGIN) -> dict:
+    """:data:`EXPECTED_LENGTHS` from ``rounds``: for each round (one micro-batch per process, run at the same iteration
+    on every process), every process's micro-batch as its samples' estimated tokens (each at most ``cap``, the
+    dataset's ``max_seq_length``; <= 0: no cap). Each micro-batch counts ``scale`` / the processes (``scale``: the
+    run's rounds over the rounds given) at every packed length (``lit_liger.buckets.packed_bucket_length``) of its
+    tokens within ``margin`` either side, and at None where every sample may fill ``cap`` (the batch then has no
+    padding and runs unpacked)."""
+    from .buckets import packed_bucket_length
+
+    counts: dict = {}
+    for row in rounds:
+        weight = scale / max(1, len(row))
+        for sizes in row:
+            if len(sizes) < 2:
+                continue  # (one sample: never packed)
+            total = sum(sizes)
+            top = len(sizes) * cap if cap > 0 else float("inf")
+            lo = packed_bucket_length(max(1, int(total * (1 - margin))))
+            hi = packed_bucket_length(max(1, int(min(total * (1 + margin), top))))
+            length = lo
+            while length <= hi:
+                counts[length] = counts.get(length, 0.0) + weight
+                length = packed_bucket_length(length + 1)
+            if cap > 0 and all(s >= cap * (1 - margin) for s in sizes):
+                counts[None] = counts.get(None, 0.0) + weight
+    return counts
 
 
 def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None) -> list[int]:
@@ -261,6 +318,12 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
         extra += f"; {stats['rewarmed']} captures restarted with a warm-up (a Triton compilation)"
     if stats.get("precaptured"):
         extra += f"; {stats['precaptured']} of the shapes captured at the first step (data parallel)"
+    if stats.get("left_out"):
+        extra += (f", {stats['left_out']} lengths left out of it (expected fewer than {PRECAPTURE_MIN_COUNT} times per "
+                  "process)")
+    if stats.get("deferred"):
+        extra += (f"; {stats['deferred']:,} micro-batches of shapes outside it ran uncaptured (a shape is captured at "
+                  f"its micro-batch {CAPTURE_AFTER})")
     if stats.get("released"):
         extra += f"; graphs released {stats['released']} time(s) for memory"
     return (f"lit-liger: CUDA graphs: {stats['captures']} input shapes captured in {total:.2f} s{share} (per phase: "
@@ -634,6 +697,7 @@ class GraphRunner:
         self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
+        self.seen: dict[tuple, int] = {}  # uncaptured micro-batches per shape met after the pre-capture (CAPTURE_AFTER)
         self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up since the reset
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
@@ -770,6 +834,11 @@ class GraphRunner:
                 graphs = self.graphs.get(key)
                 if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
                     return None  # (the pool's budget or a failure stopped the captures there)
+        if graphs is None and self.precaptured and _several_replicas() and CAPTURE_AFTER > 1:
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            if seen < CAPTURE_AFTER:  # (rare in this run, or not: its first micro-batches uncaptured, see CAPTURE_AFTER)
+                CAPTURE_STATS["deferred"] += 1
+                return None
         if graphs is None:
             t0 = time.perf_counter()
             graphs = self._capture(key, idx, params, plan, warmup=self._warmup_needed(plan))
@@ -884,8 +953,13 @@ class GraphRunner:
         if S < 2 or T <= 0:
             return
         lengths = precapture_lengths(S, T, self.max_tokens)
-        if not lengths:
-            return
+        expected, left_out = EXPECTED_LENGTHS, 0
+        if expected is not None:  # (the data's lengths estimated before the run: the rare ones are left to CAPTURE_AFTER)
+            kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
+            left_out, lengths = len(lengths) - len(kept), kept
+        want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
+        left_out += not want_full
+        CAPTURE_STATS["left_out"] += left_out
         saved = gpt.__dict__.get("_liger_mem_now")
         t0, n0 = time.perf_counter(), self.captures
         try:
@@ -908,11 +982,10 @@ class GraphRunner:
                     break
             else:
                 # a micro-batch whose samples all fill max_seq_length has no padding to leave out: it runs unpacked
-                # as (samples, max_seq_length). Left to its own step, its capture stalled the other processes
-                # (0.3-3.2 s at iteration 89 of every 2-GPU recipe run, 2 x H200, benchmarks/results/h200x2-2026-11-27b)
+                # as (samples, max_seq_length) (where the data is expected to give it: EXPECTED_LENGTHS)
                 sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
-                if (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
+                if want_full and (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
                         and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)
@@ -924,12 +997,17 @@ class GraphRunner:
                 gpt._liger_mem_now = saved
         self.precaptured_n = self.captures - n0
         CAPTURE_STATS["precaptured"] += self.precaptured_n
-        if self.precaptured_n and _dist.rank_zero():
+        if (self.precaptured_n or left_out) and _dist.rank_zero():
             full = (S, T) in {k[0] for k in self.graphs if k[3] is None}
-            print(f"lit-liger: CUDA graphs: {self.precaptured_n - full} packed lengths up to {max(lengths):,} tokens"
+            some = [k[0][-1] for k in self.graphs if k[3] is not None]
+            print(f"lit-liger: CUDA graphs: {self.precaptured_n - full} packed lengths"
+                  + (f" of {min(some):,}-{max(some):,} tokens" if some else "")
                   + (f" and the unpacked {S} x {T:,}" if full else "")
                   + f" captured at the first step in {time.perf_counter() - t0:.1f} s (every process at once: data "
-                    "parallel)", flush=True)
+                    "parallel)"
+                  + (f"; {left_out} lengths of the ladder left out, expected fewer than {PRECAPTURE_MIN_COUNT} times "
+                     f"per process in this run's data (captured at their micro-batch {CAPTURE_AFTER} if met)"
+                     if left_out else ""), flush=True)
 
     def give_up_above(self, max_tokens: int, why: str) -> None:
         """Release every graph and the pool, and capture no micro-batch of more than ``max_tokens`` tokens from now

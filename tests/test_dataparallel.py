@@ -332,6 +332,76 @@ def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accum
     assert busiest(dealt) < busiest(natural)
 
 
+def test_expected_lengths_of_the_dealt_rounds():
+    """The lengths a replica run is expected to feed each process (``graphs.EXPECTED_LENGTHS``, from which its first
+    step pre-captures): every process's micro-batches of the pass, by their samples' estimated tokens, each counted
+    once per process count at its packed bucket (and its neighbour where the estimate's margin crosses into it); the
+    counts come out near the true lengths' buckets."""
+    from lit_liger.balance import balanced_loader
+    from lit_liger.buckets import packed_bucket_length
+    from lit_liger.graphs import expected_lengths
+
+    data, world = _Texts(n=200), 2
+    sampler, _ = balanced_loader(_fabric_loader(data, 0, world, batch_size=4), 0, world, 2, packed=True)
+    rounds = list(sampler.estimated_sizes(10**6))
+    assert len(rounds) == len(sampler) and all(len(r) == world and len(b) == 4 for r in rounds[:-1] for b in r)
+    assert rounds == list(sampler.estimated_sizes(10**6))  # (reading the pass changes nothing)
+    assert list(sampler.estimated_sizes(3)) == rounds[:3]
+    ids = [b for row in zip(*[_fabric_loader(data, r, world, batch_size=4) for r in range(world)]) for b in row]
+    true = {}
+    for b in ids:
+        if len(b["ids"]) > 1:
+            L = packed_bucket_length(sum(data.length(i) for i in b["ids"]))
+            true[L] = true.get(L, 0) + 1 / world
+    exact = expected_lengths(rounds, data.max_seq_length, margin=0.0)
+    assert sum(exact.values()) == pytest.approx(sum(true.values()))  # (every packed micro-batch, once)
+    # (the text's estimate is within a token of each sample's length: the exact buckets differ by at most a few
+    # micro-batches near the edges, and the margin's counts take in the true ones)
+    assert sum(abs(exact.get(L, 0) - n) for L, n in true.items()) <= 0.25 * sum(true.values())
+    wide = expected_lengths(rounds, data.max_seq_length)
+    assert all(wide.get(L, 0) >= n for L, n in true.items())
+    doubled = expected_lengths(rounds, data.max_seq_length, scale=2.0)
+    assert all(doubled[L] == pytest.approx(2 * wide[L]) for L in wide)
+
+
+def test_the_command_expects_the_runs_lengths_over_its_iterations(monkeypatch):
+    """``lit_liger.cli._expect_lengths``: the dealt pass's lengths, scaled to the run's iterations per process (litgpt's
+    ``max_steps`` x accumulation, or its epochs; a pass read once at most ``EXPECT_ROUNDS`` rounds)."""
+    from types import SimpleNamespace
+
+    from lit_liger import cli, graphs
+    from lit_liger.balance import balanced_loader
+
+    data, world = _Texts(n=200), 2
+    sampler, _ = balanced_loader(_fabric_loader(data, 1, world, batch_size=4), 1, world, 2, packed=True)
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
+    per_epoch = len(sampler)
+    total = sum(len(b) > 1 for r in sampler.estimated_sizes(per_epoch) for b in r) / world
+    cli._expect_lengths(sampler, SimpleNamespace(epochs=3, max_steps=None), 2)
+    assert sum(graphs.EXPECTED_LENGTHS.values()) >= 3 * total - 1e-9
+    cli._expect_lengths(sampler, SimpleNamespace(epochs=5, max_steps=4), 2)  # (8 rounds of the pass)
+    eight = graphs.expected_lengths(sampler.estimated_sizes(8), data.max_seq_length)
+    assert graphs.EXPECTED_LENGTHS == eight
+    monkeypatch.setattr(cli, "EXPECT_ROUNDS", 5)
+    cli._expect_lengths(sampler, SimpleNamespace(epochs=1, max_steps=None), 2)
+    five = graphs.expected_lengths(sampler.estimated_sizes(5), data.max_seq_length, scale=per_epoch / 5)
+    assert graphs.EXPECTED_LENGTHS == pytest.approx(five)
+
+
+def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples():
+    from lit_liger.graphs import expected_lengths
+
+    full = [[100.0, 100.0, 100.0], [40.0, 30.0, 20.0]]  # (a full batch of max_seq_length 100, and a short one)
+    counts = expected_lengths([full, [[97.0, 100.0, 99.0], [50.0]]], cap=100, margin=0.05)
+    assert counts[None] == pytest.approx(1.0)  # (both full-looking batches, each counted 1/2 per process)
+    assert counts[128] == pytest.approx(0.5)  # (90 tokens: 85.5 .. 94.5 within the margin, one bucket)
+    assert counts[320] == pytest.approx(1.0)  # (300 and 296 tokens; capped at 3 x 100)
+    assert sum(counts.values()) == pytest.approx(2.5)  # (the one-sample micro-batch is never packed)
+    assert expected_lengths([[[300.0, 300.0]]], cap=-1, margin=0.0) == {640: 1.0}  # (no cap: never unpacked)
+    straddle = expected_lengths([[[300.0, 340.0]]], cap=-1, margin=0.05)  # (608 .. 672: two buckets)
+    assert straddle == {640: 1.0, 768: 1.0}
+
+
 def test_balanced_loader_says_why_not():
     from lit_liger.balance import balanced_loader
     from lightning.fabric.wrappers import _FabricDataLoader

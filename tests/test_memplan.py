@@ -448,6 +448,79 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     assert keys and all(not unpacked for _, unpacked, _ in keys)
 
 
+def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monkeypatch, capsys):
+    """With the data's lengths estimated before the run (``graphs.EXPECTED_LENGTHS``, the dealt replicas), the first
+    step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process, and the
+    unpacked full batch only where it is expected as often; the log and the report say how many were left out."""
+    from lit_liger.packing import Pack, Plan
+
+    cfg, model, runner, before = _runner(monkeypatch)
+    model.max_seq_length = 24
+    keys = []
+
+    def capture(key, idx, params, plan, warmup=True):
+        keys.append((key[3] is None, idx.shape[-1]))
+        runner.hidden_spec = (cfg.n_embd, torch.float32)
+        runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
+        runner.captures += 1
+        return runner.graphs[key]
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
+    S = 3
+    ladder = graphs.precapture_lengths(S, 24)
+    assert len(ladder) >= 2
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {ladder[0]: 9.0, ladder[-1]: 3.9, None: 0.5, 10**6: 50.0})
+    idx = torch.ones((1, 40), dtype=torch.long)
+    plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
+                None, 40)
+    params = [p for p in model.parameters() if p.requires_grad]
+    runner._precapture(idx, plan, params)
+    assert keys == [(False, ladder[0])]  # (3.9 < 4 left out; the unpacked batch, expected 0.5 times, too)
+    left = len(ladder) - 1 + 1
+    assert graphs.CAPTURE_STATS["left_out"] - before["left_out"] == left
+    out = capsys.readouterr().out
+    assert f"1 packed lengths of {ladder[0]:,}-{ladder[0]:,} tokens captured at the first step" in out
+    assert f"{left} lengths of the ladder left out" in out
+    runner.graphs.clear()
+    keys.clear()
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {None: 4.0})
+    runner._precapture(idx, plan, params)
+    assert keys == [(True, 24)]  # (only the unpacked 3 x 24)
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats.update(captures=2, precaptured=2)
+    line = graphs.capture_report(stats)
+    assert f"{2 * len(ladder) - 1 + 1} lengths left out of it (expected fewer than 4 times per process)" in line
+
+
+def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_fourth_micro_batch(monkeypatch, capsys):
+    """A replica's shape outside its first-step pre-capture runs uncaptured until its micro-batch
+    ``CAPTURE_AFTER`` (a capture there stalls the other processes: a shape met once or twice never pays for it), then
+    is captured and replayed; the report counts the uncaptured ones. One process captures at once, as before."""
+    cfg, model, runner, before = _runner(monkeypatch)
+    monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
+    monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan, **kw: types.SimpleNamespace(
+        grads=runner_.grad_buffers(params), params=params, static_idx=idx))
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    monkeypatch.setattr(graphs, "_several_replicas", lambda: True)
+    runner.precaptured, runner.precaptured_n = True, 5
+    assert graphs.CAPTURE_AFTER == 4
+    assert [runner.hidden(x) for _ in range(5)] == [None, None, None, "replayed", "replayed"]
+    assert runner.captures == 1 and graphs.CAPTURE_STATS["deferred"] - before["deferred"] == 3
+    assert "met a micro-batch outside the first step's pre-capture (unpacked (2, 12))" in capsys.readouterr().out
+    assert runner.hidden(x[:, :6]) is None  # (another shape counts on its own)
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    assert "4 micro-batches of shapes outside it ran uncaptured (a shape is captured at its micro-batch 4)" in \
+        graphs.capture_report(stats)
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 1)
+    assert runner.hidden(x[:, :6]) == "replayed"
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 4)
+    monkeypatch.setattr(graphs, "_several_replicas", lambda: False)  # (one process: at once)
+    assert runner.hidden(x[:, :4]) == "replayed"
+
+
 def _warmup_stub(monkeypatch, cfg, made, refuse_without=False):
     """``graphs._Graphs`` stubbed: records (tokens, warmup); a warm-up learns the hidden states' spec; with
     ``refuse_without`` a capture without warm-up stops as a Triton compilation would stop it. The driver can load
