@@ -2,12 +2,15 @@
 #
 #   CALL=r5 . benchmarks/calls.sh       # installs the carried wheels and this checkout; results under /tmp/o
 #   rec lora2 Llama-3.2-1B lora 2 liger,liger-no-balance 300 60 200 [ENV=VALUE ...]
-#   logs /tmp/o/$CALL-run-*.txt          # iteration times of litgpt's logs (python -m benchmarks.logtimes)
-#   pack                                 # /tmp/o into $OUT/$CALL.tgz (the tool returns at most 8 files)
+#   logs /tmp/o/$NAME-run-*.txt          # iteration times of litgpt's logs (python -m benchmarks.logtimes)
+#   pack                                 # /tmp/o into $OUT/$NAME.tgz (the tool returns at most 8 files)
+#
+# (NAME keeps the call's name: bash forgets a CALL=... given on the `.` line once the source returns)
 #
 # Wheels: carry `.whl` (../shared/gpu/wheelhouse.sh fills it) or, to keep a call under the tool's 64 MiB, `.whl-lean`
 # (the same without bitsandbytes). `S` holds the call's start (seconds) for time-slot arithmetic.
 S=$(date +%s)
+NAME=${CALL:?set CALL to the call name before sourcing}  # (CALL=x . calls.sh: bash drops CALL after the source)
 WHEELS=$(ls -d .whl-lean 2>/dev/null || echo .whl)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
@@ -15,25 +18,25 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,power.draw --format=csv,noheader
 mkdir -p /tmp/o
 
-pack() { tar czf "$OUT/$CALL.tgz" -C /tmp/o . ; }
+pack() { tar czf "$OUT/$NAME.tgz" -C /tmp/o . ; }
 
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
-# rec NAME MODELS METHOD DEVICES VARIANTS ITERS WARMUP TIMEOUT [ENV=VALUE ...]: one `benchmarks recipe` run (micro-batch
-# 4) into /tmp/o/$CALL-NAME/, each run's stdout kept as /tmp/o/$CALL-run-NAME-*.txt (lit-liger's report lines
-# printed), the rows' headline numbers printed; packed after each
+# rec N MODELS METHOD DEVICES VARIANTS ITERS WARMUP TIMEOUT [ENV=VALUE ...]: one `benchmarks recipe` run (micro-batch
+# 4) into /tmp/o/$NAME-N/ (N: the first argument), each run's stdout kept as /tmp/o/$NAME-run-N-*.txt (lit-liger's
+# report lines printed), the rows' headline numbers printed; packed after each
 rec() {
   local n=$1 m=$2 me=$3 dv=$4 va=$5 it=$6 wu=$7 to=$8; shift 8
   env "$@" timeout "$to" python3 -m benchmarks recipe --models "$m" --methods "$me" --micro_batches 4 --devices "$dv" \
-    --variants "$va" --iters "$it" --warmup "$wu" --work_dir /tmp/work --out "/tmp/o/$CALL-$n" > "/tmp/o/$CALL-$n.log" 2>&1
+    --variants "$va" --iters "$it" --warmup "$wu" --work_dir /tmp/work --out "/tmp/o/$NAME-$n" > "/tmp/o/$NAME-$n.log" 2>&1
   echo "$n rc=$?"
   for f in /tmp/work/recipe-runs/*/stdout.txt; do
     [ -f "$f" ] || continue
-    cp "$f" "/tmp/o/$CALL-run-$n-$(basename "$(dirname "$f")").txt"
+    cp "$f" "/tmp/o/$NAME-run-$n-$(basename "$(dirname "$f")").txt"
     grep -hE "garbage collector|dealt by length|input shapes captured|Error|out of memory" "$f" | cut -c1-330 | head -4
   done
   rm -rf /tmp/work/recipe-runs
-  python3 - "/tmp/o/$CALL-$n/recipe.json" "$n" <<'PY'
+  python3 - "/tmp/o/$NAME-$n/recipe.json" "$n" <<'PY'
 import json, sys
 try:
     rows = json.load(open(sys.argv[1]))["rows"]

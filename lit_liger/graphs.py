@@ -205,23 +205,34 @@ PRECAPTURE_REPLICAS = True
 #: :data:`PRECAPTURE_MIN_COUNT` times; None: not known, the whole ladder is pre-captured
 EXPECTED_LENGTHS: dict | None = None
 
-#: a length of the ladder expected fewer times than this per process is left out of the replicas' pre-capture; met
-#: later, it runs uncaptured until its :data:`CAPTURE_AFTER`-th micro-batch. Measured (one H100, ``diag graph-gain``,
-#: ``benchmarks/results/h100-2026-11-26f``; records ``../h100-2026-11-27c``, ``../h200x2-2026-11-27e``): recording a
-#: length costs ~70 ms at Llama-3.2-1B and ~160 ms at Llama-3.1-8B; a captured micro-batch saves ~35 ms of host time
-#: at Llama-3.2-1B (57.5 vs 23.3 ms at 2,048 tokens) and ~3 ms at Llama-3.1-8B (8 layers: 36.6 vs 33.5 ms), so a
-#: capture pays back after ~2 micro-batches at 1B and ~13+ at 8B; 4 sits between them
-PRECAPTURE_MIN_COUNT = 4
+#: a length of the ladder expected fewer times than this per process is left out of the replicas' pre-capture (met
+#: later, it is captured then, see :data:`CAPTURE_AFTER`). A length pre-captured that never comes costs one capture
+#: (~90 ms at Llama-3.2-1B); one left out that comes costs about one capture more (the other processes wait for its
+#: capture): pre-capture what is more likely than not to come on some process. Measured on 2 x H200 (Llama-3.2-1B,
+#: Alpaca-shaped lengths, micro-batch 4, 300 iterations, ``benchmarks/results/h200x2-2026-11-27h``): the ladder's 17
+#: shapes took 1.55-1.67 s at the first step, the 8 expected at least 4 times 0.70-0.71 s
+PRECAPTURE_MIN_COUNT = 0.5
 
 #: in a replica whose lengths were pre-captured, a shape outside them runs uncaptured until its micro-batch of this
-#: number, which is captured (a capture there stalls the other processes at the next all-reduce): a shape met once or
-#: twice in a run never pays for its capture, one met often pays for its first micro-batches uncaptured at most once
-#: more (renting before buying). 1: captured at once, as before
-CAPTURE_AFTER = 4
+#: number, which is captured (1: captured at once; a capture there stalls the other processes at the next
+#: all-reduce). Renting before buying (4, uncaptured first) was measured on 2 x H200
+#: (``benchmarks/results/h200x2-2026-11-27h``, Llama-3.2-1B, with lengths expected fewer than 4 times left out): each
+#: uncaptured micro-batch took 50-90 ms against ~13 ms replayed and ~90 ms for a capture, the first of a run ~1 s more;
+#: and full fine-tuning's peak rose from 13.2 to 15.3 GB (the uncaptured activations beside the graphs' pool)
+CAPTURE_AFTER = 1
 
 #: :func:`expected_lengths`: the relative error allowed the estimate of a micro-batch's tokens (each micro-batch
 #: counts at every packed length within it)
 ESTIMATE_MARGIN = 0.05
+
+
+def _expected_words(expected: dict | None) -> str:
+    """:data:`EXPECTED_LENGTHS` in words, for the pre-capture's line."""
+    if not expected:
+        return ""
+    words = [f"{'unpacked' if k is None else format(k, ',')}: {v:.1f}" for k, v in
+             sorted(expected.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)) if v >= 0.05]
+    return f" (expected per process: {', '.join(words)})" if words else ""
 
 
 def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float = 1.0,
@@ -319,8 +330,8 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     if stats.get("precaptured"):
         extra += f"; {stats['precaptured']} of the shapes captured at the first step (data parallel)"
     if stats.get("left_out"):
-        extra += (f", {stats['left_out']} lengths left out of it (expected fewer than {PRECAPTURE_MIN_COUNT} times per "
-                  "process)")
+        extra += (f", {stats['left_out']} lengths left out of it (expected fewer than {PRECAPTURE_MIN_COUNT:g} times "
+                  "per process)")
     if stats.get("deferred"):
         extra += (f"; {stats['deferred']:,} micro-batches of shapes outside it ran uncaptured (a shape is captured at "
                   f"its micro-batch {CAPTURE_AFTER})")
@@ -836,7 +847,7 @@ class GraphRunner:
                     return None  # (the pool's budget or a failure stopped the captures there)
         if graphs is None and self.precaptured and _several_replicas() and CAPTURE_AFTER > 1:
             seen = self.seen[key] = self.seen.get(key, 0) + 1
-            if seen < CAPTURE_AFTER:  # (rare in this run, or not: its first micro-batches uncaptured, see CAPTURE_AFTER)
+            if seen < CAPTURE_AFTER:  # (its first micro-batches uncaptured, see CAPTURE_AFTER)
                 CAPTURE_STATS["deferred"] += 1
                 return None
         if graphs is None:
@@ -954,7 +965,7 @@ class GraphRunner:
             return
         lengths = precapture_lengths(S, T, self.max_tokens)
         expected, left_out = EXPECTED_LENGTHS, 0
-        if expected is not None:  # (the data's lengths estimated before the run: the rare ones are left to CAPTURE_AFTER)
+        if expected is not None:  # (the data's lengths estimated before the run: the rare ones are captured if they come)
             kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
             left_out, lengths = len(lengths) - len(kept), kept
         want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
@@ -1005,8 +1016,8 @@ class GraphRunner:
                   + (f" and the unpacked {S} x {T:,}" if full else "")
                   + f" captured at the first step in {time.perf_counter() - t0:.1f} s (every process at once: data "
                     "parallel)"
-                  + (f"; {left_out} lengths of the ladder left out, expected fewer than {PRECAPTURE_MIN_COUNT} times "
-                     f"per process in this run's data (captured at their micro-batch {CAPTURE_AFTER} if met)"
+                  + (f"; {left_out} lengths of the ladder left out, expected fewer than {PRECAPTURE_MIN_COUNT:g} "
+                     f"times per process in this run's data{_expected_words(expected)} (captured if they come)"
                      if left_out else ""), flush=True)
 
     def give_up_above(self, max_tokens: int, why: str) -> None:

@@ -470,33 +470,34 @@ def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monk
     S = 3
     ladder = graphs.precapture_lengths(S, 24)
     assert len(ladder) >= 2
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {ladder[0]: 9.0, ladder[-1]: 3.9, None: 0.5, 10**6: 50.0})
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {ladder[0]: 9.0, ladder[-1]: 0.49, None: 0.2, 10**6: 50.0})
     idx = torch.ones((1, 40), dtype=torch.long)
     plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
                 None, 40)
     params = [p for p in model.parameters() if p.requires_grad]
     runner._precapture(idx, plan, params)
-    assert keys == [(False, ladder[0])]  # (3.9 < 4 left out; the unpacked batch, expected 0.5 times, too)
+    assert keys == [(False, ladder[0])]  # (0.49 < 0.5 left out; the unpacked batch, expected 0.2 times, too)
     left = len(ladder) - 1 + 1
     assert graphs.CAPTURE_STATS["left_out"] - before["left_out"] == left
     out = capsys.readouterr().out
     assert f"1 packed lengths of {ladder[0]:,}-{ladder[0]:,} tokens captured at the first step" in out
-    assert f"{left} lengths of the ladder left out" in out
+    assert f"{left} lengths of the ladder left out, expected fewer than 0.5 times per process" in out
+    assert f"(expected per process: {ladder[0]:,}: 9.0, {ladder[-1]:,}: 0.5, 1,000,000: 50.0, unpacked: 0.2)" in out
     runner.graphs.clear()
     keys.clear()
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {None: 4.0})
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {None: 0.5})
     runner._precapture(idx, plan, params)
     assert keys == [(True, 24)]  # (only the unpacked 3 x 24)
     stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
     stats.update(captures=2, precaptured=2)
     line = graphs.capture_report(stats)
-    assert f"{2 * len(ladder) - 1 + 1} lengths left out of it (expected fewer than 4 times per process)" in line
+    assert f"{2 * len(ladder) - 1 + 1} lengths left out of it (expected fewer than 0.5 times per process)" in line
 
 
-def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_fourth_micro_batch(monkeypatch, capsys):
-    """A replica's shape outside its first-step pre-capture runs uncaptured until its micro-batch
-    ``CAPTURE_AFTER`` (a capture there stalls the other processes: a shape met once or twice never pays for it), then
-    is captured and replayed; the report counts the uncaptured ones. One process captures at once, as before."""
+def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_micro_batch_capture_after(monkeypatch, capsys):
+    """With ``CAPTURE_AFTER`` 4, a replica's shape outside its first-step pre-capture runs uncaptured until its fourth
+    micro-batch, then is captured and replayed; the report counts the uncaptured ones. One process captures at once,
+    as with the default 1."""
     cfg, model, runner, before = _runner(monkeypatch)
     monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
     monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan, **kw: types.SimpleNamespace(
@@ -506,7 +507,8 @@ def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_fourth_micro_
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     monkeypatch.setattr(graphs, "_several_replicas", lambda: True)
     runner.precaptured, runner.precaptured_n = True, 5
-    assert graphs.CAPTURE_AFTER == 4
+    assert graphs.CAPTURE_AFTER == 1  # (the default: captured at once)
+    monkeypatch.setattr(graphs, "CAPTURE_AFTER", 4)
     assert [runner.hidden(x) for _ in range(5)] == [None, None, None, "replayed", "replayed"]
     assert runner.captures == 1 and graphs.CAPTURE_STATS["deferred"] - before["deferred"] == 3
     assert "met a micro-batch outside the first step's pre-capture (unpacked (2, 12))" in capsys.readouterr().out
