@@ -299,11 +299,16 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             balanced = _balance(fabric, loader, bound, packed, rank0)
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
+        ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
                 out = fit(*args, **kwargs)
         finally:
+            if ahead is not None:
+                from .memplan import STATE_AHEAD
+
+                STATE_AHEAD.remove(ahead)
             if restore is not None:
                 restore()
             if balanced is not None:
@@ -406,6 +411,22 @@ def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -
                                "step's first ones as litgpt's order; --liger.balance_ranks false keeps litgpt's "
                                "order)"), flush=True)
     return None if out is None else (out, inner)
+
+
+def _state_ahead(fabric: Any, optimizer: Any) -> Any:
+    """The optimizer state litgpt's ``fit`` will make at its first step, in ``lit_liger.memplan.STATE_AHEAD`` (returned,
+    for the caller to remove after ``fit``): the first micro-batches' memory plans and CUDA graphs leave it free.
+    Under lit-liger's zero1, only this process's share. None without an optimizer."""
+    from .memplan import STATE_AHEAD, optimizer_state_ahead
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if inner is None or not hasattr(inner, "param_groups") or not hasattr(inner, "state"):
+        return None
+    owners = getattr(getattr(fabric, "strategy", None), "owners", None) or {}
+    rank = getattr(fabric, "global_rank", 0)
+    ahead = optimizer_state_ahead(inner, (lambda p: owners.get(id(p), rank) == rank) if owners else None)
+    STATE_AHEAD.append(ahead)
+    return ahead
 
 
 #: the most rounds of the data :func:`_expect_lengths` reads (a longer run's counts are scaled up); 0: none (the

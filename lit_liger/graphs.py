@@ -298,6 +298,17 @@ def _several_replicas() -> bool:
 POOL_FRACTION = 0.25
 
 
+def _room(gpt: nn.Module, device: torch.device) -> float:
+    """The bytes the run may still allocate on ``device`` beside what it holds (``lit_liger.memplan.available_bytes``:
+    ``MEMORY_FRACTION`` of the device less what is allocated, the gradients and the optimizer state to come); off
+    CUDA, no bound."""
+    if device.type != "cuda":
+        return float("inf")
+    from .memplan import available_bytes
+
+    return available_bytes(gpt, device)
+
+
 def auto_max_tokens(gpt: nn.Module) -> int:
     """``LigerConfig.cuda_graphs_max_tokens=None``: :data:`CAPTURE_MAX_WORK` over the parameters of ``gpt``'s first
     Block."""
@@ -945,6 +956,18 @@ class GraphRunner:
             self.give_up_above(idx.numel() - 1, f"their memory pool reached {self.pool_bytes / 2**30:.1f} GiB, "
                                                 f"over its budget of {budget / 2**30:.1f} GiB")
             return None
+        # (the pool's memory is reserved, not allocated: what it holds free is counted against the run's room too,
+        # with the optimizer state still to come; see lit_liger.memplan.STATE_AHEAD)
+        room = _room(self.gpt, idx.device) - self.pool_bytes
+        if room < 0:
+            from .memplan import MEMORY_FRACTION, state_ahead
+
+            ahead = state_ahead()
+            self.give_up_above(idx.numel() - 1, f"their memory pool ({self.pool_bytes / 2**30:.1f} GiB) left the run "
+                               f"{-room / 2**30:.1f} GiB short of memplan.MEMORY_FRACTION ({MEMORY_FRACTION:g}) of the "
+                               "device" + (f", with {ahead / 2**30:.1f} GiB of optimizer state still to come"
+                                           if ahead else ""))
+            return None
         return graphs
 
     def _precapture(self, idx: torch.Tensor, plan: Any, params: list[nn.Parameter]) -> None:
@@ -990,7 +1013,9 @@ class GraphRunner:
                 # (the first length is warmed up; the others are recorded without, guarded: WARMUP_ONCE)
                 warmup = self._warmup_needed(splan)
                 if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:
-                    break
+                    if self.disabled:
+                        break
+                    continue  # (out of memory or over the pool's budget: released; the shorter lengths from scratch)
             else:
                 # a micro-batch whose samples all fill max_seq_length has no padding to leave out: it runs unpacked
                 # as (samples, max_seq_length) (where the data is expected to give it: EXPECTED_LENGTHS)

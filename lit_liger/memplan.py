@@ -29,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "available_bytes", "block_forward_flops",
-           "decide", "kept_bytes_per_token", "mlp_recompute_flops", "offloaded", "plan_for"]
+__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "STATE_AHEAD", "available_bytes",
+           "block_forward_flops", "decide", "kept_bytes_per_token", "mlp_recompute_flops", "offloaded",
+           "optimizer_state_ahead", "plan_for", "state_ahead"]
 
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
@@ -45,6 +46,55 @@ ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
 MEMORY_FRACTION = 0.75
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30
+
+#: what a run will allocate after its first micro-batches beside their activations: callables, each returning the bytes
+#: still to come (the ``lit-liger`` command adds the optimizer's state, which PyTorch's optimizers make at their first
+#: step, for litgpt's ``fit``: :func:`optimizer_state_ahead`). :func:`available_bytes` leaves them free, so the first
+#: step's plans and CUDA graphs do not take the memory the state needs. Without it Llama-3.1-8B full fine-tuning zero1
+#: on 2 x H100 ran out of memory at its first optimizer step: 18.5 GiB of graphs had been captured beside the weights
+#: and gradients while the plan still counted the 16 GB of Adam's moments (this device's share) as free
+#: (``benchmarks/results/h200x2-2026-11-27h``, s4)
+STATE_AHEAD: list = []
+
+
+def state_ahead() -> int:
+    """The bytes :data:`STATE_AHEAD` says are still to come."""
+    return sum(int(f()) for f in STATE_AHEAD)
+
+
+def _state_slots(optimizer: Any) -> int:
+    """Tensors of a parameter's shape and dtype that ``optimizer`` keeps per parameter: 2 for the Adam family (3 with
+    ``amsgrad``), SGD 1 with momentum (else 0), RMSprop 1 + momentum + centered, Adagrad 1, Adadelta 2; 2 for any other
+    (an upper bound for most; 8-bit optimizers keep less)."""
+    name = type(optimizer).__name__.lower()
+    groups = getattr(optimizer, "param_groups", [])
+
+    def any_(key: str) -> bool:
+        return any(bool(g.get(key)) for g in groups)
+
+    if "adam" in name:
+        return 2 + any_("amsgrad")
+    if name == "sgd":
+        return int(any_("momentum"))
+    if name == "rmsprop":
+        return 1 + any_("momentum") + any_("centered")
+    if name == "adagrad":
+        return 1
+    return 2
+
+
+def optimizer_state_ahead(optimizer: Any, mine: Any = None) -> Any:
+    """For :data:`STATE_AHEAD`: a callable that returns the bytes of ``optimizer``'s state not made yet, for the
+    parameters ``mine(p)`` says this process steps (None: all; lit-liger's zero1 steps its share), from
+    :func:`_state_slots` and each parameter's size and dtype. 0 once every such parameter has its state."""
+    slots = _state_slots(optimizer)
+    params = [p for g in getattr(optimizer, "param_groups", []) for p in g["params"] if mine is None or mine(p)]
+
+    def ahead() -> int:
+        state = optimizer.state
+        return sum(slots * p.numel() * p.element_size() for p in params if not state.get(p))
+
+    return ahead
 
 
 def block_forward_flops(config: Any, tokens: int) -> float:
@@ -176,12 +226,12 @@ REREAD_EVERY = 64
 
 def available_bytes(gpt: Any, device: Any) -> float:
     """The bytes a training micro-batch's activations may take on the CUDA ``device`` now: :data:`MEMORY_FRACTION`
-    of its memory less what is allocated and the gradients the backward will allocate (trainable parameters without
-    one)."""
+    of its memory less what is allocated, the gradients the backward will allocate (trainable parameters without
+    one) and what :data:`STATE_AHEAD` says is still to come."""
     import torch
 
     grads = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad and p.grad is None)
-    return MEMORY_FRACTION * _total_memory(device) - torch.cuda.memory_allocated(device) - grads
+    return MEMORY_FRACTION * _total_memory(device) - torch.cuda.memory_allocated(device) - grads - state_ahead()
 
 
 #: tensors smaller than this stay on the device under :func:`offloaded` (bytes)

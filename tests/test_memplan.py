@@ -364,6 +364,79 @@ def test_pool_over_budget_releases_the_graphs(monkeypatch):
     assert graphs.CAPTURE_STATS["released"] == before["released"] + 1
 
 
+def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch):
+    """Under its budget, the pool is still released where what it holds leaves the run less than nothing of
+    ``memplan.MEMORY_FRACTION`` (``graphs._room``: the optimizer's state still to come counted), said with that state."""
+    cfg, model, runner, before = _runner(monkeypatch)
+    reserved = iter([0, 6 * GiB, 6 * GiB, 12 * GiB])
+    monkeypatch.setattr(graphs, "_reserved", lambda device: next(reserved))
+    stub = types.SimpleNamespace(grads=[], params=[], static_idx=None)
+    monkeypatch.setattr(graphs, "_Graphs", lambda *a, **kw: stub)
+    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
+    monkeypatch.setattr(graphs, "_room", lambda gpt, device: 10 * GiB)
+    monkeypatch.setattr(memplan, "STATE_AHEAD", [lambda: 3 * GiB])
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    assert runner.hidden(x[:, :6]) == "replayed" and runner.pool_bytes == 6 * GiB  # (10 - 6 >= 0)
+    with pytest.warns(UserWarning, match=r"memory pool \(12.0 GiB\) left the run 2.0 GiB short of "
+                                         r"memplan.MEMORY_FRACTION \(0.75\) of the device, with 3.0 GiB of optimizer "
+                                         r"state still to come; released, micro-batches of more than 23 tokens"):
+        assert runner.hidden(x) is None
+    assert not runner.graphs and runner.max_tokens == 23
+
+
+def test_optimizer_state_ahead_counts_what_the_first_step_will_make():
+    """``memplan.optimizer_state_ahead``: the bytes of the state each parameter's first step makes (Adam: 2 tensors
+    of its size and dtype, 3 with amsgrad; SGD with momentum 1, without 0), for the parameters this process steps
+    only; 0 once stepped. ``available_bytes`` leaves it free (``STATE_AHEAD``)."""
+    a, b = torch.nn.Parameter(torch.zeros(10, 4)), torch.nn.Parameter(torch.zeros(6, dtype=torch.bfloat16))
+    adam = torch.optim.AdamW([a, b], lr=0.1)
+    ahead = memplan.optimizer_state_ahead(adam)
+    assert ahead() == 2 * (40 * 4 + 6 * 2)
+    assert memplan.optimizer_state_ahead(adam, mine=lambda p: p is b)() == 2 * 6 * 2  # (zero1: this rank's share)
+    assert memplan.optimizer_state_ahead(torch.optim.Adam([a], amsgrad=True))() == 3 * 160
+    assert memplan.optimizer_state_ahead(torch.optim.SGD([a], lr=0.1))() == 0
+    assert memplan.optimizer_state_ahead(torch.optim.SGD([a], lr=0.1, momentum=0.9))() == 160
+    a.grad = torch.ones_like(a)
+    adam.step()  # (b has no gradient: no state yet)
+    assert ahead() == 2 * 6 * 2
+    try:
+        memplan.STATE_AHEAD.append(ahead)
+        assert memplan.state_ahead() == 24
+    finally:
+        memplan.STATE_AHEAD.remove(ahead)
+    assert memplan.state_ahead() == 0
+
+
+def test_the_command_counts_the_optimizer_state_ahead_of_litgpts_fit():
+    """``lit_liger.cli._state_ahead``: Fabric's optimizer (its wrapper's ``.optimizer``) in ``memplan.STATE_AHEAD``
+    until removed; under zero1 (the strategy's ``owners``) this rank's share and the parameters every rank steps."""
+    from lit_liger import cli
+
+    a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (8, 4, 2))
+    wrapped = types.SimpleNamespace(optimizer=torch.optim.AdamW([a, b, c]))
+    fabric = types.SimpleNamespace(global_rank=1, strategy=types.SimpleNamespace(owners={id(a): 0, id(b): 1}))
+    ahead = cli._state_ahead(fabric, wrapped)
+    try:
+        assert memplan.STATE_AHEAD == [ahead] and memplan.state_ahead() == 2 * 4 * (4 + 2)  # (b and c: not a)
+    finally:
+        memplan.STATE_AHEAD.remove(ahead)
+    one = cli._state_ahead(types.SimpleNamespace(global_rank=0), wrapped)  # (one process: every parameter)
+    memplan.STATE_AHEAD.remove(one)
+    assert one() == 2 * 4 * 14 and cli._state_ahead(fabric, None) is None and memplan.STATE_AHEAD == []
+
+
+def test_available_bytes_leaves_the_state_ahead_free(monkeypatch):
+    cfg, _, model = _lora_pair(dropout=0.0)
+    monkeypatch.setattr(memplan, "_total_memory", lambda device: 100 * GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 20 * GiB)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    base = memplan.available_bytes(model, torch.device("cuda", 0))
+    assert base == pytest.approx(0.75 * 100 * GiB - 20 * GiB)
+    monkeypatch.setattr(memplan, "STATE_AHEAD", [lambda: 5 * GiB, lambda: GiB])
+    assert memplan.available_bytes(model, torch.device("cuda", 0)) == pytest.approx(base - 6 * GiB)
+
+
 def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
     """The gradient buffers a capture makes become the parameters' ``.grad`` (memory the step holds anyway): the
     reserved memory they add is not the graphs' pool."""
@@ -492,6 +565,49 @@ def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monk
     stats.update(captures=2, precaptured=2)
     line = graphs.capture_report(stats)
     assert f"{2 * len(ladder) - 1 + 1} lengths left out of it (expected fewer than 0.5 times per process)" in line
+
+
+def test_the_pre_capture_goes_on_below_a_length_released_for_memory(monkeypatch):
+    """A pre-captured length that the pool's budget or the run's room refuses (released, longer micro-batches
+    uncaptured from then on) does not end the pre-capture: the shorter lengths are captured from scratch; a capture
+    failure does."""
+    from lit_liger.packing import Pack, Plan
+
+    cfg, model, runner, _ = _runner(monkeypatch)
+    model.max_seq_length = 24
+    tried = []
+
+    def capture(key, idx, params, plan, warmup=True):
+        tried.append(idx.shape[-1])
+        if len(tried) == 1:  # (the longest: refused, as give_up_above would)
+            runner.max_tokens = idx.shape[-1] - 1
+            return None
+        runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
+        runner.captures += 1
+        return runner.graphs[key]
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
+    idx = torch.ones((1, 40), dtype=torch.long)
+    plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
+                None, 40)
+    params = [p for p in model.parameters() if p.requires_grad]
+    runner._precapture(idx, plan, params)
+    ladder = graphs.precapture_lengths(3, 24)
+    assert tried == sorted(ladder, reverse=True) + [24]  # (then the unpacked 3 x 24, 72 tokens: under the bound)
+    assert runner.captures == len(ladder) - 1 + 1
+    tried.clear()
+    runner.graphs.clear()
+    runner.max_tokens = None
+
+    def fail(*a, **kw):
+        tried.append(1)
+        runner.disabled = "capture failed: RuntimeError"
+
+    monkeypatch.setattr(runner, "_capture", fail)
+    runner._precapture(idx, plan, params)
+    assert tried == [1]
 
 
 def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_micro_batch_capture_after(monkeypatch, capsys):
