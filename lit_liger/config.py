@@ -165,8 +165,9 @@ class LigerConfig:
             captured too (``graphs.CAPTURE_FLEX``: what was measured, and the switch to turn that off).
             Graphs are governed by what they buy and what they hold: a micro-batch of more tokens than
             ``cuda_graphs_max_tokens`` runs uncaptured (the step is bound by the GPU there); the graphs' memory pool
-            is bounded (``graphs.POOL_FRACTION`` of the device: past it, the graphs are released and longer shapes
-            stay uncaptured); an out-of-memory error in a warm-up or capture releases them and runs the step
+            is bounded (``graphs.POOL_FRACTION`` of the device, and the room the memory plan leaves, the optimizer
+            state still to come counted: past either, the graphs are released and longer shapes stay uncaptured);
+            an out-of-memory error in a warm-up or capture releases them and runs the step
             uncaptured, with one warning; training's end releases them all (before litgpt validates, saves or merges).
         cuda_graphs_max_tokens: the most tokens (B x T) of a micro-batch that ``cuda_graphs`` captures. ``None``
             (default): ``graphs.CAPTURE_MAX_WORK`` divided by the parameters of one transformer Block (a step's GPU
