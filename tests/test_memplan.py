@@ -457,15 +457,20 @@ def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
     assert runner.grad_bytes_made == grad_bytes and runner.pool_bytes == 10 * GiB - grad_bytes
 
 
-def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
-    """In a replica whose lengths were captured together at the first step, a later capture stalls the other
-    processes at the next all-reduce: the log says which process met which micro-batch."""
-    cfg, model, runner, _ = _runner(monkeypatch)
+def _replayed_stubs(monkeypatch) -> None:
+    """Captures stubbed (no pool growth; their gradient buffers made), a replay returns "replayed", this is rank 1."""
     monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
     monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan, **kw: types.SimpleNamespace(
         grads=runner_.grad_buffers(params), params=params, static_idx=idx))
     monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
     monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
+
+
+def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
+    """In a replica whose lengths were captured together at the first step, a later capture stalls the other
+    processes at the next all-reduce: the log says which process met which micro-batch."""
+    cfg, model, runner, _ = _runner(monkeypatch)
+    _replayed_stubs(monkeypatch)
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     assert runner.hidden(x) == "replayed"
     assert "pre-capture" not in capsys.readouterr().out  # (no pre-capture ran: nothing to say)
@@ -477,19 +482,21 @@ def test_a_capture_after_the_replicas_pre_capture_is_said(monkeypatch, capsys):
         "1 sample packed into 640 tokens, evaluation, 2 Blocks recomputed, 1 Blocks' MLP inputs recomputed"
 
 
-def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch):
-    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count, then the unpacked
-    ``samples x max_seq_length`` that a batch without padding runs as (it is not packed: nothing to leave out). Left
-    out, that batch's capture stalled every 2-GPU recipe run at its iteration 89."""
+def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
+    """A runner whose model has ``max_seq_length`` 24, ``_capture`` stubbed to record ``(key, unpacked, shape,
+    warmup)`` of each capture asked (``refuse(runner, idx)`` True: refused, as a release for memory returns None), and a
+    packed micro-batch of 3 samples: ``(runner, calls, params, idx, plan, before, model)`` (the caller keeps the model:
+    the runner holds it weakly)."""
     from lit_liger.packing import Pack, Plan
 
-    cfg, model, runner, _ = _runner(monkeypatch)
+    cfg, model, runner, before = _runner(monkeypatch)
     model.max_seq_length = 24
-    keys, warmups = [], []
+    calls = []
 
     def capture(key, idx, params, plan, warmup=True):
-        keys.append((key, plan is None, tuple(idx.shape)))
-        warmups.append(warmup)
+        calls.append((key, plan is None, tuple(idx.shape), warmup))
+        if refuse(runner, idx):
+            return None
         if warmup:  # (a warm-up learns the hidden states' width and dtype)
             runner.hidden_spec = (cfg.n_embd, torch.float32)
         runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
@@ -500,56 +507,47 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
     monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
     monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
-    S = 3
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
     idx = torch.ones((1, 40), dtype=torch.long)
     plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
                 None, 40)
     params = [p for p in model.parameters() if p.requires_grad]
+    return runner, calls, params, idx, plan, before, model
+
+
+def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch):
+    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count, then the unpacked
+    ``samples x max_seq_length`` that a batch without padding runs as (it is not packed: nothing to leave out). Left
+    out, that batch's capture stalled every 2-GPU recipe run at its iteration 89."""
+    runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch)
+    S = 3
     runner._precapture(idx, plan, params)
+    keys = [c[:3] for c in calls]
     packed = [k for k in keys if not k[1]]
     assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
     assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
     assert runner.precaptured_n == len(keys)
     # (graphs.WARMUP_ONCE) the first (longest) packed length is warmed up, the other packed lengths are recorded without
     # a warm-up (guarded: graphs._compile_guard), the unpacked batch is warmed up (cuDNN attention plans its shape)
-    assert warmups == [True] + [False] * (len(packed) - 1) + [True]
+    assert [c[3] for c in calls] == [True] + [False] * (len(packed) - 1) + [True]
     # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
     runner.graphs.clear()
-    keys.clear()
+    calls.clear()
     runner.max_tokens = 64
     runner._precapture(idx, plan, params)
-    assert keys and all(not unpacked for _, unpacked, _ in keys)
+    assert calls and all(not unpacked for _, unpacked, _, _ in calls)
 
 
 def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monkeypatch, capsys):
     """With the data's lengths estimated before the run (``graphs.EXPECTED_LENGTHS``, the dealt replicas), the first
     step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process, and the
     unpacked full batch only where it is expected as often; the log and the report say how many were left out."""
-    from lit_liger.packing import Pack, Plan
-
-    cfg, model, runner, before = _runner(monkeypatch)
-    model.max_seq_length = 24
-    keys = []
-
-    def capture(key, idx, params, plan, warmup=True):
-        keys.append((key[3] is None, idx.shape[-1]))
-        runner.hidden_spec = (cfg.n_embd, torch.float32)
-        runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
-        runner.captures += 1
-        return runner.graphs[key]
-
-    monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
-    S = 3
-    ladder = graphs.precapture_lengths(S, 24)
+    runner, calls, params, idx, plan, before, model = _precapture_setup(monkeypatch)
+    ladder = graphs.precapture_lengths(3, 24)
     assert len(ladder) >= 2
     monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {ladder[0]: 9.0, ladder[-1]: 0.49, None: 0.2, 10**6: 50.0})
-    idx = torch.ones((1, 40), dtype=torch.long)
-    plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
-                None, 40)
-    params = [p for p in model.parameters() if p.requires_grad]
     runner._precapture(idx, plan, params)
-    assert keys == [(False, ladder[0])]  # (0.49 < 0.5 left out; the unpacked batch, expected 0.2 times, too)
+    assert [(c[1], c[2][-1]) for c in calls] == [(False, ladder[0])]  # (0.49 < 0.5 left out; the unpacked 0.2, too)
     left = len(ladder) - 1 + 1
     assert graphs.CAPTURE_STATS["left_out"] - before["left_out"] == left
     out = capsys.readouterr().out
@@ -557,10 +555,10 @@ def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monk
     assert f"{left} lengths of the ladder left out, expected fewer than 0.5 times per process" in out
     assert f"(expected per process: {ladder[0]:,}: 9.0, {ladder[-1]:,}: 0.5, 1,000,000: 50.0, unpacked: 0.2)" in out
     runner.graphs.clear()
-    keys.clear()
+    calls.clear()
     monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {None: 0.5})
     runner._precapture(idx, plan, params)
-    assert keys == [(True, 24)]  # (only the unpacked 3 x 24)
+    assert [(c[1], c[2][-1]) for c in calls] == [(True, 24)]  # (only the unpacked 3 x 24)
     stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
     stats.update(captures=2, precaptured=2)
     line = graphs.capture_report(stats)
@@ -571,40 +569,28 @@ def test_the_pre_capture_goes_on_below_a_length_released_for_memory(monkeypatch)
     """A pre-captured length that the pool's budget or the run's room refuses (released, longer micro-batches
     uncaptured from then on) does not end the pre-capture: the shorter lengths are captured from scratch; a capture
     failure does."""
-    from lit_liger.packing import Pack, Plan
+    refused = []
 
-    cfg, model, runner, _ = _runner(monkeypatch)
-    model.max_seq_length = 24
-    tried = []
+    def refuse(runner, idx):  # (the longest, the first asked: refused, as give_up_above would)
+        if not refused:
+            refused.append(idx.numel())
+            runner.max_tokens = idx.numel() - 1
+        return len(refused) == 1 and idx.numel() == refused[0]
 
-    def capture(key, idx, params, plan, warmup=True):
-        tried.append(idx.shape[-1])
-        if len(tried) == 1:  # (the longest: refused, as give_up_above would)
-            runner.max_tokens = idx.shape[-1] - 1
-            return None
-        runner.graphs[key] = types.SimpleNamespace(static_idx=idx)
-        runner.captures += 1
-        return runner.graphs[key]
-
-    monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
-    idx = torch.ones((1, 40), dtype=torch.long)
-    plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
-                None, 40)
-    params = [p for p in model.parameters() if p.requires_grad]
+    runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch, refuse)
     runner._precapture(idx, plan, params)
     ladder = graphs.precapture_lengths(3, 24)
-    assert tried == sorted(ladder, reverse=True) + [24]  # (then the unpacked 3 x 24, 72 tokens: under the bound)
+    # (then the unpacked 3 x 24, 72 tokens: under the lowered bound)
+    assert [c[2][-1] for c in calls] == sorted(ladder, reverse=True) + [24]
     assert runner.captures == len(ladder) - 1 + 1
-    tried.clear()
-    runner.graphs.clear()
-    runner.max_tokens = None
+    tried = []
 
     def fail(*a, **kw):
         tried.append(1)
         runner.disabled = "capture failed: RuntimeError"
 
+    runner.graphs.clear()
+    runner.max_tokens = None
     monkeypatch.setattr(runner, "_capture", fail)
     runner._precapture(idx, plan, params)
     assert tried == [1]
@@ -615,11 +601,7 @@ def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_micro_batch_c
     micro-batch, then is captured and replayed; the report counts the uncaptured ones. One process captures at once,
     as with the default 1."""
     cfg, model, runner, before = _runner(monkeypatch)
-    monkeypatch.setattr(graphs, "_reserved", lambda device: 0)
-    monkeypatch.setattr(graphs, "_Graphs", lambda runner_, idx, params, plan, **kw: types.SimpleNamespace(
-        grads=runner_.grad_buffers(params), params=params, static_idx=idx))
-    monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
+    _replayed_stubs(monkeypatch)
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     monkeypatch.setattr(graphs, "_several_replicas", lambda: True)
     runner.precaptured, runner.precaptured_n = True, 5
