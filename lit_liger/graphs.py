@@ -210,7 +210,9 @@ EXPECTED_LENGTHS: dict | None = None
 #: (~90 ms at Llama-3.2-1B); one left out that comes costs about one capture more (the other processes wait for its
 #: capture): pre-capture what is more likely than not to come on some process. Measured on 2 x H200 (Llama-3.2-1B,
 #: Alpaca-shaped lengths, micro-batch 4, 300 iterations, ``benchmarks/results/h200x2-2026-11-27h``): the ladder's 17
-#: shapes took 1.55-1.67 s at the first step, the 8 expected at least 4 times 0.70-0.71 s
+#: shapes recorded in 1.26-1.61 s at the first step, the 11 expected at least 0.5 times in 0.83-0.91 s (Llama-3.1-8B
+#: full fine-tuning: 2.77 -> 1.20 s); every run there met the one unpacked micro-batch its estimate (0.5 per process)
+#: foretold
 PRECAPTURE_MIN_COUNT = 0.5
 
 #: in a replica whose lengths were pre-captured, a shape outside them runs uncaptured until its micro-batch of this

@@ -53,7 +53,7 @@ LOSS_CHUNK = 2**30
 #: step's plans and CUDA graphs do not take the memory the state needs. Without it Llama-3.1-8B full fine-tuning zero1
 #: on 2 x H100 ran out of memory at its first optimizer step: 18.5 GiB of graphs had been captured beside the weights
 #: and gradients while the plan still counted the 16 GB of Adam's moments (this device's share) as free
-#: (``benchmarks/results/h200x2-2026-11-27h``, s4)
+#: (``benchmarks/results/h100x2-2026-11-27``, s4)
 STATE_AHEAD: list = []
 
 
