@@ -58,6 +58,7 @@ class LigerCallback(Callback):
         self._gc: Any = None  # (lit_liger.hostgc.quiet, entered for the training loop) and its watch
         self._gc_watch: Any = None
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
+        self._ahead: list = []  # the optimizers' state still to come, in lit_liger.memplan.STATE_AHEAD for the loop
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
@@ -138,6 +139,16 @@ class LigerCallback(Callback):
             self._backward_thread.__enter__()
         if self.report is not None and self.config.enabled and self.config.defer_loss_sync:
             _LaggedSigtermCheck.install(trainer)
+        if not self._ahead and (trainer.world_size == 1 or _replicates(trainer.strategy)):
+            # the state the optimizers make at their first step, left free by the first steps' memory plans and CUDA
+            # graphs (lit_liger.memplan.STATE_AHEAD; sharded parameters are the strategy's to plan)
+            from .memplan import STATE_AHEAD, optimizer_state_ahead
+
+            for opt in getattr(trainer, "optimizers", None) or []:
+                inner = getattr(opt, "optimizer", opt)
+                if hasattr(inner, "param_groups") and hasattr(inner, "state"):
+                    self._ahead.append(optimizer_state_ahead(inner))
+            STATE_AHEAD.extend(self._ahead)
         if self.report is not None and self.config.enabled and self._gc is None:
             # the objects alive now frozen for the loop (lit_liger.hostgc): a full collection would walk them all
             self._gc = hostgc.quiet()
@@ -158,6 +169,7 @@ class LigerCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _LaggedSigtermCheck.remove(trainer)
+        self._forget_state_ahead()
         self._end_gc(trainer)
         self._restore_backward_thread()
         self._clear_fp8_scales(pl_module)
@@ -166,6 +178,7 @@ class LigerCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         _LaggedSigtermCheck.remove(trainer)
+        self._forget_state_ahead()
         self._end_gc(trainer)
         self._restore_backward_thread()  # fitting stopped by an exception skips on_train_end
         self._clear_fp8_scales(pl_module)
@@ -198,6 +211,14 @@ class LigerCallback(Callback):
         if self._fp8_weights:
             precompute_fp8_scales(pl_module, clear=True)
             self._fp8_weights, self._fp8_step = 0, -1
+
+    def _forget_state_ahead(self) -> None:
+        from .memplan import STATE_AHEAD
+
+        for f in self._ahead:
+            if f in STATE_AHEAD:
+                STATE_AHEAD.remove(f)
+        self._ahead = []
 
     def _end_gc(self, trainer: Trainer) -> None:
         """The collector as it was before the loop (``on_train_start``), and one line on its collections meanwhile."""

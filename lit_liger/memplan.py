@@ -49,7 +49,7 @@ LOSS_CHUNK = 2**30
 
 #: what a run will allocate after its first micro-batches beside their activations: callables, each returning the bytes
 #: still to come (the ``lit-liger`` command adds the optimizer's state, which PyTorch's optimizers make at their first
-#: step, for litgpt's ``fit``: :func:`optimizer_state_ahead`). :func:`available_bytes` leaves them free, so the first
+#: step, for litgpt's ``fit``, and ``LigerCallback`` the Trainer's for its loop: :func:`optimizer_state_ahead`). :func:`available_bytes` leaves them free, so the first
 #: step's plans and CUDA graphs do not take the memory the state needs. Without it Llama-3.1-8B full fine-tuning zero1
 #: on 2 x H100 ran out of memory at its first optimizer step: 18.5 GiB of graphs had been captured beside the weights
 #: and gradients while the plan still counted the 16 GB of Adam's moments (this device's share) as free

@@ -156,6 +156,31 @@ def test_fit_freezes_the_objects_alive_for_the_training_loop(tmp_path, caplog):
     assert "objects alive at the start frozen (gc.freeze)" in line and int(line.split("loop: ")[1].split(" ")[0]) >= 3
 
 
+class StateAheadModule(LLMModule):
+    def training_step(self, batch, batch_idx):
+        from lit_liger import memplan
+
+        self.ahead = getattr(self, "ahead", []) + [memplan.state_ahead()]
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_fit_counts_the_optimizer_state_still_to_come(tmp_path):
+    """Under the Trainer the optimizers' state that their first step makes is in ``memplan.STATE_AHEAD`` for the loop
+    (the first steps' memory plans and graphs leave it free): AdamW's two moments of every trained parameter before the
+    first step, nothing after it, and nothing registered once fitting ends."""
+    from lit_liger import memplan
+
+    _, ours = _stock_and_ours(StateAheadModule)
+    cb = LigerCallback(log_metrics=False)
+    _trainer(tmp_path, cb, steps=3).fit(ours, _data())
+    trained = sum(p.numel() * p.element_size() for p in ours.parameters() if p.requires_grad)
+    assert ours.ahead[0] == 2 * trained > 0 and ours.ahead[1:] == [0, 0]
+    assert memplan.STATE_AHEAD == [] and cb._ahead == []
+
+
 def test_fit_with_configure_model(tmp_path):
     cfg = tiny_config("Qwen3-0.6B")
     torch.manual_seed(0)
