@@ -139,7 +139,7 @@ class LigerCallback(Callback):
             self._backward_thread.__enter__()
         if self.report is not None and self.config.enabled and self.config.defer_loss_sync:
             _LaggedSigtermCheck.install(trainer)
-        if not self._ahead and (trainer.world_size == 1 or _replicates(trainer.strategy)):
+        if not self._ahead and (getattr(trainer, "world_size", 1) == 1 or _replicates(trainer.strategy)):
             # the state the optimizers make at their first step, left free by the first steps' memory plans and CUDA
             # graphs (lit_liger.memplan.STATE_AHEAD; sharded parameters are the strategy's to plan)
             from .memplan import STATE_AHEAD, optimizer_state_ahead
