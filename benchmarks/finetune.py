@@ -229,6 +229,8 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.GEMM_INTO_GRAD = False
+    if os.environ.get("LIT_LIGER_BENCH_DEVICE_GIB"):  # a smaller card's memory on a larger one (the recipe's *-80gb)
+        _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
     if os.environ.get("LIT_LIGER_BENCH_MEMORY_FRACTION"):  # the memory plan's share of the device (a sweep)
         from lit_liger import memplan
 
@@ -253,11 +255,40 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import cli, graphs
 
         cli.EXPECT_ROUNDS, graphs.CAPTURE_AFTER = 0, 1
+    if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
+        from lit_liger import packing
+
+        packing.PACK_FULL = False
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
         from lit_liger import dataparallel
 
         dataparallel.ZERO1_P2P = False
     _run_and_record(stats_path, argv)
+
+
+#: what a real card's CUDA context, NCCL's buffers and the libraries' workspaces hold outside PyTorch's allocator, left
+#: out of an emulated card's allocator cap (:func:`_cap_device`)
+OUTSIDE_ALLOCATOR_GIB = 2.0
+
+
+def _cap_device(gib: float) -> None:
+    """Run this process as on a card of ``gib`` GiB (memory only; the speed stays the real card's): PyTorch's
+    allocator capped at ``gib`` less :data:`OUTSIDE_ALLOCATOR_GIB` (an allocation past it raises out of memory, as on
+    that card), and lit-liger's memory plans (``lit_liger.memplan``, the data-parallel plan's choice) told the card has
+    ``gib``. An H100 80GB reports 79.19 GiB. The process's device is ``LOCAL_RANK``'s (every rank of a run runs this)."""
+    import torch
+
+    from lit_liger import memplan
+
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    total = torch.cuda.get_device_properties(index).total_memory
+    cap = int(gib * 2**30)
+    if cap >= total:
+        return
+    torch.cuda.set_per_process_memory_fraction((cap - OUTSIDE_ALLOCATOR_GIB * 2**30) / total, index)
+    memplan._TOTAL[index] = cap
+    print(f"benchmarks: device {index} run as a {gib:g} GiB card (allocator capped at "
+          f"{gib - OUTSIDE_ALLOCATOR_GIB:g} GiB of its {total / 2**30:.1f})", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -107,6 +107,12 @@ VARIANTS = {
     # issue 47: the replicas pre-capture the whole ladder of packed lengths and capture any other shape at once
     # (lit_liger.cli.EXPECT_ROUNDS 0: the data's lengths not estimated; lit_liger.graphs.CAPTURE_AFTER 1)
     "liger-precapture-all": ["--liger", "true"],
+    # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
+    "liger-unpacked-full": ["--liger", "true"],
+    # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
+    # is capped there and lit-liger's memory plans see that card (benchmarks.finetune._cap_device); its speed is the
+    # real card's
+    "liger-dp-zero1-80gb": ["--liger.data_parallel", "zero1"],
     # issue 35: the projections' GEMMs in float8 (torchao's recipes; needs torchao and an sm_89+ GPU)
     "liger-fp8": ["--liger.fp8", "tensorwise"],
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
@@ -123,7 +129,9 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-embedding-into": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "1"},
                "liger-embedding-after": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "0"},
                "liger-gc": {"LIT_LIGER_BENCH_GC_FREEZE": "0"},
-               "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"}}
+               "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
+               "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
+               "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock

@@ -182,7 +182,9 @@ def _device_bytes(accelerator: str) -> float:
     """The memory of one device of this run: the GPU's (the first visible one; the devices of a run are alike),
     else the host's split between ``LOCAL_WORLD_SIZE`` processes (CPU runs, tests)."""
     if accelerator != "cpu" and torch.cuda.is_available():
-        return float(torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory)
+        from .memplan import _total_memory
+
+        return float(_total_memory(torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))))
     try:
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf

@@ -79,7 +79,8 @@ WARMUP_IN_POOL = True
 
 #: the warm-up pass above runs only where a capture would otherwise record first-call work: a model's first capture
 #: since its graphs were last released (the capture stream's own state), a shape whose attention builds per-shape state
-#: (unpacked micro-batches: cuDNN attention plans each (batch, length); FlexAttention layers compile per length), a driver
+#: (unpacked micro-batches, rare under packing (``packing.PACK_FULL``): cuDNN attention plans each (batch, length);
+#: FlexAttention layers compile per length), a driver
 #: older than CUDA 12.3 (which cannot load a kernel's module inside a capture). A packed length after the first is
 #: recorded with no warm-up (flash attention over cumulative lengths has no per-length state), under
 #: :func:`_compile_guard`: a Triton kernel that would compile there stops the capture, which starts again with a
@@ -243,9 +244,10 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
     on every process), every process's micro-batch as its samples' estimated tokens (each at most ``cap``, the
     dataset's ``max_seq_length``; <= 0: no cap). Each micro-batch counts ``scale`` / the processes (``scale``: the
     run's rounds over the rounds given) at every packed length (``lit_liger.buckets.packed_bucket_length``) of its
-    tokens within ``margin`` either side, and at None where every sample may fill ``cap`` (the batch then has no
-    padding and runs unpacked)."""
+    tokens within ``margin`` either side, and (``lit_liger.packing.PACK_FULL`` off) at None where every sample may fill
+    ``cap`` (the batch then has no padding and runs unpacked; on, it runs as the packed length of its tokens)."""
     from .buckets import packed_bucket_length
+    from .packing import PACK_FULL
 
     counts: dict = {}
     for row in rounds:
@@ -261,7 +263,7 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
             while length <= hi:
                 counts[length] = counts.get(length, 0.0) + weight
                 length = packed_bucket_length(length + 1)
-            if cap > 0 and all(s >= cap * (1 - margin) for s in sizes):
+            if not PACK_FULL and cap > 0 and all(s >= cap * (1 - margin) for s in sizes):
                 counts[None] = counts.get(None, 0.0) + weight
     return counts
 
@@ -976,8 +978,8 @@ class GraphRunner:
         """(:data:`PRECAPTURE_REPLICAS`: lit-liger's replica plan or DDP, several processes) At the first packed
         micro-batch, capture every packed length the run can see (the bucket ladder up to ``samples x
         max_seq_length``, longest first, within ``max_tokens`` and the pool's budget; lengths that the memory plan
-        would recompute are left to their own step), then the unpacked ``samples x max_seq_length`` of a batch without
-        padding, so that the processes capture at the same step. Captured one by
+        would recompute are left to their own step), then (``packing.PACK_FULL`` off) the unpacked ``samples x
+        max_seq_length`` of a batch without padding, so that the processes capture at the same step. Captured one by
         one as they come, a length that one process meets first stalls the others at the next all-reduce for as
         long as its capture takes."""
         from . import adapter
@@ -993,8 +995,10 @@ class GraphRunner:
         if expected is not None:  # (the data's lengths estimated before the run: the rare ones are captured if they come)
             kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
             left_out, lengths = len(lengths) - len(kept), kept
+        from .packing import PACK_FULL
+
         want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
-        left_out += not want_full
+        left_out += not (want_full or PACK_FULL)
         CAPTURE_STATS["left_out"] += left_out
         saved = gpt.__dict__.get("_liger_mem_now")
         t0, n0 = time.perf_counter(), self.captures
@@ -1019,11 +1023,12 @@ class GraphRunner:
                         break
                     continue  # (out of memory or over the pool's budget: released; the shorter lengths from scratch)
             else:
-                # a micro-batch whose samples all fill max_seq_length has no padding to leave out: it runs unpacked
-                # as (samples, max_seq_length) (where the data is expected to give it: EXPECTED_LENGTHS)
+                # (packing.PACK_FULL off) a micro-batch whose samples all fill max_seq_length runs unpacked as
+                # (samples, max_seq_length) (where the data is expected to give it: EXPECTED_LENGTHS); on, it runs as
+                # the ladder's longest packed length, captured above
                 sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
-                if want_full and (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
+                if want_full and not PACK_FULL and (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
                         and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)

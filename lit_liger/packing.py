@@ -128,15 +128,26 @@ def _layout(lengths: list[int], T: int, bucket: Callable[[int], int] | None, max
     return real, n, bounds, src, positions, rows
 
 
+#: with a bucket ladder (``LigerConfig.seq_buckets``: the captured step), a micro-batch without padding (every sample
+#: fills the collate's length) is packed too: it runs as the ladder's packed length of its tokens, whose CUDA graphs the
+#: packed micro-batches share, instead of an unpacked ``(B, T)`` shape of its own (one capture more, and cuDNN
+#: attention's plan for that shape in its warm-up: the warm-ups of 2-GPU runs took 0.1-1.4 s,
+#: ``benchmarks/results/h200x2-2026-11-27h``). Flash attention over the samples' boundaries computes what the unpacked
+#: rows' causal attention does. False: such a batch runs unpacked, as before
+PACK_FULL = True
+
+
 def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: int) -> Plan | None:
-    """The packed form of the ``(B, T)`` batch ``idx``, or None where packing saves nothing (one row, or no row with
-    padding). ``bucket``: the packed length's bucket (None: exact); ``max_position``: positions stay below it (the
-    RoPE cache's length)."""
+    """The packed form of the ``(B, T)`` batch ``idx``, or None where packing changes nothing (one row; or no row
+    with padding and no ``bucket``). ``bucket``: the packed length's bucket (None: exact); ``max_position``: positions
+    stay below it (the RoPE cache's length).
+
+    With a ``bucket`` ladder (the captured step) a batch without padding is packed too (:data:`PACK_FULL`)."""
     B, T = idx.shape
     if B < 2:
         return None
     lengths = row_lengths(idx)
-    if sum(lengths) == B * T:
+    if sum(lengths) == B * T and not (PACK_FULL and bucket is not None):
         return None
     real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, max_position)
     host = torch.cat([src, positions, rows, torch.tensor(bounds)])  # one copy to the device, not four
@@ -164,7 +175,7 @@ def host_plan(idx: torch.Tensor, labels: torch.Tensor | None, bucket: Callable[[
     if B < 2:
         return None
     lengths = row_lengths(idx)  # (a CPU tensor: no device sync)
-    if sum(lengths) == B * T:
+    if sum(lengths) == B * T and not (PACK_FULL and bucket is not None):
         return None
     real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, T)  # (T: the model's RoPE cache is longer)
     packed = F.pad(idx.reshape(-1)[src].long(), (0, n - real), value=0)

@@ -388,15 +388,19 @@ def test_the_command_expects_the_runs_lengths_over_its_iterations(monkeypatch):
     assert graphs.EXPECTED_LENGTHS == pytest.approx(five)
 
 
-def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples():
+@pytest.mark.parametrize("pack_full", [True, False])
+def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples(monkeypatch, pack_full):
+    from lit_liger import packing
     from lit_liger.graphs import expected_lengths
 
+    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     full = [[100.0, 100.0, 100.0], [40.0, 30.0, 20.0]]  # (a full batch of max_seq_length 100, and a short one)
     counts = expected_lengths([full, [[97.0, 100.0, 99.0], [50.0]]], cap=100, margin=0.05)
-    assert counts[None] == pytest.approx(1.0)  # (both full-looking batches, each counted 1/2 per process)
+    # (both full-looking batches, each counted 1/2 per process; packed (the default), at their packed length only)
+    assert counts.get(None) == (None if pack_full else pytest.approx(1.0))
     assert counts[128] == pytest.approx(0.5)  # (90 tokens: 85.5 .. 94.5 within the margin, one bucket)
     assert counts[320] == pytest.approx(1.0)  # (300 and 296 tokens; capped at 3 x 100)
-    assert sum(counts.values()) == pytest.approx(2.5)  # (the one-sample micro-batch is never packed)
+    assert sum(counts.values()) == pytest.approx(1.5 if pack_full else 2.5)  # (one sample: never packed)
     assert expected_lengths([[[300.0, 300.0]]], cap=-1, margin=0.0) == {640: 1.0}  # (no cap: never unpacked)
     straddle = expected_lengths([[[300.0, 340.0]]], cap=-1, margin=0.05)  # (608 .. 672: two buckets)
     assert straddle == {640: 1.0, 768: 1.0}

@@ -515,21 +515,29 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
     return runner, calls, params, idx, plan, before, model
 
 
-def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch):
-    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count, then the unpacked
-    ``samples x max_seq_length`` that a batch without padding runs as (it is not packed: nothing to leave out). Left
-    out, that batch's capture stalled every 2-GPU recipe run at its iteration 89."""
+@pytest.mark.parametrize("pack_full", [True, False])
+def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch, pack_full):
+    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count; with
+    ``packing.PACK_FULL`` off, then the unpacked ``samples x max_seq_length`` that a batch without padding runs as
+    (left out, that batch's capture stalled every 2-GPU recipe run at its iteration 89). On (the default), such a batch
+    runs as the ladder's longest packed length: nothing more to capture."""
+    from lit_liger import packing
+
+    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch)
     S = 3
     runner._precapture(idx, plan, params)
     keys = [c[:3] for c in calls]
     packed = [k for k in keys if not k[1]]
     assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
-    assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
     assert runner.precaptured_n == len(keys)
     # (graphs.WARMUP_ONCE) the first (longest) packed length is warmed up, the other packed lengths are recorded without
     # a warm-up (guarded: graphs._compile_guard), the unpacked batch is warmed up (cuDNN attention plans its shape)
-    assert [c[3] for c in calls] == [True] + [False] * (len(packed) - 1) + [True]
+    assert [c[3] for c in calls] == [True] + [False] * (len(packed) - 1) + [True] * (not pack_full)
+    if pack_full:
+        assert len(keys) == len(packed)
+        return
+    assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
     # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
     runner.graphs.clear()
     calls.clear()
@@ -541,7 +549,11 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
 def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monkeypatch, capsys):
     """With the data's lengths estimated before the run (``graphs.EXPECTED_LENGTHS``, the dealt replicas), the first
     step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process, and the
-    unpacked full batch only where it is expected as often; the log and the report say how many were left out."""
+    unpacked full batch (``packing.PACK_FULL`` off) only where it is expected as often; the log and the report say how
+    many were left out."""
+    from lit_liger import packing
+
+    monkeypatch.setattr(packing, "PACK_FULL", False)
     runner, calls, params, idx, plan, before, model = _precapture_setup(monkeypatch)
     ladder = graphs.precapture_lengths(3, 24)
     assert len(ladder) >= 2
@@ -580,9 +592,8 @@ def test_the_pre_capture_goes_on_below_a_length_released_for_memory(monkeypatch)
     runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch, refuse)
     runner._precapture(idx, plan, params)
     ladder = graphs.precapture_lengths(3, 24)
-    # (then the unpacked 3 x 24, 72 tokens: under the lowered bound)
-    assert [c[2][-1] for c in calls] == sorted(ladder, reverse=True) + [24]
-    assert runner.captures == len(ladder) - 1 + 1
+    assert [c[2][-1] for c in calls] == sorted(ladder, reverse=True)
+    assert runner.captures == len(ladder) - 1
     tried = []
 
     def fail(*a, **kw):

@@ -77,7 +77,7 @@ def test_plan_lays_samples_end_to_end():
     assert plan.pack.cu_seqlens.dtype == torch.int32 and plan.pack.max_len == 16
     assert plan.rows.tolist() == [[0, 1, 2, -1, -1], [3, 4, 5, -1, -1], [6, 7, 8, 9, 10]]
     assert packing.plan(x[:1], None, 32) is None  # one row: nothing to gain
-    assert packing.plan(torch.ones(2, 4, dtype=torch.long), None, 32) is None  # no padding
+    assert packing.plan(torch.ones(2, 4, dtype=torch.long), None, 32) is None  # no padding, no bucket ladder
     assert packing.row_lengths(torch.zeros(2, 3, dtype=torch.long)) == [1, 1]  # an empty row keeps one position
     assert packing.plan(x, lambda n: 40, max_position=5).positions.max() == 4  # the pad's positions stay in range
 
@@ -102,6 +102,33 @@ def test_packed_batch_equals_stock_padded_batch(name, call, pack_on_cpu):
         assert adapter_mod.TRAINING_TOKENS["packed"] - before["packed"] == 63
     del out
     _compare(ref, ours, _lora_step_loss if call == "finetune_lora" else _full_step_loss, x, y)
+
+
+@pytest.mark.parametrize("pack_full", [True, False])
+def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on_cpu, monkeypatch):
+    """``packing.PACK_FULL``: with a bucket ladder (the captured step), a batch whose samples all fill its length runs
+    as the ladder's packed length of its tokens (the graphs the packed batches share), planned on the host or in the
+    forward, and its loss and gradients equal stock's; off, it runs unpacked, as without a ladder."""
+    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
+    full = torch.arange(1, 9).view(2, 4)
+    plan = packing.plan(full, lambda n: 16, max_position=32)
+    data = packing.host_plan(full, None, lambda n: 16)
+    assert packing.plan(full, None, 32) is None and packing.host_plan(full, None, None) is None
+    if not pack_full:
+        assert plan is None and data is None
+    else:
+        assert plan.real == 8 and plan.pack.bounds == (0, 4, 8, 16) and plan.idx[0, :8].tolist() == list(range(1, 9))
+        assert plan.rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and plan.positions[:8].tolist() == [0, 1, 2, 3] * 2
+        assert data[1][2:5] == (8, 16, (0, 4, 8, 16))  # (real, packed length, boundaries), the same on the host
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    x, y = _batch(cfg, lengths=(20, 20, 20))
+    out = ours(x)
+    assert (out.rows is not None) is pack_full
+    assert out.hidden.shape[0 if pack_full else 1] == 64  # (60 tokens: the ladder's 64; unpacked 3 x 20 -> 3 x 64)
+    del out
+    _compare(ref, ours, _lora_step_loss, x, y)
 
 
 @pytest.mark.parametrize("window", [3, 7])
