@@ -302,15 +302,23 @@ def _several_replicas() -> bool:
 POOL_FRACTION = 0.25
 
 
+#: the share of the device a run with its graphs' pool may fill (:func:`_room`). The pool is measured after each capture,
+#: not estimated as the memory plan's activations are (``memplan.MEMORY_FRACTION``, 0.75, a margin for its estimate):
+#: issue 46 lets a plan spend up to 90% of the card on speed. At 0.75, Llama-3.1-8B full fine-tuning zero1 on an 80 GB
+#: card (weights, gradients and Adam's share 45 GiB, a 17.5 GiB pool) released every graph and ran uncaptured: 29.3%
+#: MFU against 36.2% captured (2 x H200, ``benchmarks/results/h200x2-2026-11-27i``)
+ROOM_FRACTION = 0.9
+
+
 def _room(gpt: nn.Module, device: torch.device) -> float:
-    """The bytes the run may still allocate on ``device`` beside what it holds (``lit_liger.memplan.available_bytes``:
-    ``MEMORY_FRACTION`` of the device less what is allocated, the gradients and the optimizer state to come); off
-    CUDA, no bound."""
+    """The bytes the run may still allocate on ``device`` beside what it holds (``lit_liger.memplan.available_bytes``
+    at :data:`ROOM_FRACTION` of the device: less what is allocated, the gradients and the optimizer state to come);
+    off CUDA, no bound."""
     if device.type != "cuda":
         return float("inf")
     from .memplan import available_bytes
 
-    return available_bytes(gpt, device)
+    return available_bytes(gpt, device, ROOM_FRACTION)
 
 
 def auto_max_tokens(gpt: nn.Module) -> int:
@@ -964,11 +972,11 @@ class GraphRunner:
         # with the optimizer state still to come; see lit_liger.memplan.STATE_AHEAD)
         room = _room(self.gpt, idx.device) - self.pool_bytes
         if room < 0:
-            from .memplan import MEMORY_FRACTION, state_ahead
+            from .memplan import state_ahead
 
             ahead = state_ahead()
             self.give_up_above(idx.numel() - 1, f"their memory pool ({self.pool_bytes / 2**30:.1f} GiB) left the run "
-                               f"{-room / 2**30:.1f} GiB short of memplan.MEMORY_FRACTION ({MEMORY_FRACTION:g}) of the "
+                               f"{-room / 2**30:.1f} GiB short of graphs.ROOM_FRACTION ({ROOM_FRACTION:g}) of the "
                                "device" + (f", with {ahead / 2**30:.1f} GiB of optimizer state still to come"
                                            if ahead else ""))
             return None

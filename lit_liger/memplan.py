@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "STATE_AHEAD", "available_bytes",
+__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "STATE_AHEAD", "available_bytes", "grads_to_come",
            "block_forward_flops", "decide", "kept_bytes_per_token", "mlp_recompute_flops", "offloaded",
            "optimizer_state_ahead", "plan_for", "state_ahead"]
 
@@ -224,14 +224,28 @@ def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bo
 REREAD_EVERY = 64
 
 
-def available_bytes(gpt: Any, device: Any) -> float:
-    """The bytes a training micro-batch's activations may take on the CUDA ``device`` now: :data:`MEMORY_FRACTION`
-    of its memory less what is allocated, the gradients the backward will allocate (trainable parameters without
-    one) and what :data:`STATE_AHEAD` says is still to come."""
+def available_bytes(gpt: Any, device: Any, fraction: float | None = None) -> float:
+    """The bytes a training micro-batch's activations may take on the CUDA ``device`` now: ``fraction`` (None:
+    :data:`MEMORY_FRACTION`) of its memory less what is allocated, the gradients the backward will still allocate
+    (:func:`grads_to_come`) and what :data:`STATE_AHEAD` says is still to come."""
     import torch
 
-    grads = sum(p.numel() * p.element_size() for p in gpt.parameters() if p.requires_grad and p.grad is None)
-    return MEMORY_FRACTION * _total_memory(device) - torch.cuda.memory_allocated(device) - grads - state_ahead()
+    share = MEMORY_FRACTION if fraction is None else fraction
+    return share * _total_memory(device) - torch.cuda.memory_allocated(device) - grads_to_come(gpt) - state_ahead()
+
+
+def grads_to_come(gpt: Any) -> int:
+    """The bytes of the gradients the backward will still allocate: trainable parameters without a ``.grad``, less
+    those whose gradient buffer the CUDA graphs made at a capture (``lit_liger.graphs``: allocated already, the
+    parameter's ``.grad`` from the first replay on). Counted twice at the first step, the buffers of Llama-3.1-8B
+    full fine-tuning (15 GiB) released every pre-captured graph as short of room on an 80 GB card
+    (``benchmarks/results/h200x2-2026-11-27i``)."""
+    from .graphs import _RUNNERS  # (lazy: graphs imports this module)
+
+    runner = _RUNNERS.get(gpt)
+    made = runner.buffers if runner is not None else {}
+    return sum(p.numel() * p.element_size() for p in gpt.parameters()
+               if p.requires_grad and p.grad is None and id(p) not in made)
 
 
 #: tensors smaller than this stay on the device under :func:`offloaded` (bytes)

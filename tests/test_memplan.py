@@ -243,7 +243,7 @@ def test_plan_for_rereads_the_allocator_only_when_close(monkeypatch):
     cfg = _config("Llama-3.2-1B")
     reads = []
 
-    def available(g, device):
+    def available(g, device, fraction=None):
         reads.append(device)
         return 40 * GiB
 
@@ -366,7 +366,8 @@ def test_pool_over_budget_releases_the_graphs(monkeypatch):
 
 def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch):
     """Under its budget, the pool is still released where what it holds leaves the run less than nothing of
-    ``memplan.MEMORY_FRACTION`` (``graphs._room``: the optimizer's state still to come counted), said with that state."""
+    ``graphs.ROOM_FRACTION`` of the device (``graphs._room``: the optimizer's state still to come counted), said with
+    that state."""
     cfg, model, runner, before = _runner(monkeypatch)
     reserved = iter([0, 6 * GiB, 6 * GiB, 12 * GiB])
     monkeypatch.setattr(graphs, "_reserved", lambda device: next(reserved))
@@ -378,7 +379,7 @@ def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch)
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     assert runner.hidden(x[:, :6]) == "replayed" and runner.pool_bytes == 6 * GiB  # (10 - 6 >= 0)
     with pytest.warns(UserWarning, match=r"memory pool \(12.0 GiB\) left the run 2.0 GiB short of "
-                                         r"memplan.MEMORY_FRACTION \(0.75\) of the device, with 3.0 GiB of optimizer "
+                                         r"graphs.ROOM_FRACTION \(0.9\) of the device, with 3.0 GiB of optimizer "
                                          r"state still to come; released, micro-batches of more than 23 tokens"):
         assert runner.hidden(x) is None
     assert not runner.graphs and runner.max_tokens == 23
@@ -435,6 +436,26 @@ def test_available_bytes_leaves_the_state_ahead_free(monkeypatch):
     assert base == pytest.approx(0.75 * 100 * GiB - 20 * GiB)
     monkeypatch.setattr(memplan, "STATE_AHEAD", [lambda: 5 * GiB, lambda: GiB])
     assert memplan.available_bytes(model, torch.device("cuda", 0)) == pytest.approx(base - 6 * GiB)
+    assert memplan.available_bytes(model, torch.device("cuda", 0), 0.9) == pytest.approx(90 * GiB - 26 * GiB)
+
+
+def test_available_bytes_counts_the_gradients_to_come_once(monkeypatch):
+    """The gradients the backward will allocate count against the room, except those the CUDA graphs' capture made
+    already (allocated: ``GraphRunner.buffers``, the parameters' ``.grad`` from the first replay) and those that
+    exist."""
+    cfg, model, runner, _ = _runner(monkeypatch)
+    monkeypatch.setattr(memplan, "_total_memory", lambda device: 100 * GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 20 * GiB)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(trainable) >= 2 and all(p.grad is None for p in trainable)
+    nbytes = [p.numel() * p.element_size() for p in trainable]
+    assert memplan.grads_to_come(model) == sum(nbytes)
+    runner.grad_buffers(trainable[:1])  # (a capture's buffer: allocated now)
+    assert memplan.grads_to_come(model) == sum(nbytes[1:])
+    trainable[-1].grad = torch.zeros_like(trainable[-1])
+    assert memplan.grads_to_come(model) == sum(nbytes[1:-1])
+    assert memplan.available_bytes(model, torch.device("cuda", 0)) == \
+        pytest.approx(0.75 * 100 * GiB - 20 * GiB - sum(nbytes[1:-1]))
 
 
 def test_pool_budget_leaves_out_the_gradient_buffers(monkeypatch):
