@@ -94,6 +94,26 @@ def _git_commit() -> str | None:
         return None
 
 
+def run_with_timeout(cmd: list[str], timeout: float, **kwargs: Any) -> tuple[int, str, str]:
+    """``cmd`` in a session of its own: ``(returncode, stdout, stderr)``; past ``timeout`` seconds its whole process
+    group is killed (the processes a distributed run launched too: killed alone, the first leaves the others holding
+    their GPUs, waiting on it) and the return code is 124, with what it printed until then."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        return 124, out or "", (err or "") + f"\ntimeout after {timeout:g} s"
+
+
 def environment() -> dict[str, Any]:
     """Everything a reader needs to reproduce or compare a result file."""
     import triton

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -190,13 +189,8 @@ def compare(argv: list[str]) -> dict:
             if a.n_layer:
                 cmd += ["--n_layer", str(a.n_layer)]
             t0 = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, cwd=C.REPO_ROOT if C.PACKAGE == "benchmarks" else None, capture_output=True, text=True, timeout=a.timeout,
-                                      check=False)
-                text, rc = proc.stdout + proc.stderr, proc.returncode
-            except subprocess.TimeoutExpired as e:
-                dec = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
-                text, rc = f"{dec(e.stdout)}{dec(e.stderr)}\nTIMEOUT after {a.timeout} s", 124
+            rc, text, err = C.run_with_timeout(cmd, a.timeout, cwd=C.REPO_ROOT if C.PACKAGE == "benchmarks" else None)
+            text += err
             (out / "strategies_runs").mkdir(parents=True, exist_ok=True)
             keep = text if len(text) < 40000 else text[:20000] + "\n[...]\n" + text[-20000:]
             (out / "strategies_runs" / f"{name}.log").write_text(keep)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,7 +57,7 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
 
     class Timer(L.Callback):
         def __init__(self) -> None:
-            self.tokens, self.t0, self.t1 = 0, None, None
+            self.tokens, self.t0, self.t1, self.start = 0, None, None, time.perf_counter()
             # LIT_LIGER_PROFILE=DIR,FIRST,COUNT: a per-rank profile of those batches (counted here: a hook on the GPT
             # would turn its CUDA graphs off)
             from lit_liger import profiling
@@ -96,6 +95,8 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
             if i == batches - 1:
                 torch.cuda.synchronize()
                 self.t1 = time.perf_counter()
+            if i % 100 == 0 and trainer.global_rank == 0:  # (a run stopped at its timeout says how far it got)
+                print(f"batch {i} at {time.perf_counter() - self.start:.1f} s", flush=True)
 
     tok = Tokenizer(Path(ckpt))
     data = JSON(json_path=Path(data_json), val_split_fraction=0.02, num_workers=2)
@@ -178,11 +179,7 @@ def main(argv: list[str]) -> None:
         for variant in opts.variants.split(","):
             cmd = [sys.executable, "-m", "benchmarks.trainer", "child", str(ckpt), str(data), variant,
                    str(opts.batches), str(opts.warm), str(devices)]
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-                text, err = out.stdout, out.stderr
-            except subprocess.TimeoutExpired as e:
-                text, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+            _, text, err = C.run_with_timeout(cmd, opts.timeout)  # (a timeout: what it printed, progress included)
             rows = [line[4:] for line in text.splitlines() if line.startswith("ROW ")]
             if rows:
                 row = json.loads(rows[-1])
