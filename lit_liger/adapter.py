@@ -714,10 +714,17 @@ class _GPTMixin:
         elif not _PACK_ON_CPU:
             return None
         bucketed = getattr(self, "_liger_seq_buckets", False)
-        ready = _packing.ready_plan(idx, bucketed, self.cos.size(0))  # planned by the data loader (no host sync)
-        if ready is not None:
-            return ready
-        return _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
+        plan = _packing.ready_plan(idx, bucketed, self.cos.size(0))  # planned by the data loader (no host sync)
+        if plan is None:
+            plan = _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
+        if plan is not None and plan.real < idx.numel():
+            self.__dict__["_liger_padded_seen"] = True
+        elif plan is not None and not self.__dict__.get("_liger_padded_seen"):
+            # a batch without padding (packing.PACK_FULL) is packed only in a run whose batches have had padding
+            # (instruction data: such a batch is rare there, and packed it needs no shape of its own); where every
+            # batch so far filled its length (pretraining), it runs unpacked, one shape with cuDNN attention
+            return None
+        return plan
 
     def _liger_output(self, idx: torch.Tensor, counted: bool) -> LigerLogits:
         """The training output of the batch ``idx`` as LitGPT computes it (padded rows; right-padded further to a

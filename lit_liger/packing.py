@@ -133,7 +133,9 @@ def _layout(lengths: list[int], T: int, bucket: Callable[[int], int] | None, max
 #: packed micro-batches share, instead of an unpacked ``(B, T)`` shape of its own (one capture more, and cuDNN
 #: attention's plan for that shape in its warm-up: the warm-ups of 2-GPU runs took 0.1-1.4 s,
 #: ``benchmarks/results/h200x2-2026-11-27h``). Flash attention over the samples' boundaries computes what the unpacked
-#: rows' causal attention does. False: such a batch runs unpacked, as before
+#: rows' causal attention does. The model packs one only once a batch with padding has come
+#: (``adapter.GPT._liger_plan``): in a run whose batches all fill their length (pretraining) every batch keeps the one
+#: unpacked shape, where cuDNN attention's replayed kernels are faster. False: such a batch runs unpacked, as before
 PACK_FULL = True
 
 

@@ -108,7 +108,8 @@ def test_packed_batch_equals_stock_padded_batch(name, call, pack_on_cpu):
 def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on_cpu, monkeypatch):
     """``packing.PACK_FULL``: with a bucket ladder (the captured step), a batch whose samples all fill its length runs
     as the ladder's packed length of its tokens (the graphs the packed batches share), planned on the host or in the
-    forward, and its loss and gradients equal stock's; off, it runs unpacked, as without a ladder."""
+    forward, once the run has had a batch with padding (before: unpacked), and its loss and gradients equal stock's;
+    off, it runs unpacked, as without a ladder."""
     monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     full = torch.arange(1, 9).view(2, 4)
     plan = packing.plan(full, lambda n: 16, max_position=32)
@@ -124,6 +125,8 @@ def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on
     ref, ours = _pair(cfg)
     apply_liger(ours, LigerConfig(packing=True))
     x, y = _batch(cfg, lengths=(20, 20, 20))
+    assert ours(x).rows is None  # (no batch with padding yet: data that fill their length, such as pretraining's)
+    assert ours(_batch(cfg)[0]).rows is not None  # (a batch with padding: packed)
     out = ours(x)
     assert (out.rows is not None) is pack_full
     assert out.hidden.shape[0 if pack_full else 1] == 64  # (60 tokens: the ladder's 64; unpacked 3 x 20 -> 3 x 64)
