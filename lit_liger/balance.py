@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["DealtBatches", "SampleCost", "balanced_loader", "deal"]
+__all__ = ["DealtBatches", "ReplicaBatches", "SampleCost", "balanced_loader", "deal", "expect_lengths"]
 
 
 def deal(costs: list[float], loads: list[float], first: bool) -> list[int]:
@@ -188,6 +188,62 @@ class DealtBatches:
                 f"changed): per optimizer step the busiest device ran {dealt:.1%} more positions than the devices' "
                 f"mean, against {litgpt:.1%} in litgpt's order (estimated from the samples' characters; this device: "
                 f"{self.mine / max(self.total, 1):.1%} of them; --liger.balance_ranks false keeps litgpt's order)")
+
+
+class ReplicaBatches:
+    """Every rank's micro-batches of a data loader whose sampler is torch's own ``DistributedSampler`` (what Lightning's
+    DDP gives each rank of a Trainer: not dealt), rebuilt from that sampler's seed, epoch and settings, each sample's
+    tokens estimated by :class:`SampleCost` (litgpt's ``SFTDataset``): the replicas' expected lengths
+    (:func:`expect_lengths`) as the command has them from :class:`DealtBatches`."""
+
+    def __init__(self, loader: Any, world: int) -> None:
+        from torch.utils.data import BatchSampler, DistributedSampler
+
+        sampler, dataset = loader.sampler, loader.dataset
+        self.cost = SampleCost(dataset, packed=True)
+        self.batches = []
+        for rank in range(world):
+            s = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=sampler.shuffle, seed=sampler.seed,
+                                   drop_last=sampler.drop_last)
+            s.set_epoch(sampler.epoch)
+            self.batches.append(BatchSampler(s, loader.batch_size, loader.drop_last))
+
+    @classmethod
+    def of(cls, loader: Any, world: int) -> ReplicaBatches | None:
+        """For ``loader`` (a ``DataLoader``) of ``world`` ranks, or None where its sampler is not exactly torch's
+        ``DistributedSampler`` of that many ranks (a wrapper of a custom sampler: its order is its own), it has no
+        batch size, or its data set is not one :class:`SampleCost` can estimate."""
+        from torch.utils.data import DistributedSampler
+
+        sampler = getattr(loader, "sampler", None)
+        if type(sampler) is not DistributedSampler or sampler.num_replicas != world or world < 2 \
+                or not getattr(loader, "batch_size", None) or not SampleCost.usable(getattr(loader, "dataset", None)):
+            return None
+        return cls(loader, world)
+
+    def __len__(self) -> int:
+        return min(len(b) for b in self.batches)
+
+    def estimated_sizes(self, rounds: int) -> Iterator[list[list[float]]]:
+        """As :meth:`DealtBatches.estimated_sizes`: round ``k`` holds micro-batch ``k`` of every rank."""
+        for k, row in enumerate(zip(*self.batches)):
+            if k >= rounds:
+                return
+            yield [[self.cost.tokens(i) for i in batch] for batch in row]
+
+
+def expect_lengths(batches: Any, rounds: float, limit: int) -> None:
+    """``lit_liger.graphs.EXPECTED_LENGTHS`` for a run of ``rounds`` micro-batches per process: the packed lengths that
+    ``batches`` (:class:`DealtBatches` or :class:`ReplicaBatches`) give each process in their first pass, read for at
+    most ``limit`` rounds and scaled to ``rounds``; left unset where nothing is read (``limit`` 0)."""
+    from . import graphs
+
+    rounds = int(rounds)
+    sampled = min(rounds, len(batches), limit)
+    if sampled <= 0:
+        return
+    cap = batches.cost.cap if isinstance(batches.cost.cap, int) else -1
+    graphs.EXPECTED_LENGTHS = graphs.expected_lengths(batches.estimated_sizes(sampled), cap, rounds / sampled)
 
 
 def balanced_loader(loader: Any, rank: int, world: int, accumulation: int,

@@ -59,6 +59,7 @@ class LigerCallback(Callback):
         self._gc_watch: Any = None
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
         self._ahead: list = []  # the optimizers' state still to come, in lit_liger.memplan.STATE_AHEAD for the loop
+        self._expected = False  # lit_liger.graphs.EXPECTED_LENGTHS set for the loop (DDP's replicas)
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
@@ -149,6 +150,8 @@ class LigerCallback(Callback):
                 if hasattr(inner, "param_groups") and hasattr(inner, "state"):
                     self._ahead.append(optimizer_state_ahead(inner))
             STATE_AHEAD.extend(self._ahead)
+        if self.report is not None and self.config.enabled and not self._expected:
+            self._expected = _expect_lengths(trainer, loader)
         if self.report is not None and self.config.enabled and self._gc is None:
             # the objects alive now frozen for the loop (lit_liger.hostgc): a full collection would walk them all
             self._gc = hostgc.quiet()
@@ -219,6 +222,10 @@ class LigerCallback(Callback):
             if f in STATE_AHEAD:
                 STATE_AHEAD.remove(f)
         self._ahead = []
+        if self._expected:  # (and the replicas' expected lengths: this loop's only)
+            from . import graphs
+
+            graphs.EXPECTED_LENGTHS, self._expected = None, False
 
     def _end_gc(self, trainer: Trainer) -> None:
         """The collector as it was before the loop (``on_train_start``), and one line on its collections meanwhile."""
@@ -322,6 +329,33 @@ def _count(batch: Any) -> tuple[int, int]:
         if t:
             return t, s
     return 0, 0
+
+
+def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
+    """Under DDP (several replicas), ``lit_liger.graphs.EXPECTED_LENGTHS`` for this fit from the training loader: every
+    rank's micro-batches rebuilt from Lightning's ``DistributedSampler`` (``lit_liger.balance.ReplicaBatches``), counted
+    per packed length over the loop's micro-batches per rank (``max_steps`` x ``accumulate_grad_batches``, or its
+    epochs), so that the first step pre-captures only the lengths expected at least ``graphs.PRECAPTURE_MIN_COUNT``
+    times, as the command's replicas do. True where it was set (cleared at the loop's end)."""
+    from . import cli
+    from .balance import ReplicaBatches, expect_lengths
+
+    world = getattr(trainer, "world_size", 1)
+    if world < 2 or not _replicates(trainer.strategy) or cli.EXPECT_ROUNDS <= 0:
+        return False
+    batches = ReplicaBatches.of(loader, world)
+    if batches is None:
+        return False
+    per_epoch = len(batches)
+    runs = []
+    if (getattr(trainer, "max_steps", -1) or -1) > 0:
+        runs.append(trainer.max_steps * max(1, getattr(trainer, "accumulate_grad_batches", 1)))
+    if (getattr(trainer, "max_epochs", -1) or -1) > 0:
+        runs.append(trainer.max_epochs * per_epoch)
+    expect_lengths(batches, min(runs) if runs else per_epoch, cli.EXPECT_ROUNDS)
+    from . import graphs
+
+    return graphs.EXPECTED_LENGTHS is not None
 
 
 def _replicates(strategy: Any) -> bool:

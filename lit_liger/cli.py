@@ -429,8 +429,8 @@ def _state_ahead(fabric: Any, optimizer: Any) -> Any:
     return ahead
 
 
-#: the most rounds of the data :func:`_expect_lengths` reads (a longer run's counts are scaled up); 0: none (the
-#: replicas pre-capture the whole ladder)
+#: the most rounds of the data :func:`_expect_lengths` (and the Trainer's under DDP, ``LigerCallback``) reads (a longer
+#: run's counts are scaled up); 0: none (the replicas pre-capture the whole ladder)
 EXPECT_ROUNDS = 4096
 
 
@@ -438,18 +438,13 @@ def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
     """``lit_liger.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
     sampler's first pass is expected to give each process, scaled to the run's iterations per process (litgpt's
     ``train.max_steps`` times ``accumulation``, or its epochs)."""
-    from . import graphs
+    from .balance import expect_lengths
 
     per_epoch = len(dealt)
     runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
     if getattr(train, "max_steps", None):
         runs.append(train.max_steps * accumulation)
-    rounds = min(runs) if runs else per_epoch
-    sampled = min(rounds, per_epoch, EXPECT_ROUNDS)
-    if sampled <= 0:
-        return
-    cap = dealt.cost.cap if isinstance(dealt.cost.cap, int) else -1
-    graphs.EXPECTED_LENGTHS = graphs.expected_lengths(dealt.estimated_sizes(sampled), cap, rounds / sampled)
+    expect_lengths(dealt, min(runs) if runs else per_epoch, EXPECT_ROUNDS)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:

@@ -420,3 +420,54 @@ def test_balanced_loader_says_why_not():
     assert out is None and "SFTDataset" in why
     out, why = balanced_loader(object(), 0, 2, 2)
     assert out is None and "Fabric" in why
+
+
+def test_the_trainer_replicas_expect_their_lengths_from_lightnings_sampler(monkeypatch):
+    """``LigerCallback`` under DDP (``callback._expect_lengths``): every rank's micro-batches rebuilt from the loader's
+    ``DistributedSampler`` (its seed and epoch; not dealt) are each rank's own loader's; the expected lengths count them
+    over the loop's micro-batches per rank (``max_steps`` x accumulation, or its epochs); nothing where the sampler is
+    a wrapper of the user's, one process, or ``EXPECT_ROUNDS`` 0; cleared at the loop's end."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from lit_liger import LigerCallback, cli, graphs
+    from lit_liger import callback as callback_mod
+    from lit_liger.balance import ReplicaBatches, SampleCost
+
+    data, world = _Texts(n=200), 2
+
+    def loader(rank, epoch=1):
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=5)
+        sampler.set_epoch(epoch)
+        return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
+
+    batches = ReplicaBatches.of(loader(1), world)
+    per_rank = [[b["ids"] for b in loader(r)] for r in range(world)]
+    cost = SampleCost(data, packed=True)
+    rounds = list(batches.estimated_sizes(10**6))
+    assert len(rounds) == len(batches) == len(per_rank[0])
+    assert rounds == [[[cost.tokens(i) for i in b] for b in row] for row in zip(*per_rank)]
+    wrapped = loader(0)
+    wrapped.sampler.__class__ = type("Wrapper", (DistributedSampler,), {})  # (Lightning's wrapper of a user's sampler)
+    assert ReplicaBatches.of(wrapped, world) is None and ReplicaBatches.of(loader(0), 3) is None
+
+    strategy = DDPStrategy.__new__(DDPStrategy)
+    trainer = SimpleNamespace(world_size=world, strategy=strategy, max_steps=3, accumulate_grad_batches=4, max_epochs=-1)
+    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
+    assert callback_mod._expect_lengths(trainer, loader(0))
+    assert graphs.EXPECTED_LENGTHS == graphs.expected_lengths(rounds[:12], data.max_seq_length)
+    trainer.max_steps, trainer.max_epochs = -1, 2  # (two passes: the first read, counted twice)
+    assert callback_mod._expect_lengths(trainer, loader(0))
+    assert graphs.EXPECTED_LENGTHS == pytest.approx(graphs.expected_lengths(rounds, data.max_seq_length, scale=2.0))
+    monkeypatch.setattr(cli, "EXPECT_ROUNDS", 0)
+    graphs.EXPECTED_LENGTHS = None
+    assert not callback_mod._expect_lengths(trainer, loader(0)) and graphs.EXPECTED_LENGTHS is None
+    monkeypatch.setattr(cli, "EXPECT_ROUNDS", 4096)
+    assert not callback_mod._expect_lengths(SimpleNamespace(**{**vars(trainer), "world_size": 1}), loader(0))
+    cb = LigerCallback()
+    cb._expected = callback_mod._expect_lengths(trainer, loader(0))
+    cb._forget_state_ahead()  # (what on_train_end and teardown call)
+    assert graphs.EXPECTED_LENGTHS is None and not cb._expected
