@@ -255,6 +255,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import cli, graphs
 
         cli.EXPECT_ROUNDS, graphs.CAPTURE_AFTER = 0, 1
+    if os.environ.get("LIT_LIGER_BENCH_STEP_BESIDE") == "1":  # the recipe's liger-step-beside-backward variant
+        from lit_liger import dataparallel
+
+        dataparallel.STEP_BESIDE_BACKWARD = True
     if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
         from lit_liger import packing
 

@@ -474,6 +474,14 @@ OVERLAP_STEP = True
 #: the others, every message of a group in one batch. Off: gradients all-reduced (the average everywhere), then one
 #: broadcast per stepped parameter (twice the bytes on 2 GPUs, each broadcast one direction of the link at a time)
 ZERO1_P2P = True
+#: the replica's chunked step (:data:`OVERLAP_STEP`) on a side stream: each chunk as soon as its own reductions are done,
+#: beside the backward still running on the compute stream (the upper Blocks' parameters step while the lower Blocks'
+#: backward runs; nothing after their segment reads them), the parameters no reduction covers last, after the whole
+#: backward; the compute stream waits for the side stream before anything after the step. Off (the default, not yet
+#: measured on GPUs): the chunks run on the compute stream after the backward. What it could buy: 1B full fine-tuning
+#: on 2 GPUs spends ~5.45 ms of each ~23.6 ms iteration in AdamW after the backward
+#: (``benchmarks/results/h200x2-2026-11-27b``)
+STEP_BESIDE_BACKWARD = False
 
 
 def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
@@ -494,11 +502,13 @@ def _per_parameter(optimizer: Any) -> bool:
     return type(optimizer).__module__.startswith("torch.optim") and type(optimizer).__name__ in PER_PARAMETER
 
 
-def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tuple[list, list[torch.Tensor]]]:
+def _step_chunks(params: list[torch.Tensor], pending: list, n: int,
+                 rest_last: bool = False) -> list[tuple[list, list[torch.Tensor]]]:
     """The optimizer step's chunks, ``(the all-reduces to wait for, the parameters to step)``: :func:`start_reduce`'s
     ``pending`` work in the order issued, cut into at most ``n`` runs of about equal elements of ``params`` (the
-    optimizer's), each with the parameters its work reduced; the parameters no work covers step in the first chunk.
-    With nothing pending, ``params`` in order, cut the same way (:func:`_chunks`)."""
+    optimizer's), each with the parameters its work reduced; the parameters no work covers step in the first chunk
+    (``rest_last``: in a chunk of their own after the others, where they are any). With nothing pending, ``params`` in
+    order, cut the same way (:func:`_chunks`)."""
     if not pending:
         return [([], chunk) for chunk in _chunks(params, n)]
     wanted = {id(p): p for p in params}
@@ -510,7 +520,7 @@ def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tupl
         sizes.append((entry, mine))
     rest = [p for p in params if id(p) not in covered]
     total = sum(p.numel() for _, mine in sizes for p in mine) or 1
-    out: list[tuple[list, list[torch.Tensor]]] = [([], rest)]
+    out: list[tuple[list, list[torch.Tensor]]] = [([], [] if rest_last else rest)]
     seen = 0
     for entry, mine in sizes:
         if out[-1][0] and seen >= total * len(out) / n:
@@ -518,7 +528,22 @@ def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tupl
         out[-1][0].append(entry)
         out[-1][1].extend(mine)
         seen += sum(p.numel() for p in mine)
+    if rest_last and rest:
+        out.append(([], rest))
     return out
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The side stream of :data:`STEP_BESIDE_BACKWARD` on a CUDA ``device`` (one per device), else None."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
 
 
 def _drop_others_state(optimizer: Any, owners: dict[int, int], rank: int) -> None:
@@ -732,16 +757,26 @@ def _make_replica_class() -> type:
                 if self.owners.get(id(p), rank) != rank:
                     inner.state.pop(p, None)
             works, out = [], None
+            # (STEP_BESIDE_BACKWARD: the chunks on a side stream, the compute stream waiting for it after them. What the
+            # side stream reads that the compute stream allocated (the reductions' flat and received buffers, freed
+            # on the host during the loop) is safe: the compute stream allocates nothing before it waits)
+            side = _side_stream(params[0].device) if STEP_BESIDE_BACKWARD and pending and params else None
+            compute = torch.cuda.current_stream(params[0].device) if side is not None else None
             try:
-                for entries, chunk in _step_chunks(params, pending, ZERO1_CHUNKS):
-                    finish_reduce(entries)
-                    mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
-                    for p in params:
-                        p.grad = grads[id(p)] if id(p) in mine else None
-                    if mine:
-                        out = super().optimizer_step(optimizer, **kwargs)
-                    works += self._share_stepped([p for p in chunk if id(p) in self.owners])
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    for entries, chunk in _step_chunks(params, pending, ZERO1_CHUNKS, rest_last=side is not None):
+                        if side is not None and not entries:
+                            side.wait_stream(compute)  # (gradients no reduction covers: final after the backward)
+                        finish_reduce(entries)
+                        mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
+                        for p in params:
+                            p.grad = grads[id(p)] if id(p) in mine else None
+                        if mine:
+                            out = super().optimizer_step(optimizer, **kwargs)
+                        works += self._share_stepped([p for p in chunk if id(p) in self.owners])
             finally:
+                if side is not None:
+                    compute.wait_stream(side)
                 for p in params:
                     p.grad = grads[id(p)]
             for work in works:

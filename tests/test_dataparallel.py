@@ -116,6 +116,12 @@ def test_step_chunks_follow_the_all_reduces_in_the_order_issued():
     assert [[w[0] for w in ws] for ws, _ in together] == [["w-c", "w-a"], ["flat", "w-b"]]
     assert sorted(id(p) for _, ps in together for p in ps) == sorted(map(id, (a, b, c, d, e, f)))
     assert [[p.numel() for p in c] for _, c in dp._step_chunks([a, b], [], 2)] == [[40], [40]]
+    # (STEP_BESIDE_BACKWARD: the uncovered parameters last, alone: they wait for the whole backward)
+    last = dp._step_chunks([a, b, c, d, e, f], pending, 4, rest_last=True)
+    assert [[id(p) for p in ps] for _, ps in last] == [[id(c)], [id(a)], [id(e), id(d)], [id(b)], [id(f)]]
+    assert last[-1][0] == [] and [w[0] for ws, _ in last for w in ws] == ["w-c", "w-a", "flat", "w-b"]
+    assert dp._step_chunks([a, b, c], pending[:2] + pending[3:], 4, rest_last=True)[-1][0]  # (nothing uncovered)
+    assert dp._side_stream(torch.device("cpu")) is None
 
 
 def _args(tmp_path: Path, **over) -> dict:

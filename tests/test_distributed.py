@@ -632,7 +632,11 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
 # ----------------------------------------------------------------------------------------------
 # zero1: the replica with the optimizer's state sharded (ReplicaStrategy(shard_optimizer=True))
 # ----------------------------------------------------------------------------------------------
-def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False) -> None:
+def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False,
+                  beside: bool = False) -> None:
+    from lit_liger import dataparallel
+
+    dataparallel.STEP_BESIDE_BACKWARD = beside  # (the step's chunks on a side stream: CUDA only)
     _join(rank, world, port, gpu)
     _finish(_zero1_run(rank, world, fused, shard, "cuda" if gpu else "cpu"), queue)
 
@@ -789,15 +793,17 @@ def test_replica_steps_in_chunks_as_its_all_reduces_finish(fused):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("beside", [False, True])
 @pytest.mark.parametrize("shard", [True, False])
-def test_gpu_zero1_and_replica_step_over_nccl(shard):
+def test_gpu_zero1_and_replica_step_over_nccl(shard, beside):
     """Two GPUs (NCCL), fp32: zero1's point-to-point gradients and parameters (``batch_isend_irecv``), its clip, and
-    the replica's step in chunks after their all-reduces give one process's AdamW weights and state, as on gloo."""
+    the replica's step in chunks after their all-reduces give one process's AdamW weights and state, as on gloo; with
+    ``STEP_BESIDE_BACKWARD`` (the chunks on a side stream) too."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    spawn_ranks(_zero1_worker, (2, _free_port(), queue, True, shard, True))
+    spawn_ranks(_zero1_worker, (2, _free_port(), queue, True, shard, True, beside))
     r = queue.get(timeout=60)
     assert r["ranks_same"] == 0.0 and r["vs_ref"] <= 1e-5 and r["state_err"] <= 1e-5, r
     assert r["steps"] == [4.0] and r["gathered"] == r["n_params"], r
