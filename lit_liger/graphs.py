@@ -305,8 +305,9 @@ POOL_FRACTION = 0.25
 #: the share of the device a run with its graphs' pool may fill (:func:`_room`). The pool is measured after each capture,
 #: not estimated as the memory plan's activations are (``memplan.MEMORY_FRACTION``, 0.75, a margin for its estimate):
 #: issue 46 lets a plan spend up to 90% of the card on speed. At 0.75, Llama-3.1-8B full fine-tuning zero1 on an 80 GB
-#: card (weights, gradients and Adam's share 45 GiB, a 17.5 GiB pool) released every graph and ran uncaptured: 29.3%
-#: MFU against 36.2% captured (2 x H200, ``benchmarks/results/h200x2-2026-11-27i``)
+#: card (weights, gradients and Adam's share 45 GiB, a 17.5 GiB pool; its gradient buffers then counted twice, see
+#: ``memplan.grads_to_come``) released every graph and ran uncaptured at 29.3% MFU; at 0.9 it kept its 10 shapes: 37.4%,
+#: 70.8 GiB reserved (2 x H200 with an 80 GB card's memory emulated, ``benchmarks/results/h200x2-2026-11-27i``)
 ROOM_FRACTION = 0.9
 
 
