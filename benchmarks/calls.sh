@@ -20,6 +20,16 @@ mkdir -p /tmp/o
 
 pack() { tar czf "$OUT/$NAME.tgz" -C /tmp/o . ; }
 
+# leftovers: processes still on the GPUs after a run, said and killed. A run stopped at its time limit may leave ranks
+# behind that hold memory and slow the next run. In h200x2-2026-11-27i the runs after such stops were slower or
+# stopped; that this was the cause is not confirmed.
+leftovers() {
+  local apps; apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null)
+  [ -z "$apps" ] && return 0
+  echo "leftover GPU processes (killed): $(echo "$apps" | tr '\n' ';')"
+  echo "$apps" | cut -d, -f1 | xargs -r kill -9 2>/dev/null; sleep 2
+}
+
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
 # rec N MODELS METHOD DEVICES VARIANTS ITERS WARMUP TIMEOUT [ENV=VALUE ...]: one `benchmarks recipe` run (micro-batch
@@ -30,6 +40,7 @@ rec() {
   env "$@" timeout "$to" python3 -m benchmarks recipe --models "$m" --methods "$me" --micro_batches 4 --devices "$dv" \
     --variants "$va" --iters "$it" --warmup "$wu" --work_dir /tmp/work --out "/tmp/o/$NAME-$n" > "/tmp/o/$NAME-$n.log" 2>&1
   echo "$n rc=$?"
+  leftovers
   for f in /tmp/work/recipe-runs/*/stdout.txt; do
     [ -f "$f" ] || continue
     cp "$f" "/tmp/o/$NAME-run-$n-$(basename "$(dirname "$f")").txt"
