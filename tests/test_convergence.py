@@ -524,3 +524,23 @@ def test_logtimes_reads_litgpts_iteration_lines(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("run.txt: n 6, mean") and "over 3x the median: [(5, 400.0)]" in out
     assert logtimes.summary("no iterations here") == {"iterations": 0}
+
+
+def test_run_with_timeout_kills_the_whole_process_group():
+    """``benchmarks._common.run_with_timeout`` (the trainer's and strategies' children): past its timeout the child and
+    what it launched are killed (as a distributed run's ranks would be), and what it printed until then is kept."""
+    import subprocess
+    import time
+
+    from benchmarks import _common as C
+
+    marker = f"lit-liger-test-sleeper-{time.time_ns()}"
+    child = ("import subprocess, sys, time; print('started', flush=True); "
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); time.sleep(60)")
+    t0 = time.perf_counter()
+    rc, out, err = C.run_with_timeout([sys.executable, "-c", child], 3)
+    assert rc == 124 and out == "started\n" and "timeout after 3 s" in err and time.perf_counter() - t0 < 30
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == []  # (the grandchild went with it)
+    assert C.run_with_timeout([sys.executable, "-c", "print('ok')"], 30) == (0, "ok\n", "")
