@@ -2,8 +2,8 @@
 
 Reads only committed ``recipe`` results (``SOURCES``: one folder per family, micro-batch 4, the lit-liger variant that
 is the default for LoRA) and draws ``docs/recipe_lora.png``: tokens/s, peak allocated and peak reserved memory, each
-as a multiple of stock litgpt's in the same run. Prints the same numbers as the README's markdown table, so a new
-result is one line of ``SOURCES`` and one command away from the page.
+as a multiple of stock litgpt's in the same run. Prints the same numbers as the LoRA table of docs/performance.md, so
+a new result is one line of ``SOURCES`` and one command away from the page.
 """
 
 from __future__ import annotations
