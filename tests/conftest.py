@@ -2,8 +2,9 @@
 
 TRITON_INTERPRET must be set before any kernel module is imported, hence here at collection time.
 
-Without a GPU the whole suite (``python -m pytest -q``, no paths named) runs on two pytest-xdist workers: 1,249 s
-against 1,936 s in one process on CI's 2-core machine. ``-n 0`` (or naming a file or test) runs in this process.
+Without a GPU the whole suite (``python -m pytest -q``, no paths named) runs on two pytest-xdist workers: 1,201 s
+against 1,936 s in one process on CI's 2-core machine (`.ci/run`, 2026-11-28). ``-n 0`` (or naming a file or test)
+runs in this process.
 Every test has a hard limit (``faulthandler_timeout`` in pyproject.toml; ``-o faulthandler_timeout=0``: none): a test
 that hangs prints every thread's stack and ends its process, so CI fails at that test with where it stood instead of
 running out its own time.
