@@ -1,0 +1,152 @@
+"""What a CUDA-graph capture costs on the host, and where that time goes (issue 47: captures ≤ 5% of a run).
+
+usage: python -m benchmarks diag capture-cost [OUT.json]   (env: MODEL=Llama-3.2-1B, LAYERS=16, METHOD=lora|full,
+                                                            STEPS=120, TOP=30)
+
+One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-batch 4 with Alpaca-shaped lengths
+(lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
+1. captured, as a run would: :data:`lit_liger.graphs.CAPTURE_STATS` per phase, the CUDA graphs' instantiation
+   (``CUDAGraph.capture_end``) timed apart from the recording, and the wall time of the loop;
+2. captured again after :func:`lit_liger.graphs.release`, with ``cProfile`` on during the recordings only: the
+   functions that take the recordings' host time (``tottime`` and ``cumtime``, top ``TOP``);
+3. uncaptured (``cuda_graphs=False``): the host time a micro-batch's forward and backward take to issue, for the
+   same shapes, the work a capture records.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import math
+import os
+import pstats
+import random
+import sys
+import time
+
+import torch
+
+
+def _model(name: str, n_layer: int, lora: bool):
+    if lora:
+        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+
+        cfg = Config.from_name(name, n_layer=n_layer, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
+                               lora_dropout=0.05, block_size=1024)
+    else:
+        from litgpt.model import GPT, Config
+
+        cfg = Config.from_name(name, n_layer=n_layer, block_size=1024)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(cfg).to(torch.bfloat16)
+    if lora:
+        mark_only_lora_as_trainable(model)
+    model.max_seq_length = 1024
+    return cfg, model
+
+
+def _batches(vocab: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        lengths = [min(1024, max(24, int(rng.lognormvariate(math.log(150), 0.75)) + 40)) for _ in range(4)]
+        x = torch.zeros(4, max(lengths), dtype=torch.int64)
+        for i, t in enumerate(lengths):
+            x[i, :t] = torch.randint(1, vocab, (t,))
+        out.append(x.cuda())
+    return out
+
+
+def _loop(model, opt, batches, host: list | None = None) -> float:
+    from lit_liger import chunked_cross_entropy
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i, x in enumerate(batches):
+        h0 = time.perf_counter()
+        loss = chunked_cross_entropy(model(x), x)
+        loss.backward()
+        if host is not None:
+            host.append(time.perf_counter() - h0)
+        if i % 4 == 3:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    from lit_liger import LigerConfig, apply_liger, graphs
+
+    name, n_layer = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("LAYERS", 16))
+    lora = os.environ.get("METHOD", "lora") == "lora"
+    steps, top = int(os.environ.get("STEPS", 120)), int(os.environ.get("TOP", 30))
+    cfg, model = _model(name, n_layer, lora)
+    apply_liger(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
+    batches = _batches(cfg.vocab_size, steps)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": name,
+              "n_layer": n_layer, "method": "lora" if lora else "full", "micro_batches": steps}
+
+    inst = {"n": 0, "s": 0.0}
+    capture_end = torch.cuda.CUDAGraph.capture_end
+
+    def timed_end(self):
+        t = time.perf_counter()
+        capture_end(self)
+        inst["n"] += 1
+        inst["s"] += time.perf_counter() - t
+
+    torch.cuda.CUDAGraph.capture_end = timed_end
+
+    def phase(label: str, prof: cProfile.Profile | None = None) -> None:
+        before, i0 = dict(graphs.CAPTURE_STATS), dict(inst)
+        record = graphs._Graphs._capture_graphs
+        if prof is not None:
+            def profiled(self, *a, **k):
+                prof.enable()
+                try:
+                    return record(self, *a, **k)
+                finally:
+                    prof.disable()
+
+            graphs._Graphs._capture_graphs = profiled
+        try:
+            wall = _loop(model, opt, batches)
+        finally:
+            graphs._Graphs._capture_graphs = record
+        stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in graphs.CAPTURE_STATS}
+        stats.update(wall_s=wall, instantiate_s=inst["s"] - i0["s"], graphs_instantiated=inst["n"] - i0["n"])
+        result[label] = stats
+        print(label, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}),
+              flush=True)
+
+    phase("captured")
+    phase("replayed")  # (the same shapes again: no capture, the loop's time when every shape is captured)
+    graphs.release(model)
+    prof = cProfile.Profile()
+    phase("captured_profiled", prof)
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(top)
+        text = s.getvalue()
+        result[f"profile_{key}"] = text
+        print(text[text.find("ncalls") - 200 if "ncalls" in text else 0:], flush=True)
+    graphs.release(model)
+    apply_liger(model, LigerConfig(cuda_graphs=False))
+    host: list[float] = []
+    _loop(model, opt, batches[:8])
+    result["uncaptured_wall_s"] = _loop(model, opt, batches, host)
+    result["uncaptured_host_ms_per_micro_batch"] = 1e3 * sum(host) / len(host)
+    print("uncaptured", json.dumps({"wall_s": round(result["uncaptured_wall_s"], 3),
+                                    "host_ms_per_micro_batch": round(result["uncaptured_host_ms_per_micro_batch"], 2)}),
+          flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
