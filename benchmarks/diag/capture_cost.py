@@ -1,14 +1,17 @@
 """What a CUDA-graph capture costs on the host, and where that time goes (issue 47: captures ≤ 5% of a run).
 
 usage: python -m benchmarks diag capture-cost [OUT.json]   (env: MODEL=Llama-3.2-1B, LAYERS=16, METHOD=lora|full,
-                                                            STEPS=120, TOP=30)
+                                                            STEPS=200, TOP=30)
 
 One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-batch 4 with Alpaca-shaped lengths
 (lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
-1. captured, as a run would: :data:`lit_liger.graphs.CAPTURE_STATS` per phase, the CUDA graphs' instantiation
-   (``CUDAGraph.capture_end``) timed apart from the recording, and the wall time of the loop;
-2. captured again after :func:`lit_liger.graphs.release`, with ``cProfile`` on during the recordings only: the
-   functions that take the recordings' host time (``tottime`` and ``cumtime``, top ``TOP``);
+1. captured, as a run would (cold: every kernel's first call in the first warm-up), then replayed: the loop's time
+   with every shape captured; then, after :func:`lit_liger.graphs.release` each, captured again (warm), captured with
+   ``EMPTY_CACHE_BEFORE_CAPTURE`` off, and replayed again. Per pass: :data:`lit_liger.graphs.CAPTURE_STATS` per
+   phase, the CUDA graphs' instantiation (``CUDAGraph.capture_end``) timed apart from the recording, and the wall
+   time of the loop; what the captures add to a loop is its time less the replayed pass's;
+2. captured again, with ``cProfile`` on during the recordings only: the functions that take the recordings' host
+   time (``tottime`` and ``cumtime``, top ``TOP``);
 3. uncaptured (``cuda_graphs=False``): the host time a micro-batch's forward and backward take to issue, for the
    same shapes, the work a capture records.
 """
@@ -47,15 +50,18 @@ def _model(name: str, n_layer: int, lora: bool):
     return cfg, model
 
 
-def _batches(vocab: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+def _batches(vocab: int, n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input ids, targets) as litgpt's collate pads them: ids 0 and targets -100 after each sample's end."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         lengths = [min(1024, max(24, int(rng.lognormvariate(math.log(150), 0.75)) + 40)) for _ in range(4)]
         x = torch.zeros(4, max(lengths), dtype=torch.int64)
+        y = torch.full_like(x, -100)
         for i, t in enumerate(lengths):
             x[i, :t] = torch.randint(1, vocab, (t,))
-        out.append(x.cuda())
+            y[i, :t - 1] = x[i, 1:t]
+        out.append((x.cuda(), y.cuda()))
     return out
 
 
@@ -64,9 +70,9 @@ def _loop(model, opt, batches, host: list | None = None) -> float:
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for i, x in enumerate(batches):
+    for i, (x, y) in enumerate(batches):
         h0 = time.perf_counter()
-        loss = chunked_cross_entropy(model(x), x)
+        loss = chunked_cross_entropy(model(x), y)
         loss.backward()
         if host is not None:
             host.append(time.perf_counter() - h0)
@@ -82,7 +88,7 @@ def main() -> None:
 
     name, n_layer = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("LAYERS", 16))
     lora = os.environ.get("METHOD", "lora") == "lora"
-    steps, top = int(os.environ.get("STEPS", 120)), int(os.environ.get("TOP", 30))
+    steps, top = int(os.environ.get("STEPS", 200)), int(os.environ.get("TOP", 30))
     cfg, model = _model(name, n_layer, lora)
     apply_liger(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
@@ -123,8 +129,15 @@ def main() -> None:
         print(label, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}),
               flush=True)
 
-    phase("captured")
+    phase("captured")  # (a cold start: the first-call work of every kernel is in its warm-up)
     phase("replayed")  # (the same shapes again: no capture, the loop's time when every shape is captured)
+    graphs.release(model)
+    phase("captured_again")
+    graphs.release(model)
+    graphs.EMPTY_CACHE_BEFORE_CAPTURE = False
+    phase("captured_again_no_empty_cache")
+    graphs.EMPTY_CACHE_BEFORE_CAPTURE = True
+    phase("replayed_again")
     graphs.release(model)
     prof = cProfile.Profile()
     phase("captured_profiled", prof)
