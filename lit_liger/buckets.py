@@ -35,10 +35,14 @@ def bucket_length(length: int, max_length: int | None = None) -> int:
     return max(bucket, length)
 
 
+#: buckets per doubling of the packed ladder above 512 tokens (a power of two)
+PACKED_PER_DOUBLING = 4
+
+
 def packed_bucket_length(length: int) -> int:
-    """The bucket a packed sequence of ``length`` tokens is padded up to: multiples of 64 up to 512 tokens, then 4
-    buckets per doubling."""
+    """The bucket a packed sequence of ``length`` tokens is padded up to: multiples of 64 up to 512 tokens, then
+    :data:`PACKED_PER_DOUBLING` buckets per doubling."""
     if length <= MIN_BUCKET:
         return MIN_BUCKET
-    step = max(MIN_BUCKET, 1 << ((length - 1).bit_length() - 3))
+    step = max(MIN_BUCKET, 1 << max(0, (length - 1).bit_length() - PACKED_PER_DOUBLING.bit_length()))
     return -(-length // step) * step

@@ -1,7 +1,7 @@
 """What a CUDA-graph capture costs on the host, and where that time goes (issue 47: captures ≤ 5% of a run).
 
 usage: python -m benchmarks diag capture-cost [OUT.json]   (env: MODEL=Llama-3.2-1B, LAYERS=16, METHOD=lora|full,
-                                                            STEPS=200, TOP=30)
+                                                            STEPS=200, TOP=30, LADDERS=)
 
 One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-batch 4 with Alpaca-shaped lengths
 (lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
@@ -14,6 +14,10 @@ One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-
    time (``tottime`` and ``cumtime``, top ``TOP``);
 3. uncaptured (``cuda_graphs=False``): the host time a micro-batch's forward and backward take to issue, for the
    same shapes, the work a capture records.
+
+``LADDERS=4,8`` instead: per granularity of the packed ladder (:data:`lit_liger.buckets.PACKED_PER_DOUBLING`), the
+padding it computes, then the same micro-batches captured and replayed twice: what finer buckets save per replayed
+micro-batch against the captures they add.
 """
 
 from __future__ import annotations
@@ -129,6 +133,25 @@ def main() -> None:
         print(label, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}),
               flush=True)
 
+    ladders = [int(v) for v in os.environ.get("LADDERS", "").split(",") if v.strip()]
+    if ladders:  # the packed ladder's granularity: captures against padding
+        from lit_liger import buckets
+
+        phase("captured")  # (cold: first calls)
+        for pd in ladders:
+            buckets.PACKED_PER_DOUBLING = pd
+            graphs.release(model)
+            padded = sum(buckets.packed_bucket_length(int((x != 0).sum())) for x, _ in batches)
+            real = sum(int((x != 0).sum()) for x, _ in batches)
+            result[f"ladder{pd}_padding"] = padded / real - 1
+            print(f"ladder {pd} per doubling: padding {padded / real - 1:.1%}", flush=True)
+            phase(f"ladder{pd}_captured")
+            phase(f"ladder{pd}_replayed")
+            phase(f"ladder{pd}_replayed_again")
+        if len(sys.argv) > 1:
+            with open(sys.argv[1], "w") as f:
+                json.dump(result, f, indent=1)
+        return
     phase("captured")  # (a cold start: the first-call work of every kernel is in its warm-up)
     phase("replayed")  # (the same shapes again: no capture, the loop's time when every shape is captured)
     graphs.release(model)
