@@ -111,7 +111,7 @@ VARIANTS = {
     # (lit_liger.dataparallel.STEP_BESIDE_BACKWARD on)
     "liger-step-beside-backward": ["--liger", "true"],
     # issue 47: the packed ladder's default 4 buckets per doubling however long the run (lit_liger.buckets.FINE_LADDER_MIN
-    # never reached; from 1,000 micro-batches a run in one process takes 8)
+    # never reached; from 2,000 micro-batches a run in one process takes 8)
     "liger-coarse-ladder": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
     "liger-unpacked-full": ["--liger", "true"],

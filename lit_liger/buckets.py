@@ -50,12 +50,16 @@ PACKED_PER_DOUBLING = COARSE_PER_DOUBLING
 #: twice the shapes. Measured on an H200 (Llama-3.2-1B LoRA and full fine-tuning, Llama-3.1-8B LoRA, micro-batch 4 of
 #: Alpaca-shaped lengths, the same 200 micro-batches replayed, ``python -m benchmarks diag capture-cost`` with
 #: ``LADDERS=4,8``, ``benchmarks/results/h200-2026-11-29``): padding 9.4-9.9% -> 4.7-5.0%, each replayed micro-batch
-#: 1.7-3.1% faster, 7 more captures (0.34-0.82 s): finer buckets pay for themselves from 570-920 micro-batches
+#: 1.7-3.1% faster, 7 more captures (0.34-0.82 s): finer buckets pay for themselves from 570-920 micro-batches there
+#: (without litgpt's loop around the step; see :data:`FINE_LADDER_MIN`)
 FINE_PER_DOUBLING = 8
 
 #: the micro-batches (per process) from which a run in one process pads to :data:`FINE_PER_DOUBLING` buckets per
-#: doubling (an epoch of Alpaca at micro-batch 4 is ~13,000)
-FINE_LADDER_MIN = 1000
+#: doubling (an epoch of Alpaca at micro-batch 4 is ~13,000). Through litgpt's CLI (H200, Llama-3.2-1B, micro-batch 4,
+#: 1,000 iterations, ``benchmarks/results/h200-2026-11-29``): 16 shapes instead of 9, their recordings 0.37-0.47 s
+#: more, the steady iterations 1.8-1.9% faster (LoRA 11.52 vs 11.74 ms, full 18.67 vs 19.02), the same peak memory:
+#: repaid from ~1,350-1,700 micro-batches
+FINE_LADDER_MIN = 2000
 
 
 def packed_bucket_length(length: int, per_doubling: int | None = None) -> int:

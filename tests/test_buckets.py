@@ -736,8 +736,10 @@ def test_packed_ladder_per_doubling_and_the_run_length(monkeypatch):
     assert fine == [64 * k for k in range(1, 17)] + [1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048]
     assert all(buckets.packed_bucket_length(n, 8) >= n for n in range(1, 5000))
     assert all(buckets.packed_bucket_length(n, 8) <= buckets.packed_bucket_length(n) for n in range(1, 5000))
-    assert buckets.per_doubling_for(None) == buckets.per_doubling_for(999) == 4
-    assert buckets.per_doubling_for(1000) == buckets.per_doubling_for(float("inf")) == 8
+    n = buckets.FINE_LADDER_MIN
+    assert buckets.per_doubling_for(None) == buckets.per_doubling_for(n - 1) == 4
+    assert buckets.per_doubling_for(n) == buckets.per_doubling_for(float("inf")) == 8
+    monkeypatch.setattr(buckets, "FINE_LADDER_MIN", 2000)
     before, line = buckets.set_run_ladder(13_000)
     assert before == 4 and buckets.PACKED_PER_DOUBLING == 8 and buckets.packed_bucket_length(540) == 576
     assert "8 length buckets per doubling (not 4) for this run's 13,000 micro-batches" in line

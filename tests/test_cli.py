@@ -1114,7 +1114,7 @@ def test_liger_collate_travels_to_workers_and_back():
 
 
 def test_long_run_pads_to_the_fine_ladder_and_puts_it_back(monkeypatch):
-    """One process, a packed and bucketed swapped GPT: litgpt's loop of 1,000 micro-batches or more (epochs x the
+    """One process, a packed and bucketed swapped GPT: litgpt's loop of ``FINE_LADDER_MIN`` micro-batches or more (epochs x the
     loader's length, or max_steps x accumulation, the fewer) pads packed lengths to 8 buckets per doubling, in the
     model and in the collate that the loader's workers run (pickled with it); a short run keeps 4; the value before
     comes back for the caller to restore."""
@@ -1129,8 +1129,9 @@ def test_long_run_pads_to_the_fine_ladder_and_puts_it_back(monkeypatch):
     monkeypatch.setattr(buckets, "PACKED_PER_DOUBLING", 4)
     gpt = torch.nn.Linear(2, 2)
     gpt._liger_packing, gpt._liger_pack_why, gpt._liger_seq_buckets = True, None, True
-    loader = list(range(300))  # (300 micro-batches per epoch)
-    train = TrainArgs(global_batch_size=16, micro_batch_size=4, epochs=5)  # 1,500 micro-batches
+    monkeypatch.setattr(buckets, "FINE_LADDER_MIN", 2000)
+    loader = list(range(500))  # (500 micro-batches per epoch)
+    train = TrainArgs(global_batch_size=16, micro_batch_size=4, epochs=5)  # 2,500 micro-batches
     assert _run_ladder(gpt, {"train": train, "devices": 1}, loader, rank0=False) == 4
     assert buckets.PACKED_PER_DOUBLING == 8
     samples = [{"input_ids": torch.arange(1, 181), "labels": torch.arange(1, 181),
