@@ -259,10 +259,6 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import dataparallel
 
         dataparallel.STEP_BESIDE_BACKWARD = True
-    if os.environ.get("LIT_LIGER_BENCH_COARSE_LADDER") == "1":  # the recipe's liger-coarse-ladder variant
-        from lit_liger import buckets
-
-        buckets.FINE_LADDER_MIN = float("inf")
     if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
         from lit_liger import packing
 

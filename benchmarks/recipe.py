@@ -110,9 +110,6 @@ VARIANTS = {
     # issue 46: the replica's optimizer step on a side stream beside the backward
     # (lit_liger.dataparallel.STEP_BESIDE_BACKWARD on)
     "liger-step-beside-backward": ["--liger", "true"],
-    # issue 47: the packed ladder's default 4 buckets per doubling however long the run (lit_liger.buckets.FINE_LADDER_MIN
-    # never reached; from 2,000 micro-batches a run in one process takes 8)
-    "liger-coarse-ladder": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
     "liger-unpacked-full": ["--liger", "true"],
     # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
@@ -138,7 +135,6 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
                "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
                "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
-               "liger-coarse-ladder": {"LIT_LIGER_BENCH_COARSE_LADDER": "1"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")

@@ -19,8 +19,6 @@ plan, Lightning's ``DDPStrategy``).
 
 from __future__ import annotations
 
-import functools
-
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,11 +47,7 @@ class HostPrep:
     ``pack``, its packed layout; its per-sample token counts boxed so that they stay on the host."""
 
     def __init__(self, pack: bool, bucketed: bool, ignore_index: int = -100) -> None:
-        from .buckets import PACKED_PER_DOUBLING
-
         self.pack, self.bucketed, self.ignore_index = pack, bucketed, ignore_index
-        # the run's packed ladder, carried into the loader's worker processes (a spawned worker imports the default)
-        self.per_doubling = PACKED_PER_DOUBLING
 
     def __call__(self, batch: Any) -> Any:
         if not isinstance(batch, dict):
@@ -65,8 +59,8 @@ class HostPrep:
             from .buckets import packed_bucket_length
             from .packing import BATCH_KEY, host_plan
 
-            bucket = functools.partial(packed_bucket_length, per_doubling=self.per_doubling) if self.bucketed else None
-            entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None, bucket, self.ignore_index)
+            entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None,
+                              packed_bucket_length if self.bucketed else None, self.ignore_index)
             if entry is not None:
                 batch[BATCH_KEY] = entry
         return batch
@@ -143,19 +137,6 @@ def prep_for(model: torch.nn.Module, loader: Any) -> HostPrep | None:
     keywords = getattr(inner.collate_fn, "keywords", None) or {}
     return HostPrep(bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None,
                     bool(getattr(gpt, "_liger_seq_buckets", False)), int(keywords.get("ignore_index", -100)))
-
-
-def set_ladder_for(model: torch.nn.Module, micro_batches: float | None) -> tuple[int, str | None] | None:
-    """The packed ladder for a training loop of ``micro_batches`` in one process (``lit_liger.buckets.set_run_ladder``:
-    the value to put back after the loop, and the log's line where it changed), where the swapped GPT inside ``model``
-    packs its batches to buckets; None where it does not."""
-    from .buckets import set_run_ladder
-
-    gpt = next((m for m in model.modules() if hasattr(m, "_liger_packing")), None)
-    if gpt is None or not gpt._liger_packing or getattr(gpt, "_liger_pack_why", None) is not None \
-            or not getattr(gpt, "_liger_seq_buckets", False):
-        return None
-    return set_run_ladder(micro_batches)
 
 
 def install(model: torch.nn.Module, loader: Any) -> tuple[bool, Callable[[], None]] | None:

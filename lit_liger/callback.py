@@ -34,7 +34,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
-from .batches import HostPrep, after_move, prep_for, set_ladder_for
+from .batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
 from . import hostgc
@@ -60,7 +60,6 @@ class LigerCallback(Callback):
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
         self._ahead: list = []  # the optimizers' state still to come, in lit_liger.memplan.STATE_AHEAD for the loop
         self._expected = False  # lit_liger.graphs.EXPECTED_LENGTHS set for the loop (DDP's replicas)
-        self._ladder: int | None = None  # lit_liger.buckets.PACKED_PER_DOUBLING before the loop set it (one process)
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
@@ -127,14 +126,6 @@ class LigerCallback(Callback):
         # loader's iterator, and with it its collate, exists by now); on_train_batch_start unboxes each batch on the
         # device
         loader = getattr(trainer, "train_dataloader", None)
-        if self._ladder is None and getattr(trainer, "world_size", 1) == 1 and self.report is not None \
-                and self.config.enabled:
-            # the packed ladder for the loop's length (before the collate below takes it into the loader's workers)
-            ladder = set_ladder_for(pl_module, _loop_micro_batches(trainer))
-            if ladder is not None:
-                self._ladder = ladder[0]
-                if ladder[1]:
-                    rank_zero_info(ladder[1])
         if self._restore_collate is None and isinstance(loader, torch.utils.data.DataLoader) and \
                 (trainer.world_size == 1 or _replicates(trainer.strategy)):
             prep = prep_for(pl_module, loader)
@@ -231,10 +222,6 @@ class LigerCallback(Callback):
             if f in STATE_AHEAD:
                 STATE_AHEAD.remove(f)
         self._ahead = []
-        if self._ladder is not None:  # (and the packed ladder: this loop's only)
-            from . import buckets
-
-            buckets.PACKED_PER_DOUBLING, self._ladder = self._ladder, None
         if self._expected:  # (and the replicas' expected lengths: this loop's only)
             from . import graphs
 
@@ -342,16 +329,6 @@ def _count(batch: Any) -> tuple[int, int]:
         if t:
             return t, s
     return 0, 0
-
-
-def _loop_micro_batches(trainer: Trainer) -> float | None:
-    """The micro-batches of the Trainer's training loop (its optimizer steps, ``estimated_stepping_batches``, times
-    ``accumulate_grad_batches``; infinite where no end is set), or None where the Trainer cannot say."""
-    try:
-        steps = float(trainer.estimated_stepping_batches)
-    except Exception:  # noqa: BLE001 - (a loader without a length, or not a fitting Trainer)
-        return None
-    return steps * max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
 
 
 def _expect_lengths(trainer: Trainer, loader: Any) -> bool:

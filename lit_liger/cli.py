@@ -289,7 +289,6 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         from .graphs import CAPTURE_STATS, capture_report
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
-        ladder = _run_ladder(model, bound, loader, rank0) if not several_processes() else None
         if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
             wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
             if wrapped is not None:
@@ -306,10 +305,6 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
                 out = fit(*args, **kwargs)
         finally:
-            if ladder is not None:
-                from . import buckets
-
-                buckets.PACKED_PER_DOUBLING = ladder
             if ahead is not None:
                 from .memplan import STATE_AHEAD
 
@@ -446,39 +441,10 @@ def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
     from .balance import expect_lengths
 
     per_epoch = len(dealt)
-    expect_lengths(dealt, _loop_micro_batches(train, per_epoch, accumulation), EXPECT_ROUNDS)
-
-
-def _loop_micro_batches(train: Any, per_epoch: int, accumulation: int) -> int:
-    """The micro-batches per process of litgpt's training loop: ``per_epoch`` times its ``train.epochs``, or
-    ``train.max_steps`` times ``accumulation`` where that is fewer (one epoch where litgpt's ``train`` says
-    neither)."""
-    runs = [per_epoch * train.epochs] if getattr(train, "epochs", None) else []
+    runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
     if getattr(train, "max_steps", None):
         runs.append(train.max_steps * accumulation)
-    return min(runs) if runs else per_epoch
-
-
-def _run_ladder(model: Any, bound: dict, loader: Any, rank0: bool) -> int | None:
-    """One process: the packed ladder for the length of litgpt's loop (``lit_liger.batches.set_ladder_for``; the line
-    said where it changes), returning the value to put back after ``fit``; None where it does not apply. Several
-    processes keep the default ladder: their pre-captured lengths were measured with it."""
-    from .batches import set_ladder_for
-
-    train = bound.get("train")
-    if not isinstance(model, torch.nn.Module) or loader is None:
-        return None
-    try:
-        per_epoch = len(loader)
-        accumulation = train.gradient_accumulation_iters(bound.get("devices", 1), bound.get("num_nodes", 1))
-    except Exception:  # noqa: BLE001 - (no length, or not litgpt's TrainArgs: the default ladder)
-        return None
-    ladder = set_ladder_for(model, _loop_micro_batches(train, per_epoch, accumulation))
-    if ladder is None:
-        return None
-    if ladder[1] and rank0:
-        print(ladder[1], flush=True)
-    return ladder[0]
+    expect_lengths(dealt, min(runs) if runs else per_epoch, EXPECT_ROUNDS)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:

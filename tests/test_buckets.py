@@ -722,27 +722,3 @@ def test_precapture_lengths_are_the_packed_ladder():
     assert set(lengths) == seen
     assert precapture_lengths(4, 512, max_tokens=1000) == lengths[:11]
     assert max(precapture_lengths(3, 100)) == 320  # (3 x 100 tokens pad up to 320)
-
-
-def test_packed_ladder_per_doubling_and_the_run_length(monkeypatch):
-    """The packed ladder: 4 buckets per doubling above 512 tokens by default and in short runs, 8 in a run of
-    ``FINE_LADDER_MIN`` micro-batches or more (``set_run_ladder`` returns what to put back, and says the change once)."""
-    from lit_liger import buckets
-
-    monkeypatch.setattr(buckets, "PACKED_PER_DOUBLING", buckets.COARSE_PER_DOUBLING)
-    coarse = sorted({buckets.packed_bucket_length(n) for n in range(1, 2049)})
-    assert coarse == [64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]
-    fine = sorted({buckets.packed_bucket_length(n, per_doubling=8) for n in range(1, 2049)})
-    assert fine == [64 * k for k in range(1, 17)] + [1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048]
-    assert all(buckets.packed_bucket_length(n, 8) >= n for n in range(1, 5000))
-    assert all(buckets.packed_bucket_length(n, 8) <= buckets.packed_bucket_length(n) for n in range(1, 5000))
-    n = buckets.FINE_LADDER_MIN
-    assert buckets.per_doubling_for(None) == buckets.per_doubling_for(n - 1) == 4
-    assert buckets.per_doubling_for(n) == buckets.per_doubling_for(float("inf")) == 8
-    monkeypatch.setattr(buckets, "FINE_LADDER_MIN", 2000)
-    before, line = buckets.set_run_ladder(13_000)
-    assert before == 4 and buckets.PACKED_PER_DOUBLING == 8 and buckets.packed_bucket_length(540) == 576
-    assert "8 length buckets per doubling (not 4) for this run's 13,000 micro-batches" in line
-    assert buckets.set_run_ladder(20_000) == (8, None)  # (no change, no line)
-    assert buckets.set_run_ladder(200) == (8, None) and buckets.PACKED_PER_DOUBLING == 4
-    assert "a run with no end set" in buckets.set_run_ladder(float("inf"))[1]

@@ -181,31 +181,6 @@ def test_fit_counts_the_optimizer_state_still_to_come(tmp_path):
     assert memplan.STATE_AHEAD == [] and cb._ahead == []
 
 
-class LadderModule(LLMModule):
-    def training_step(self, batch, batch_idx):
-        from lit_liger import buckets
-
-        self.ladders = getattr(self, "ladders", []) + [buckets.PACKED_PER_DOUBLING]
-        return super().training_step(batch, batch_idx)
-
-
-@pytest.mark.parametrize("fine_from", [3, 4])
-def test_fit_pads_a_long_loop_to_the_fine_ladder(tmp_path, monkeypatch, fine_from):
-    """One process: a loop of ``buckets.FINE_LADDER_MIN`` micro-batches or more (``max_steps`` x accumulation) packs
-    to 8 length buckets per doubling while it runs, and the ladder is 4 again after ``fit``; a shorter loop keeps 4."""
-    from lit_liger import adapter as adapter_mod
-    from lit_liger import buckets
-
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
-    monkeypatch.setattr(buckets, "FINE_LADDER_MIN", fine_from)
-    monkeypatch.setattr(buckets, "PACKED_PER_DOUBLING", 4)
-    _, ours = _stock_and_ours(LadderModule)
-    cb = LigerCallback(log_metrics=False)
-    _trainer(tmp_path, cb, steps=3).fit(ours, _data())
-    assert ours.ladders == [8 if fine_from <= 3 else 4] * 3
-    assert buckets.PACKED_PER_DOUBLING == 4 and cb._ladder is None
-
-
 def test_fit_with_configure_model(tmp_path):
     cfg = tiny_config("Qwen3-0.6B")
     torch.manual_seed(0)

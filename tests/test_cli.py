@@ -1113,41 +1113,6 @@ def test_liger_collate_travels_to_workers_and_back():
     assert BATCH_KEY not in no_pack
 
 
-def test_long_run_pads_to_the_fine_ladder_and_puts_it_back(monkeypatch):
-    """One process, a packed and bucketed swapped GPT: litgpt's loop of ``FINE_LADDER_MIN`` micro-batches or more (epochs x the
-    loader's length, or max_steps x accumulation, the fewer) pads packed lengths to 8 buckets per doubling, in the
-    model and in the collate that the loader's workers run (pickled with it); a short run keeps 4; the value before
-    comes back for the caller to restore."""
-    from litgpt.args import TrainArgs
-    from litgpt.data.base import get_sft_collate_fn
-
-    from lit_liger import buckets
-    from lit_liger.batches import LigerCollate
-    from lit_liger.cli import _run_ladder
-    from lit_liger.packing import BATCH_KEY
-
-    monkeypatch.setattr(buckets, "PACKED_PER_DOUBLING", 4)
-    gpt = torch.nn.Linear(2, 2)
-    gpt._liger_packing, gpt._liger_pack_why, gpt._liger_seq_buckets = True, None, True
-    monkeypatch.setattr(buckets, "FINE_LADDER_MIN", 2000)
-    loader = list(range(500))  # (500 micro-batches per epoch)
-    train = TrainArgs(global_batch_size=16, micro_batch_size=4, epochs=5)  # 2,500 micro-batches
-    assert _run_ladder(gpt, {"train": train, "devices": 1}, loader, rank0=False) == 4
-    assert buckets.PACKED_PER_DOUBLING == 8
-    samples = [{"input_ids": torch.arange(1, 181), "labels": torch.arange(1, 181),
-                "token_counts": {"raw": 180, "raw_plus_prompt_template": 180}} for _ in range(3)]
-    collate = pickle.loads(pickle.dumps(LigerCollate(get_sft_collate_fn(), pack=True, bucketed=True)))
-    monkeypatch.setattr(buckets, "PACKED_PER_DOUBLING", 4)  # (a spawned worker imports the default)
-    assert collate(samples)[BATCH_KEY][1][3] == 576  # 540 tokens: the fine ladder's bucket, not 640
-    short = TrainArgs(global_batch_size=16, micro_batch_size=4, epochs=5, max_steps=50, lr_warmup_steps=10)  # 200 micro-batches
-    assert _run_ladder(gpt, {"train": short, "devices": 1}, loader, rank0=False) == 4
-    assert buckets.PACKED_PER_DOUBLING == 4
-    assert LigerCollate(get_sft_collate_fn(), pack=True, bucketed=True)(samples)[BATCH_KEY][1][3] == 640
-    gpt._liger_pack_why = "softcapped attention"  # (not packed: the ladder does not apply)
-    assert _run_ladder(gpt, {"train": train, "devices": 1}, loader, rank0=False) is None
-    assert _run_ladder(gpt, {"train": object(), "devices": 1}, loader, rank0=False) is None
-
-
 def _csv_rows(out_dir: Path) -> list[dict]:
     import csv
 
