@@ -178,10 +178,14 @@ MAX_GRAPHS = 48
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
 #: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
-#: (:data:`CAPTURE_AFTER`)
+#: (:data:`CAPTURE_AFTER`); ``first_warmup`` the process's first warm-up pass (in ``warmup`` too), which also makes
+#: every kernel's first call: Triton's compilations (1.0-1.2 s of a 1B model's on an H200 without Triton's disk cache,
+#: against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and attention's set-up, which an
+#: uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
                  "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
-                 "left_out": 0, "deferred": 0}
+                 "left_out": 0, "deferred": 0, "first_warmup": 0.0}
+_PROCESS_WARMED = [False]  # a warm-up pass has run in this process (CAPTURE_STATS["first_warmup"])
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -344,6 +348,11 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     phases = ("release", "warmup", "forward", "backward", "first_replay")
     total = sum(stats[k] for k in phases)
     share = f", {total / wall_s:.1%} of the run's {wall_s:.1f} s" if wall_s else ""
+    first = stats.get("first_warmup", 0.0)
+    if first:  # (see CAPTURE_STATS: first calls an uncaptured run makes too)
+        share += ((f"; {(total - first) / wall_s:.1%} besides" if wall_s else "; of which") +
+                  f" the process's first warm-up pass ({first:.2f} s), which also made every kernel's first call, "
+                  "compilations included, as an uncaptured run's first step would")
     extra = ""
     if stats.get("long"):
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
@@ -419,6 +428,9 @@ class _Graphs:
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
             CAPTURE_STATS["warmed"] += 1
+            if not _PROCESS_WARMED[0]:
+                _PROCESS_WARMED[0] = True
+                CAPTURE_STATS["first_warmup"] += time.perf_counter() - t0
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
         else:  # (WARMUP_ONCE: a packed length after the first capture; Triton's compilations guarded)

@@ -735,6 +735,27 @@ def test_a_capture_without_warm_up_that_would_compile_starts_again_with_one(monk
     assert "1 captures restarted with a warm-up (a Triton compilation)" in graphs.capture_report(stats, 10.0)
 
 
+def test_capture_report_names_the_process_s_first_warm_up():
+    """The report's share of the run with and without the process's first warm-up pass (whose first calls, Triton's
+    compilations included, an uncaptured run makes too), its time said; the recipe benchmark reads both back."""
+    from benchmarks.recipe import padding_from_log
+
+    stats = {k: 0 for k in graphs.CAPTURE_STATS}
+    stats.update(captures=10, replays=2400, release=0.05, warmup=1.19, forward=0.42, backward=0.43, first_replay=0.01,
+                 warmed=1, first_warmup=1.19)
+    line = graphs.capture_report(stats, 39.2)
+    assert line.startswith("lit-liger: CUDA graphs: 10 input shapes captured in 2.10 s, 5.4% of the run's 39.2 s; "
+                           "2.3% besides the process's first warm-up pass (1.19 s), which also made every kernel's "
+                           "first call"), line
+    assert "(per phase: release 0.05 s, warmup 1.19 s, forward 0.42 s, backward 0.43 s, first_replay 0.01 s)" in line
+    parsed = padding_from_log(line)
+    assert parsed["graph_capture_s"] == 2.10 and abs(parsed["graph_capture_share"] - 0.054) < 1e-12
+    assert parsed["graph_first_warmup_s"] == 1.19 and parsed["graph_capture_phases_s"]["warmup"] == 1.19
+    assert "of which the process's first warm-up pass (1.19 s)" in graphs.capture_report(stats)
+    stats["first_warmup"] = 0.0  # (a later fit in the same process: its warm-ups are its own cost)
+    assert "first warm-up" not in graphs.capture_report(stats, 39.2)
+
+
 def test_compile_guard_refuses_a_triton_compilation_and_puts_the_hook_back(monkeypatch):
     """``graphs._compile_guard`` sets Triton's ``knobs.runtime.jit_cache_hook`` (called before Triton compiles a kernel
     its cache lacks) to raise ``_NeedsWarmup`` naming the kernel, and puts the earlier hook back, after an error too."""
