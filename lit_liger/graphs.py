@@ -179,7 +179,7 @@ MAX_GRAPHS = 48
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
 #: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
 #: (:data:`CAPTURE_AFTER`); ``first_warmup`` the process's first warm-up pass (in ``warmup`` too), which also makes
-#: every kernel's first call: Triton's compilations (1.0-1.2 s of a 1B model's on an H200 without Triton's disk cache,
+#: every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an H200 without Triton's disk cache,
 #: against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and attention's set-up, which an
 #: uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
