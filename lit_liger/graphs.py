@@ -428,12 +428,11 @@ class _Graphs:
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
             CAPTURE_STATS["warmed"] += 1
-            if not _PROCESS_WARMED[0]:
-                _PROCESS_WARMED[0] = True
-                CAPTURE_STATS["first_warmup"] += time.perf_counter() - t0
+            first_in_process, _PROCESS_WARMED[0] = not _PROCESS_WARMED[0], True
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
         else:  # (WARMUP_ONCE: a packed length after the first capture; Triton's compilations guarded)
+            first_in_process = False
             width, dtype = runner.hidden_spec  # ((B, T) or packed (1, N) token ids -> (..., width) hidden states)
             out_spec = torch.Size((*self.static_idx.shape, width)), dtype, self.static_idx.device
             guard = _compile_guard()
@@ -448,6 +447,8 @@ class _Graphs:
         self.added_by_gemm = len(written)  # gradients a GEMM adds into .grad itself (the rest: one _foreach_add_)
         t3 = time.perf_counter()
         CAPTURE_STATS["warmup"] += t1 - t0
+        if first_in_process:  # (the same seconds, said apart: see CAPTURE_STATS)
+            CAPTURE_STATS["first_warmup"] += t1 - t0
         CAPTURE_STATS["forward"] += self._t2 - t1
         CAPTURE_STATS["backward"] += t3 - self._t2
         self.static_hidden = self.static_out.detach()

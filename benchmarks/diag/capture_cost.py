@@ -12,8 +12,9 @@ One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-
    time of the loop; what the captures add to a loop is its time less the replayed pass's;
 2. captured again, with ``cProfile`` on during the recordings only: the functions that take the recordings' host
    time (``tottime`` and ``cumtime``, top ``TOP``);
-3. uncaptured (``cuda_graphs=False``): the host time a micro-batch's forward and backward take to issue, for the
-   same shapes, the work a capture records.
+3. uncaptured (``cuda_graphs=False``): the host time of a micro-batch's forward, loss and backward, for the same
+   shapes, the work a capture records (the uncaptured step is host-bound here; the one host sync a packed step makes,
+   reading its lengths, falls in it).
 
 ``LADDERS=4,8`` instead: per granularity of the packed ladder (:data:`lit_liger.buckets.PACKED_PER_DOUBLING`), the
 padding it computes, then the same micro-batches captured and replayed twice: what finer buckets save per replayed
