@@ -107,9 +107,6 @@ VARIANTS = {
     # issue 47: the replicas pre-capture the whole ladder of packed lengths and capture any other shape at once
     # (lit_liger.cli.EXPECT_ROUNDS 0: the data's lengths not estimated; lit_liger.graphs.CAPTURE_AFTER 1)
     "liger-precapture-all": ["--liger", "true"],
-    # issue 47: every packed length captured when it first comes (lit_liger.graphs.BORROW_LONGER off: none runs through
-    # a longer captured length)
-    "liger-capture-every-length": ["--liger", "true"],
     # issue 46: the replica's optimizer step on a side stream beside the backward
     # (lit_liger.dataparallel.STEP_BESIDE_BACKWARD on)
     "liger-step-beside-backward": ["--liger", "true"],
@@ -138,7 +135,6 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
                "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
                "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
-               "liger-capture-every-length": {"LIT_LIGER_BENCH_BORROW": "0"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
@@ -269,10 +265,6 @@ def padding_from_log(text: str) -> dict[str, Any]:
         warmed = re.search(r"(\d+) of the captures warmed up first", text)
         if warmed:  # (lit_liger.graphs.WARMUP_ONCE)
             out["graph_warmed"] = int(warmed.group(1))
-        borrowed = re.search(r"([\d,]+) micro-batches of (\d+) lengths ran through a longer captured length", text)
-        if borrowed:  # (lit_liger.graphs.BORROW_LONGER)
-            out["graph_borrowed"] = int(borrowed.group(1).replace(",", ""))
-            out["graph_borrowed_lengths"] = int(borrowed.group(2))
     return out
 
 

@@ -152,10 +152,6 @@ class LigerCallback(Callback):
             STATE_AHEAD.extend(self._ahead)
         if self.report is not None and self.config.enabled and not self._expected:
             self._expected = _expect_lengths(trainer, loader)
-        if self.report is not None and self.config.enabled:  # (lit_liger.graphs.BORROW_LONGER; cleared at the end)
-            from . import graphs
-
-            graphs.set_run_length(_loop_micro_batches(trainer, getattr(trainer, "num_training_batches", None)))
         if self.report is not None and self.config.enabled and self._gc is None:
             # the objects alive now frozen for the loop (lit_liger.hostgc): a full collection would walk them all
             self._gc = hostgc.quiet()
@@ -220,17 +216,15 @@ class LigerCallback(Callback):
             self._fp8_weights, self._fp8_step = 0, -1
 
     def _forget_state_ahead(self) -> None:
-        from . import graphs
         from .memplan import STATE_AHEAD
-
-        if graphs.RUN["micro_batches"] is not None:  # (the loop's length, set at its start)
-            graphs.set_run_length(None)
 
         for f in self._ahead:
             if f in STATE_AHEAD:
                 STATE_AHEAD.remove(f)
         self._ahead = []
         if self._expected:  # (and the replicas' expected lengths: this loop's only)
+            from . import graphs
+
             graphs.EXPECTED_LENGTHS, self._expected = None, False
 
     def _end_gc(self, trainer: Trainer) -> None:
@@ -337,17 +331,6 @@ def _count(batch: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _loop_micro_batches(trainer: Trainer, per_epoch: float) -> float | None:
-    """The micro-batches the Trainer's fit loop runs in each process: ``max_steps`` times ``accumulate_grad_batches``,
-    or ``max_epochs`` of ``per_epoch``, whichever ends first; None where neither bounds it."""
-    runs = []
-    if (getattr(trainer, "max_steps", -1) or -1) > 0:
-        runs.append(trainer.max_steps * max(1, getattr(trainer, "accumulate_grad_batches", 1)))
-    if (getattr(trainer, "max_epochs", -1) or -1) > 0 and per_epoch:
-        runs.append(trainer.max_epochs * per_epoch)
-    return min(runs) if runs else None
-
-
 def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
     """Under DDP (several replicas), ``lit_liger.graphs.EXPECTED_LENGTHS`` for this fit from the training loader: every
     rank's micro-batches rebuilt from Lightning's ``DistributedSampler`` (``lit_liger.balance.ReplicaBatches``), counted
@@ -364,7 +347,12 @@ def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
     if batches is None:
         return False
     per_epoch = len(batches)
-    expect_lengths(batches, _loop_micro_batches(trainer, per_epoch) or per_epoch, cli.EXPECT_ROUNDS)
+    runs = []
+    if (getattr(trainer, "max_steps", -1) or -1) > 0:
+        runs.append(trainer.max_steps * max(1, getattr(trainer, "accumulate_grad_batches", 1)))
+    if (getattr(trainer, "max_epochs", -1) or -1) > 0:
+        runs.append(trainer.max_epochs * per_epoch)
+    expect_lengths(batches, min(runs) if runs else per_epoch, cli.EXPECT_ROUNDS)
     from . import graphs
 
     return graphs.EXPECTED_LENGTHS is not None

@@ -300,15 +300,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
         ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
-        from . import graphs
-
-        graphs.set_run_length(_run_length(fabric, bound))  # (for graphs.BORROW_LONGER)
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
                 out = fit(*args, **kwargs)
         finally:
-            graphs.set_run_length(None)
             if ahead is not None:
                 from .memplan import STATE_AHEAD
 
@@ -316,6 +312,8 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             if restore is not None:
                 restore()
             if balanced is not None:
+                from . import graphs
+
                 graphs.EXPECTED_LENGTHS = None
                 loader._dataloader = balanced[1]
                 line = balanced[0].report()
@@ -436,15 +434,6 @@ def _state_ahead(fabric: Any, optimizer: Any) -> Any:
 EXPECT_ROUNDS = 4096
 
 
-def _loop_micro_batches(train: Any, accumulation: int, per_epoch: int) -> int | None:
-    """The micro-batches litgpt's ``fit`` runs in each process: ``train.max_steps`` times ``accumulation``, or its
-    ``train.epochs`` of ``per_epoch``, whichever ends first; None where neither is set."""
-    runs = [per_epoch * train.epochs] if getattr(train, "epochs", None) else []
-    if getattr(train, "max_steps", None):
-        runs.append(train.max_steps * accumulation)
-    return min(runs) if runs else None
-
-
 def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
     """``lit_liger.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
     sampler's first pass is expected to give each process, scaled to the run's iterations per process (litgpt's
@@ -452,19 +441,10 @@ def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
     from .balance import expect_lengths
 
     per_epoch = len(dealt)
-    expect_lengths(dealt, _loop_micro_batches(train, accumulation, per_epoch) or per_epoch, EXPECT_ROUNDS)
-
-
-def _run_length(fabric: Any, bound: dict) -> int | None:
-    """The micro-batches of litgpt's ``fit`` (bound to ``bound``) in this process, for ``lit_liger.graphs``'s
-    ``set_run_length``; None where they cannot be told (not litgpt's ``train`` arguments, a loader without a length)."""
-    train, loader = bound.get("train"), bound.get("train_dataloader")
-    try:
-        accumulation = train.gradient_accumulation_iters(bound.get("devices", getattr(fabric, "world_size", 1)),
-                                                         bound.get("num_nodes", 1))
-        return _loop_micro_batches(train, accumulation, len(loader))
-    except Exception:  # noqa: BLE001 - (not litgpt's TrainArgs, or no len(): the graphs capture every length)
-        return None
+    runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
+    if getattr(train, "max_steps", None):
+        runs.append(train.max_steps * accumulation)
+    expect_lengths(dealt, min(runs) if runs else per_epoch, EXPECT_ROUNDS)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:

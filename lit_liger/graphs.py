@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -50,8 +48,7 @@ from .kernels import _grad_into
 from .memplan import _total_memory
 from .quant import is_4bit
 
-__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "RUN", "borrow_pays", "capture_report", "release", "runner_for",
-           "set_run_length"]
+__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
 
 
 @contextlib.contextmanager
@@ -184,11 +181,10 @@ MAX_GRAPHS = 48
 #: (:data:`CAPTURE_AFTER`); ``first_warmup`` the process's first warm-up pass (in ``warmup`` too), which also makes
 #: every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an H200 without Triton's disk cache,
 #: against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and attention's set-up, which an
-#: uncaptured run's first step makes too; ``borrowed`` the micro-batches run through a longer captured length, of
-#: ``borrowed_lengths`` lengths (:data:`BORROW_LONGER`)
+#: uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
                  "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
-                 "left_out": 0, "deferred": 0, "first_warmup": 0.0, "borrowed": 0, "borrowed_lengths": 0}
+                 "left_out": 0, "deferred": 0, "first_warmup": 0.0}
 _PROCESS_WARMED = [False]  # a warm-up pass has run in this process (CAPTURE_STATS["first_warmup"])
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
@@ -235,37 +231,6 @@ CAPTURE_AFTER = 1
 #: :func:`expected_lengths`: the relative error allowed the estimate of a micro-batch's tokens (each micro-batch
 #: counts at every packed length within it)
 ESTIMATE_MARGIN = 0.05
-
-#: in one process, a packed micro-batch whose length has no graphs yet runs through the shortest longer packed length
-#: captured (its samples as they are, a longer pad segment after them: :func:`lit_liger.packing.widened`) where the rest
-#: of the run is expected to meet its length too rarely for a capture to repay: :func:`borrow_pays`, with the capture's
-#: cost and the replayed body's time per token measured in this run (:meth:`GraphRunner._borrow`). Only where the loop's
-#: length is known (:func:`set_run_length`: the ``lit-liger`` command and ``LigerCallback`` set it). A capture costs
-#: ~1.2 uncaptured micro-batches of host time (~70 ms at Llama-3.2-1B, ``benchmarks/results/h200-2026-11-29``), a
-#: replayed micro-batch there ~15-22 ms: a length a bucket shorter than one captured repays its own capture only if met
-#: ~25 more times. Simulated on that run's lengths (Alpaca-shaped, micro-batch 4), captures and padding together fell by
-#: 20% over 200 micro-batches and by 9% over 5,000. False: every length is captured when it first comes
-BORROW_LONGER = True
-
-#: the micro-batches the current training loop feeds this process (``micro_batches``, None: not known, every length is
-#: captured) and a number that changes with each loop (``run``): :func:`set_run_length`
-RUN: dict = {"micro_batches": None, "run": 0}
-
-
-def set_run_length(micro_batches: float | None) -> None:
-    """Tell the graphs how many micro-batches the training loop about to start feeds this process (None or not finite:
-    not known), for :data:`BORROW_LONGER`; each call starts a new loop's counts."""
-    known = micro_batches is not None and math.isfinite(micro_batches) and micro_batches > 0
-    RUN["micro_batches"] = int(micro_batches) if known else None
-    RUN["run"] += 1
-
-
-def borrow_pays(pad_s: float, capture_s: float, seen: int, met: int, remaining: int) -> bool:
-    """Whether a length met ``seen`` times in the ``met`` packed micro-batches of the loop so far (this one included)
-    costs less run through a longer captured length (``pad_s``: the padding's seconds per micro-batch) than captured
-    (``capture_s``): this micro-batch and the ``remaining`` ones' expected share of it, padded, against one capture."""
-    future = seen / max(1, met) * max(0, remaining)
-    return (1 + future) * pad_s < capture_s
 
 
 def _expected_words(expected: dict | None) -> str:
@@ -403,10 +368,6 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     if stats.get("deferred"):
         extra += (f"; {stats['deferred']:,} micro-batches of shapes outside it ran uncaptured (a shape is captured at "
                   f"its micro-batch {CAPTURE_AFTER})")
-    if stats.get("borrowed"):
-        extra += (f"; {stats['borrowed']:,} micro-batches of {stats['borrowed_lengths']} lengths ran through a longer "
-                  "captured length, padded (met too rarely for a capture of their own to repay it in the rest of the "
-                  "run)")
     if stats.get("released"):
         extra += f"; graphs released {stats['released']} time(s) for memory"
     return (f"lit-liger: CUDA graphs: {stats['captures']} input shapes captured in {total:.2f} s{share} (per phase: "
@@ -670,17 +631,12 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, graphs: _Graphs, idx: torch.Tensor, plan: Any, *params: nn.Parameter) -> torch.Tensor:
-        runner = graphs.runner
-        ctx.timing = runner.timing()  # (for BORROW_LONGER: the replayed body's time per token, now and then)
-        if ctx.timing is not None:
-            ctx.timing[0].record()
         graphs.static_idx.copy_(idx)
         if plan is not None:
             graphs.static_plan.positions.copy_(plan.positions)
             graphs.static_plan.pack.cu_seqlens.copy_(plan.pack.cu_seqlens)
         graphs.fwd.replay()
-        if ctx.timing is not None:
-            ctx.timing[1].record()
+        runner = graphs.runner
         runner.generation += 1
         ctx.graphs, ctx.generation = graphs, runner.generation
         runner.pending = weakref.ref(ctx)  # this forward's backward is due (or its graph is dropped unused)
@@ -719,15 +675,10 @@ class _Replay(torch.autograd.Function):
                 torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
         elif graphs.direct:  # (the graph adds into the buffers)
             torch._foreach_zero_([b for b in graphs.grads if b is not None])
-        if ctx.timing is not None:
-            ctx.timing[2].record()
         for j, graph in enumerate(graphs.bwds):
             graph.replay()
             if j < len(graphs.notify):
                 _dist.grads_ready(runner.gpt, graphs.notify[j])
-        if ctx.timing is not None:
-            ctx.timing[3].record()
-            runner.timed(ctx.timing, graphs.static_idx.numel())
         runner.generation += 1
         runner.pending = None
         if direct:
@@ -798,16 +749,6 @@ class GraphRunner:
         self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up since the reset
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
-        # BORROW_LONGER: the loop's packed micro-batches met (per key and in all, for RUN's loop), the captures' cost
-        # (host seconds, warm-up passes left out), the replayed bodies' GPU time (CUDA events read when done)
-        self._run = -1
-        self._met = 0
-        self._seen: dict[tuple, int] = {}
-        self._borrowed: set[tuple] = set()
-        self._capture_s: list[float] = []
-        self._timings: deque = deque()
-        self._timed = [0.0, 0]  # milliseconds and tokens of the replays timed
-        self._timing_n = 0
         _watch_registrations()
 
     @property
@@ -928,8 +869,6 @@ class GraphRunner:
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
                getattr(gpt, "_liger_mem_now", (0, False, 0))[0::2])
         graphs = self.graphs.get(key)
-        if plan is not None and RUN["micro_batches"]:
-            self._meet(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
             if not params:
@@ -948,13 +887,8 @@ class GraphRunner:
             if seen < CAPTURE_AFTER:  # (its first micro-batches uncaptured, see CAPTURE_AFTER)
                 CAPTURE_STATS["deferred"] += 1
                 return None
-        if graphs is None and plan is not None:
-            out = self._borrow(key, idx, plan)
-            if out is not None:
-                return out
         if graphs is None:
-            start = t0 = time.perf_counter()
-            warmed = CAPTURE_STATS["warmup"]
+            t0 = time.perf_counter()
             graphs = self._capture(key, idx, params, plan, warmup=self._warmup_needed(plan))
             if graphs is None:
                 return None
@@ -966,88 +900,11 @@ class GraphRunner:
             CAPTURE_STATS["replays"] += 1
             t0 = time.perf_counter()
             out = _Replay.apply(graphs, idx, plan, *graphs.params)
-            t1 = time.perf_counter()
-            CAPTURE_STATS["first_replay"] += t1 - t0
-            self._capture_s.append(t1 - start - (CAPTURE_STATS["warmup"] - warmed))  # (a warm-up pass is once a run)
+            CAPTURE_STATS["first_replay"] += time.perf_counter() - t0
             return out
         self.replays += 1
         CAPTURE_STATS["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
-
-    # -- BORROW_LONGER --------------------------------------------------------------------------------
-    def _meet(self, key: tuple) -> None:
-        """Count a packed training micro-batch of ``key`` in the current loop (:data:`RUN`)."""
-        if self._run != RUN["run"]:
-            self._run, self._met, self._timing_n = RUN["run"], 0, 0
-            self._seen.clear()
-            self._borrowed.clear()
-        self._met += 1
-        self._seen[key] = self._seen.get(key, 0) + 1
-
-    def _borrow(self, key: tuple, idx: torch.Tensor, plan: Any) -> torch.Tensor | None:
-        """The hidden states of the packed micro-batch ``idx`` (no graphs of its own) through the shortest longer
-        packed length captured, where :func:`borrow_pays`; else None (the caller captures it)."""
-        total = RUN["micro_batches"]
-        if not (BORROW_LONGER and total and self._capture_s) or self._run != RUN["run"] or _several_replicas():
-            return None
-        n = idx.shape[-1]
-        longer = [k for k in self.graphs if k[1:] == key[1:] and len(k[0]) == 2 and k[0][0] == 1 and k[0][1] > n]
-        if not longer:
-            return None
-        wider = min(longer, key=lambda k: k[0][1])
-        per_token = self._seconds_per_token()
-        if per_token is None:
-            return None
-        capture_s = sum(self._capture_s) / len(self._capture_s)
-        if not borrow_pays((wider[0][1] - n) * per_token, capture_s, self._seen.get(key, 1), self._met,
-                           total - self._met):
-            return None
-        from .packing import widened
-
-        graphs = self.graphs[wider]
-        if key not in self._borrowed:
-            self._borrowed.add(key)
-            CAPTURE_STATS["borrowed_lengths"] += 1
-        CAPTURE_STATS["borrowed"] += 1
-        self.replays += 1
-        CAPTURE_STATS["replays"] += 1
-        wide = widened(plan, wider[0][1])
-        return _Replay.apply(graphs, wide.idx, wide, *graphs.params)[:, :n]
-
-    def timing(self) -> list | None:
-        """CUDA events to time this replay's body with (the first 8 of a loop where :data:`BORROW_LONGER` may act,
-        then every 16th), or None."""
-        if not (BORROW_LONGER and RUN["micro_batches"]) or _several_replicas():
-            return None
-        self._timing_n += 1
-        if self._timing_n > 8 and self._timing_n % 16:
-            return None
-        if len(self._timings) > 8:
-            self._harvest()
-        return [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-
-    def timed(self, events: list, tokens: int) -> None:
-        """A replay timed by ``events`` (forward start and end, backward start and end) over ``tokens`` positions."""
-        self._timings.append((events, tokens))
-
-    def _harvest(self, wait: bool = False) -> None:
-        """Add the timed replays that are done to the totals (``wait``: for the oldest, where none is counted yet)."""
-        while self._timings:
-            events, tokens = self._timings[0]
-            if not events[3].query():
-                if not wait:
-                    return
-                events[3].synchronize()
-            self._timings.popleft()
-            self._timed[0] += events[0].elapsed_time(events[1]) + events[2].elapsed_time(events[3])
-            self._timed[1] += tokens
-            wait = False
-
-    def _seconds_per_token(self) -> float | None:
-        """The replayed body's GPU seconds per position, measured over the replays timed so far (None: none yet)."""
-        self._harvest(wait=not self._timed[1])
-        ms, tokens = self._timed
-        return ms / 1000 / tokens if tokens else None
 
     def _warmup_needed(self, plan: Any) -> bool:
         """Whether the next capture (of a packed micro-batch where ``plan`` is given) runs a warm-up pass first (see

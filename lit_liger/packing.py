@@ -33,8 +33,7 @@ import torch.nn.functional as F
 
 from .kernels._launch import device_limits
 
-__all__ = ["BATCH_KEY", "LeftOut", "Pack", "Plan", "attend", "flash_varlen_ok", "host_plan", "plan", "ready_plan", "register",
-           "widened"]
+__all__ = ["BATCH_KEY", "LeftOut", "Pack", "Plan", "attend", "flash_varlen_ok", "host_plan", "plan", "ready_plan", "register"]
 
 
 @dataclasses.dataclass
@@ -160,22 +159,6 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
     cu = cu.to(torch.int32)
     packed = F.pad(idx.reshape(-1)[src], (0, n - real), value=0).unsqueeze(0)  # (1, n)
     return Plan(packed, positions, Pack(cu, n, bounds), rows.view(B, T), real)
-
-
-def widened(plan: Plan, n: int) -> Plan:
-    """``plan`` laid out at the packed length ``n`` (at least its own): the same samples at the same places, its pad
-    segment longer (token id 0 at position 0, outputs not read), for the CUDA graphs of a longer length
-    (``lit_liger.graphs.BORROW_LONGER``). No host sync."""
-    extra = n - plan.idx.shape[-1]
-    if extra < 0:
-        raise ValueError(f"lit-liger packing: cannot lay {plan.idx.shape[-1]:,} packed positions out at {n:,}")
-    if extra == 0:
-        return plan
-    cu = plan.pack.cu_seqlens.clone()
-    cu[-1] = n  # (the last boundary closes the pad segment)
-    bounds = None if plan.pack.bounds is None else (*plan.pack.bounds[:-1], n)
-    return Plan(F.pad(plan.idx, (0, extra)), F.pad(plan.positions, (0, extra)), Pack(cu, n, bounds), plan.rows,
-                plan.real, plan.check)
 
 
 #: the key under which :func:`host_plan`'s result travels in a batch dict (popped by :func:`register`)

@@ -1,7 +1,7 @@
 """What a CUDA-graph capture costs on the host, and where that time goes (issue 47: captures ≤ 5% of a run).
 
 usage: python -m benchmarks diag capture-cost [OUT.json]   (env: MODEL=Llama-3.2-1B, LAYERS=16, METHOD=lora|full,
-                                                            STEPS=200, TOP=30, LADDERS=, BORROW=)
+                                                            STEPS=200, TOP=30, LADDERS=)
 
 One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-batch 4 with Alpaca-shaped lengths
 (lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
@@ -15,10 +15,6 @@ One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-
 3. uncaptured (``cuda_graphs=False``): the host time of a micro-batch's forward, loss and backward, for the same
    shapes, the work a capture records (the uncaptured step is host-bound here; the one host sync a packed step makes,
    reading its lengths, falls in it).
-
-``BORROW=1`` instead: the same micro-batches as whole runs of their number (:func:`lit_liger.graphs.set_run_length`),
-from released graphs with warm kernels, with :data:`lit_liger.graphs.BORROW_LONGER` on and off in turn (twice each):
-the loop's time, the captures and the micro-batches run through a longer captured length.
 
 ``LADDERS=4,8`` instead: per granularity of the packed ladder (:data:`lit_liger.buckets.PACKED_PER_DOUBLING`), the
 padding it computes, then the same micro-batches captured and replayed twice: what finer buckets save per replayed
@@ -138,20 +134,6 @@ def main() -> None:
         print(label, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}),
               flush=True)
 
-    if os.environ.get("BORROW") == "1":  # graphs.BORROW_LONGER against capturing every length
-        phase("captured")  # (cold: first calls)
-        for turn in ("on", "off", "off", "on"):
-            graphs.release(model)
-            graphs.BORROW_LONGER = turn == "on"
-            graphs.set_run_length(steps)
-            label = f"borrow_{turn}" + ("_2" if f"borrow_{turn}" in result else "")
-            phase(label)
-            graphs.set_run_length(None)
-        graphs.BORROW_LONGER = True
-        if len(sys.argv) > 1:
-            with open(sys.argv[1], "w") as f:
-                json.dump(result, f, indent=1)
-        return
     ladders = [int(v) for v in os.environ.get("LADDERS", "").split(",") if v.strip()]
     if ladders:  # the packed ladder's granularity: captures against padding
         from lit_liger import buckets
