@@ -1,4 +1,5 @@
 # call b1 (issue 47, graphs.BORROW_LONGER): GPU tests of the borrowed replay and the capture paths; the capture-cost
+# (runs at commit 778bc10: the BORROW mode and the liger-capture-every-length variant were reverted after it)
 # diagnostic's BORROW mode (LoRA, full); the 1B recipes through litgpt's CLI, 200 iterations, borrowing on and off
 CALL=b1; . benchmarks/calls.sh
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_borrow.py tests/test_buckets.py tests/test_packing.py -m gpu 2>&1 | tail -4
