@@ -646,6 +646,25 @@ TRAINING_TOKENS = {"collated": 0, "processed": 0, "packed": 0}
 #: tests set this to pack CPU batches too (reference attention per sample)
 _PACK_ON_CPU = False
 
+#: where no data loader laid a batch out on the host (``lit_liger.batches``: a training loop of the user's own, litgpt's
+#: pretraining), packing reads the batch's lengths from the device, a host sync that empties the GPU's queue. While
+#: every batch read so far filled its length (no padding: pretraining, where such a batch runs unpacked anyway), a model
+#: reads them only at these batches of its run, then at every multiple of the last; the others run unpacked, unread.
+#: Unpacked is always right (the padding computed, its targets ignored): a padded batch between two reads costs its
+#: padding until the next read finds one, from which on every batch is read (and packed). Found by the single-GPU tests
+#: (``test_gpu_training_step_has_no_host_sync``: a full batch's step read its lengths every time)
+LENGTH_READS = (1, 4, 16, 64, 256)
+
+
+def _reads_lengths_at(n: int) -> bool:
+    """Whether a model whose batches have all filled their length reads the lengths of its ``n``-th (from 1)."""
+    return n in LENGTH_READS or n % LENGTH_READS[-1] == 0
+
+
+def _lengths_sync(idx: torch.Tensor) -> bool:
+    """Reading ``idx``'s lengths is a host sync (a device tensor)."""
+    return idx.device.type != "cpu"
+
 
 @contextlib.contextmanager
 def fused_loss_without_grad() -> Iterator[None]:
@@ -716,6 +735,12 @@ class _GPTMixin:
         bucketed = getattr(self, "_liger_seq_buckets", False)
         plan = _packing.ready_plan(idx, bucketed, self.cos.size(0))  # planned by the data loader (no host sync)
         if plan is None:
+            if idx.size(0) < 2:
+                return None  # (one row: nothing to pack)
+            if not self.__dict__.get("_liger_padded_seen") and _lengths_sync(idx):
+                n = self.__dict__["_liger_unread"] = self.__dict__.get("_liger_unread", 0) + 1
+                if not _reads_lengths_at(n):
+                    return None  # (every batch read so far filled its length: unpacked, see LENGTH_READS)
             plan = _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
         if plan is not None and plan.real < idx.numel():
             self.__dict__["_liger_padded_seen"] = True

@@ -134,6 +134,34 @@ def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on
     _compare(ref, ours, _lora_step_loss, x, y)
 
 
+def test_batches_that_fill_their_length_have_their_lengths_read_now_and_then(pack_on_cpu, monkeypatch):
+    """``adapter.LENGTH_READS``: where no loader laid the batch out, reading its lengths is a host sync on a GPU. While
+    every batch read has filled its length, a model reads only its 1st, 4th, 16th, ... batch's; the others run
+    unpacked, unread, with stock's loss and gradients, a padded one among them too. From the first read that finds
+    padding every batch is read and packed."""
+    monkeypatch.setattr(adapter_mod, "_lengths_sync", lambda idx: True)  # (as a device tensor's read would be)
+    read, plan = [], packing.plan
+    monkeypatch.setattr(packing, "plan", lambda idx, *a, **k: read.append(len(read) + 1) or plan(idx, *a, **k))
+    cfg = tiny_config("Llama-3.2-1B", block_size=64)
+    ref, ours = _pair(cfg)
+    apply_liger(ours, LigerConfig(packing=True))
+    full, _ = _batch(cfg, lengths=(20, 20, 20))
+    padded, y = _batch(cfg)
+    ours(full[:1])  # (one row: nothing to read, not counted)
+    for n in range(1, 18):
+        assert ours(full).rows is None, n
+    assert len(read) == 3  # batches 1, 4 and 16
+    assert ours(padded).rows is None and len(read) == 3  # batch 18: not read, unpacked
+    _compare(ref, ours, _lora_step_loss, padded, y)  # batch 19: unpacked, stock's numbers
+    assert len(read) == 3
+    ours.__dict__["_liger_unread"] = 63
+    assert ours(padded).rows is not None and len(read) == 4  # batch 64: read, padding found, packed
+    ours(full)
+    ours(full)
+    assert len(read) == 6  # every batch read from then on
+    assert [n for n in range(1, 1100) if adapter_mod._reads_lengths_at(n)] == [1, 4, 16, 64, 256, 512, 768, 1024]
+
+
 @pytest.mark.parametrize("window", [3, 7])
 def test_packed_sliding_window_layers(window, pack_on_cpu):
     """Sliding-window layers (Gemma-3's pattern: local and global) attend inside each sample with LitGPT's window."""
