@@ -79,7 +79,8 @@ class LigerConfig:
             command line: in the data loader's workers; ``LigerCallback``: in ``on_before_batch_transfer``) each batch
             is laid out on the host (``lit_liger.batches``), so a packed step reads nothing back from the GPU;
             elsewhere the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets
-            (another). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
+            (another); while every batch read has filled its length (pretraining), only the 1st, 4th, 16th, ...
+            batch's lengths are read and the others run unpacked (``lit_liger.adapter.LENGTH_READS``). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
             4, 39% of the positions padding, 9% packed), 300 iterations: 1.16x the padded run's tokens/s; 100
             iterations: 0.91x, because packed lengths spread wider and their captures (~0.13 s each) land later in a
             run; it reserves 0.8 GB more there (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
