@@ -77,13 +77,14 @@ class LigerConfig:
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
             or adapter attention: they run padded (the report says why). With litgpt's SFT collate (the ``lit-liger``
             command line: in the data loader's workers; ``LigerCallback``: in ``on_before_batch_transfer``) each batch
-            is laid out on the host (``lit_liger.batches``), so a packed step reads nothing back from the GPU;
-            elsewhere the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets
-            (another); while every batch read has filled its length (pretraining), only the 1st, 4th, 16th, ...
-            batch's lengths are read and the others run unpacked (``lit_liger.adapter.LENGTH_READS``). On by default: measured on an H200 (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch
-            4, 39% of the positions padding, 9% packed), 300 iterations: 1.16x the padded run's tokens/s; 100
-            iterations: 0.91x, because packed lengths spread wider and their captures (~0.13 s each) land later in a
-            run; it reserves 0.8 GB more there (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
+            is laid out on the host (``lit_liger.batches``), so a packed step reads nothing back from the GPU; elsewhere
+            the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets (another);
+            while every batch read has filled its length (pretraining), only the 1st, 4th, 16th, ... batch's lengths are
+            read and the others run unpacked (``lit_liger.adapter.LENGTH_READS``). On by default: measured on an H200
+            (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4, 39% of the positions padding, 9% packed), 300
+            iterations: 1.16x the padded run's tokens/s; 100 iterations: 0.91x, because packed lengths spread wider and
+            their captures (~0.13 s each) land later in a run; it reserves 0.8 GB more there
+            (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
         data_parallel: the ``lit-liger`` command line with ``--devices`` > 1 (``lit_liger.dataparallel``):
             ``"auto"`` (default) estimates, from the recipe's model, trainable parameters, precision, micro-batch
             and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of

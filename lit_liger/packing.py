@@ -7,14 +7,15 @@ the samples as one sequence, with attention that stays inside each sample (varia
 cumulative sequence lengths) and RoPE positions that restart at each sample, computes the same numbers for every
 real position. What a step computes then is the real tokens, not the padded rectangle.
 
-How a batch is packed (:func:`plan`): each row's length is the position after its last non-zero token id (at
-least 1): the trailing zeros are the collate's padding. The rows are laid end to end, and the packed length is
-padded up to a bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.buckets.packed_bucket_length`; the pad is a
-segment of its own at the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). Where the
-data loader did not lay the batch out on the host (:func:`host_plan`), one host sync per step reads the lengths
-(while every batch read has filled its length, only now and then: ``lit_liger.adapter.LENGTH_READS``). A sample whose real last token is id 0 is shortened by this rule: its left-out
-positions' targets are checked at the loss (:class:`lit_liger.loss.LigerLogits`), and where one is not ignored the
-loss comes from an unpacked forward instead (with a warning), so a packed step is never silently different.
+How a batch is packed (:func:`plan`): each row's length is the position after its last non-zero token id (at least 1):
+the trailing zeros are the collate's padding. The rows are laid end to end, and the packed length is padded up to a
+bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.buckets.packed_bucket_length`; the pad is a segment of its own at
+the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). Where the data loader did not lay
+the batch out on the host (:func:`host_plan`), one host sync per step reads the lengths (while every batch read has
+filled its length, only now and then: ``lit_liger.adapter.LENGTH_READS``). A sample whose real last token is id 0 is
+shortened by this rule: its left-out positions' targets are checked at the loss (:class:`lit_liger.loss.LigerLogits`),
+and where one is not ignored the loss comes from an unpacked forward instead (with a warning), so a packed step is never
+silently different.
 
 Attention (:func:`attend`): on CUDA, PyTorch's flash attention over cumulative sequence lengths
 (``aten::_flash_attention_forward``/``_backward``: GQA without copies, a sliding window as its left window,
