@@ -1,4 +1,5 @@
 """Pieces shared by the device diagnostics (``python -m benchmarks diag NAME``)."""
+import math
 import statistics
 
 import torch
@@ -21,19 +22,38 @@ def cuda_median_ms(fn, n=20, warmup=3):
     return statistics.median(times)
 
 
-def lora_llama_1b(device="cuda"):
-    """Full-depth Llama-3.2-1B (random init, seed 0) with litgpt's recipe LoRA (r 8 on query and value, dropout 0.05),
-    bf16 weights, max_seq_length 512, only the LoRA parameters trainable. Returns (config, model)."""
-    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+def recipe_model(name: str = "Llama-3.2-1B", block_size: int = 512, n_layer: int | None = None, lora: bool = True,
+                 device: str = "cuda"):
+    """A LitGPT model as litgpt's recipes train it (random init, seed 0, bf16 weights, ``n_layer`` None: full depth):
+    with ``lora``, the recipe's LoRA (r 8 on query and value, dropout 0.05), only the LoRA parameters trainable; else
+    the plain GPT, every parameter trainable. Returns (config, model)."""
+    extra = {} if n_layer is None else {"n_layer": n_layer}
+    if lora:
+        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
 
-    cfg = Config.from_name("Llama-3.2-1B", block_size=512, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
-                           lora_dropout=0.05)
+        cfg = Config.from_name(name, block_size=block_size, lora_r=8, lora_alpha=16, lora_query=True,
+                               lora_value=True, lora_dropout=0.05, **extra)
+    else:
+        from litgpt.model import GPT, Config
+
+        cfg = Config.from_name(name, block_size=block_size, **extra)
     torch.manual_seed(0)
     with torch.device(device):
         m = GPT(cfg).to(torch.bfloat16)
-    m.max_seq_length = 512
-    mark_only_lora_as_trainable(m)
+    if lora:
+        mark_only_lora_as_trainable(m)
     return cfg, m
+
+
+def lora_llama_1b(device="cuda"):
+    """Full-depth Llama-3.2-1B with litgpt's recipe LoRA at max_seq_length 512 (:func:`recipe_model`)."""
+    return recipe_model("Llama-3.2-1B", 512, device=device)
+
+
+def alpaca_length(rng, cap: int) -> int:
+    """One sample's tokens, Alpaca-shaped: 40 (prompt) plus a lognormal output of median 150 (sigma 0.75), at most
+    ``cap`` (``rng``: a ``random.Random``)."""
+    return min(cap, 40 + int(rng.lognormvariate(math.log(150), 0.75)))
 
 
 def live_at_peak(trace):

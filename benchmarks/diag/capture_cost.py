@@ -26,7 +26,6 @@ from __future__ import annotations
 import cProfile
 import io
 import json
-import math
 import os
 import pstats
 import random
@@ -35,24 +34,7 @@ import time
 
 import torch
 
-
-def _model(name: str, n_layer: int, lora: bool):
-    if lora:
-        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
-
-        cfg = Config.from_name(name, n_layer=n_layer, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
-                               lora_dropout=0.05, block_size=1024)
-    else:
-        from litgpt.model import GPT, Config
-
-        cfg = Config.from_name(name, n_layer=n_layer, block_size=1024)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(cfg).to(torch.bfloat16)
-    if lora:
-        mark_only_lora_as_trainable(model)
-    model.max_seq_length = 1024
-    return cfg, model
+from ._common import alpaca_length, recipe_model
 
 
 def _batches(vocab: int, n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -60,7 +42,7 @@ def _batches(vocab: int, n: int, seed: int = 0) -> list[tuple[torch.Tensor, torc
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        lengths = [min(1024, max(24, int(rng.lognormvariate(math.log(150), 0.75)) + 40)) for _ in range(4)]
+        lengths = [alpaca_length(rng, 1024) for _ in range(4)]
         x = torch.zeros(4, max(lengths), dtype=torch.int64)
         y = torch.full_like(x, -100)
         for i, t in enumerate(lengths):
@@ -94,7 +76,7 @@ def main() -> None:
     name, n_layer = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("LAYERS", 16))
     lora = os.environ.get("METHOD", "lora") == "lora"
     steps, top = int(os.environ.get("STEPS", 200)), int(os.environ.get("TOP", 30))
-    cfg, model = _model(name, n_layer, lora)
+    cfg, model = recipe_model(name, 1024, n_layer, lora)
     apply_liger(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     batches = _batches(cfg.vocab_size, steps)

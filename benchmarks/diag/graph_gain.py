@@ -19,17 +19,7 @@ import sys
 
 import torch
 
-
-def _model(name: str, n_layer: int, T: int):
-    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
-
-    cfg = Config.from_name(name, n_layer=n_layer, lora_r=8, lora_alpha=16, lora_query=True, lora_value=True,
-                           lora_dropout=0.05, block_size=max(T, 512))
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(cfg).to(torch.bfloat16)
-    mark_only_lora_as_trainable(model)
-    return cfg, model
+from ._common import recipe_model
 
 
 def _time(model, x, steps: int) -> tuple[float, float]:
@@ -64,7 +54,7 @@ def main() -> None:
     for spec in os.environ.get("MODELS", "Llama-3.2-1B:16,Llama-3.1-8B:8").split(","):
         name, n_layer = spec.split(":")
         for T in tokens:
-            cfg, model = _model(name, int(n_layer), T)
+            cfg, model = recipe_model(name, max(T, 512), int(n_layer))
             block = sum(p.numel() for p in model.transformer.h[0].parameters())
             x = torch.randint(0, 8192, (1, T), device="cuda")
             row = {"model": name, "n_layer": cfg.n_layer, "tokens": T, "block_params": block,

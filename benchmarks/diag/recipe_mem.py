@@ -12,7 +12,6 @@ neither memory setting), ``gpool`` (WARMUP_IN_POOL: the default), ``ggrow`` (REC
 ``gboth`` (both), ``compile`` (stock under torch.compile), ``liger+compile``.
 """
 import json
-import math
 import random
 import statistics
 import sys
@@ -29,7 +28,7 @@ from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
 from lit_liger import graphs as G  # noqa: E402
 
-from ._common import lora_llama_1b  # noqa: E402
+from ._common import alpaca_length, lora_llama_1b  # noqa: E402
 
 G.WARMUP_IN_POOL = v in ("gpool", "gboth")
 G.RECAPTURE_ON_GROWTH = v in ("ggrow", "gboth")
@@ -46,7 +45,7 @@ rng = random.Random(0)
 
 
 def length() -> int:
-    return min(512, 40 + int(rng.lognormvariate(math.log(150), 0.75)))
+    return alpaca_length(rng, 512)
 
 
 accum = max(1, 16 // B)
