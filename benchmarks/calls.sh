@@ -54,7 +54,7 @@ try:
 except OSError:
     rows = []
 keys = ("status", "tokens_per_s", "mfu_nominal", "iter_ms_mean", "iter_ms_mean_steady", "stalls", "peak_memory_gb",
-        "graph_capture_s")
+        "graph_capture_s", "graph_gpu_wait_s")
 for r in rows:
     print(sys.argv[2], r.get("devices"), r["variant"], {k: r.get(k) for k in keys}, "loss", (r.get("losses") or [None])[-2:])
 PY

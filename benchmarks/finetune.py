@@ -259,6 +259,14 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import dataparallel
 
         dataparallel.STEP_BESIDE_BACKWARD = True
+    if os.environ.get("LIT_LIGER_BENCH_SYNC_CAPTURE") == "1":  # the recipe's liger-synced-captures variant
+        from lit_liger import graphs
+
+        graphs.SYNC_BEFORE_CAPTURE = True
+    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-synced-captures and liger-lag1 variants
+        from lit_liger import lazylog
+
+        lazylog.LAG = int(os.environ["LIT_LIGER_BENCH_LOG_LAG"])
     if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
         from lit_liger import packing
 

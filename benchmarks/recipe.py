@@ -110,6 +110,10 @@ VARIANTS = {
     # issue 46: the replica's optimizer step on a side stream beside the backward
     # (lit_liger.dataparallel.STEP_BESIDE_BACKWARD on)
     "liger-step-beside-backward": ["--liger", "true"],
+    # issue 47: every capture after a device synchronize and with the host one log ahead of the GPU, as before
+    # (lit_liger.graphs.SYNC_BEFORE_CAPTURE on, lit_liger.lazylog.LAG 1), and (-lag1) only the host's lead as before
+    "liger-synced-captures": ["--liger", "true"],
+    "liger-lag1": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
     "liger-unpacked-full": ["--liger", "true"],
     # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
@@ -135,6 +139,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
                "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
                "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
+               "liger-synced-captures": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1"},
+               "liger-lag1": {"LIT_LIGER_BENCH_LOG_LAG": "1"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
@@ -259,6 +265,9 @@ def padding_from_log(text: str) -> dict[str, Any]:
         share = re.search(r"input shapes captured in [\d.]+ s, ([\d.]+)% of the run's ([\d.]+) s", text)
         if share:  # (issue 47: capture time <= 5% of a recipe's run, the training loop's wall time)
             out["graph_capture_share"], out["train_wall_s"] = float(share.group(1)) / 100, float(share.group(2))
+        wait = re.search(r"the GPU waited ([\d.]+) s for them", text)
+        if wait:  # (lit_liger.graphs.SYNC_BEFORE_CAPTURE: the part of the captures the GPU waited for)
+            out["graph_gpu_wait_s"] = float(wait.group(1))
         first = re.search(r"the process's first warm-up pass \(([\d.]+) s\)", text)
         if first:  # (its first calls: Triton's compilations without a disk cache, which an uncaptured run makes too)
             out["graph_first_warmup_s"] = float(first.group(1))

@@ -108,6 +108,23 @@ RECAPTURE_ON_GROWTH = False
 #: 4: 7.26 -> 6.95 GB reserved). It runs once per captured shape, next to a capture's ~200 ms
 EMPTY_CACHE_BEFORE_CAPTURE = True
 
+#: a capture records while the GPU still runs the work queued before it. ``torch.cuda.graph`` synchronizes the device
+#: and empties the allocator's caches (the device's and the pinned host memory's) before every graph it records, a
+#: shape's forward and each backward segment; a recording then costs the run its whole host time (~65 ms at
+#: Llama-3.2-1B, ``benchmarks/results/h200-2026-11-29``) with the GPU idle. Here the graphs are recorded with
+#: ``capture_begin`` / ``capture_end`` on the runner's side stream, which needs neither: the recorded kernels run only
+#: when the graph is replayed, on the current stream after everything queued before it, and the side stream's warm-up
+#: pass waits for that stream first. With the host ahead of the GPU (``lazylog.LAG``), the GPU keeps running the queued
+#: replays meanwhile; the GPU's wait is measured (``CAPTURE_STATS["gpu_wait"]``). The device's cache is still emptied
+#: before a capture where the pool may need it (:data:`RELEASE_BELOW_FREE`). True: ``torch.cuda.graph``, as before
+SYNC_BEFORE_CAPTURE = False
+
+#: (:data:`SYNC_BEFORE_CAPTURE` off) a capture first synchronizes and empties the allocator's cache
+#: (:data:`EMPTY_CACHE_BEFORE_CAPTURE`) only where it is the model's first since its pool was made, or the device's
+#: free memory is below this fraction of its total: the memory the graphs' pool grows into. A capture needs a fraction
+#: of a GiB at Llama-3.2-1B's recipes and the pool's growth at 8B and 16k tokens is a few GiB
+RELEASE_BELOW_FREE = 0.25
+
 #: capture models with FlexAttention layers (softcap / sliding window). Measured on an H100 (torch 2.11, gemma-2-2b,
 #: litgpt's LoRA recipe with buckets): a replay after the second bucket's capture used to fail with "an illegal
 #: memory access". The cause found: each new length's FlexAttention block mask was built during that shape's
@@ -172,7 +189,8 @@ CAPTURE_FULL_TRAINING = True
 MAX_GRAPHS = 48
 
 #: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
-#: :func:`capture_report`): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
+#: :func:`capture_report`); ``gpu_wait`` the seconds the GPU's stream that trains waited for them (see
+#: :data:`SYNC_BEFORE_CAPTURE`: a recording made while the GPU runs queued work costs the run only what is left of it): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
 #: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
@@ -184,7 +202,10 @@ MAX_GRAPHS = 48
 #: uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
                  "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
-                 "left_out": 0, "deferred": 0, "first_warmup": 0.0}
+                 "left_out": 0, "deferred": 0, "first_warmup": 0.0, "gpu_wait": 0.0}
+#: (start, end) CUDA events around each capture on the stream that trains, not read yet: the GPU's wait for the
+#: capture is the time between them (``gpu_wait``, see :func:`settle_waits`)
+_WAITS: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 _PROCESS_WARMED = [False]  # a warm-up pass has run in this process (CAPTURE_STATS["first_warmup"])
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
@@ -353,6 +374,10 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
         share += ((f"; {(total - first) / wall_s:.1%} besides" if wall_s else "; of which") +
                   f" the process's first warm-up pass ({first:.2f} s), which also made every kernel's first call, "
                   "compilations included, as an uncaptured run's first step would")
+    if stats.get("gpu_wait"):  # (the GPU waits through the first warm-up: nothing is queued before a run's first step)
+        wait = stats["gpu_wait"]
+        share += (f"; the GPU waited {wait:.2f} s for them" + (f", {wait / wall_s:.1%} of the run" if wall_s else "")
+                  + (f", {max(0.0, wait - first) / wall_s:.1%} besides the first warm-up" if wall_s and first else ""))
     extra = ""
     if stats.get("long"):
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
@@ -459,7 +484,7 @@ class _Graphs:
                         out_buf: torch.Tensor, out_spec: tuple, written: set[int]) -> None:
         runner, gpt = self.runner, self.runner.gpt
         self.fwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.fwd, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
+        with _recording(self.fwd, runner.pool, stream):
             # kept for the graphs' lifetime, autograd graph included. Measured on an H100 (torch 2.11): when
             # this output (and with it the captured autograd graph) was released right after its backward's
             # capture, the *next* shape's backward capture failed ("operation failed due to a previous error
@@ -492,7 +517,7 @@ class _Graphs:
             link = None if last else self.taps[cuts[j - 1]]
             inputs = [params[i] for i in idxs] + ([] if link is None else [link])
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=runner.pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
+            with _recording(graph, runner.pool, stream):
                 grads = torch.autograd.grad(out, inputs, gout, allow_unused=True)
                 pairs = []
                 for i, g in zip(idxs, grads):
@@ -513,6 +538,42 @@ class _Graphs:
             if link is not None:
                 out, gout = link, nxt
         self.taps.clear()
+
+
+@contextlib.contextmanager
+def _recording(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream) -> Iterator[None]:
+    """Record ``graph`` on ``stream`` into ``pool``: ``torch.cuda.graph`` without its device synchronize and cache
+    emptying (see :data:`SYNC_BEFORE_CAPTURE`), or ``torch.cuda.graph`` itself where that is on."""
+    if SYNC_BEFORE_CAPTURE:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
+            yield
+        return
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode=CAPTURE_ERROR_MODE)
+        try:
+            yield
+        finally:  # (as torch.cuda.graph: the capture ends whatever happened in it)
+            graph.capture_end()
+
+
+def settle_waits(block: bool = False) -> None:
+    """Add the GPU's waits for the captures whose end events have completed (every one with ``block``) to
+    ``CAPTURE_STATS["gpu_wait"]``."""
+    while _WAITS and (block or _WAITS[0][1].query()):
+        start, end = _WAITS.pop(0)
+        end.synchronize()
+        CAPTURE_STATS["gpu_wait"] += start.elapsed_time(end) / 1e3
+
+
+def _release_first(runner: GraphRunner, device: torch.device) -> bool:
+    """Whether a capture of ``runner``'s on ``device`` synchronizes and empties the allocator's cache first (see
+    :data:`EMPTY_CACHE_BEFORE_CAPTURE`, :data:`RELEASE_BELOW_FREE`)."""
+    if not EMPTY_CACHE_BEFORE_CAPTURE or device.type != "cuda":
+        return False
+    if SYNC_BEFORE_CAPTURE or not runner.graphs:
+        return True
+    free, total = torch.cuda.mem_get_info(device)
+    return free < RELEASE_BELOW_FREE * total
 
 
 class _NeedsWarmup(Exception):
@@ -922,7 +983,20 @@ class GraphRunner:
         captures for this model); each said once. ``warmup`` False (:data:`WARMUP_ONCE`): no warm-up pass before the
         capture, which, where it would compile a Triton kernel, stops and starts again with one (see
         :meth:`_warmup_needed`)."""
-        release = EMPTY_CACHE_BEFORE_CAPTURE and idx.device.type == "cuda"
+        if idx.device.type != "cuda":
+            return self._capture_timed(key, idx, params, plan, warmup)
+        settle_waits()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            return self._capture_timed(key, idx, params, plan, warmup)
+        finally:  # (the GPU's wait: from the work queued before the capture to the step that follows it)
+            end.record()
+            _WAITS.append((start, end))
+
+    def _capture_timed(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any,
+                       warmup: bool) -> _Graphs | None:
+        release = _release_first(self, idx.device)
         if RECAPTURE_ON_GROWTH and self.graphs and \
                 idx.numel() > max(g.static_idx.numel() for g in self.graphs.values()):
             self.graphs.clear()  # the next captures start a new pool, sized by this (largest so far) shape
@@ -1274,6 +1348,7 @@ def release(model: nn.Module) -> str | None:
     ``merge_lora`` then ran out of memory). A later training step captures again. Returns the log line, or None
     where nothing was captured. Gradients the replays wrote into ``.grad`` stay the parameters' own."""
     runners = [r for m in model.modules() if (r := _RUNNERS.get(m)) is not None and (r.graphs or r.pool is not None)]
+    settle_waits(block=True)
     if not runners:
         return None
     shapes = sum(len(r.graphs) for r in runners)

@@ -10,15 +10,15 @@ Here, for one training process:
 * :class:`RunningMean` (put in place of torchmetrics' for the recipe's ``fit``) keeps the window on the device and
   computes the same float32 mean in the same order (NaN values left out, as torchmetrics' ``nan_strategy="warn"``
   does, the warning given when the value is read). ``compute()`` starts a copy of the mean to the host and returns it
-  as a :class:`_Pending` value, whose ``item()`` waits only for the *previous* log's value: the host runs at most one
-  logging interval ahead of the GPU.
+  as a :class:`_Pending` value, whose ``item()`` waits only for the value :data:`LAG` logs back: the host runs at most
+  that many logging intervals ahead of the GPU.
 * :class:`DeferredLog` stands in for ``fabric.print`` and ``fabric.log_dict`` during ``fit``: a line or a metrics dict
   that holds such a value (or a device tensor, copied as it is at that point) is kept and emitted, with the values
   filled in, when the next log's ``item()`` runs or anything else is printed or logged, and at the end of ``fit``.
 
-The numbers printed and logged are those of the synchronous loop (the test compares them); each line appears one
-logging interval later. What changes is litgpt's ``iter_time``: measured on the host, which now waits for the GPU
-one iteration behind, it is the iteration's period in the running loop, not one iteration's latency.
+The numbers printed and logged are those of the synchronous loop (the test compares them); each line appears up to
+:data:`LAG` logging intervals later. What changes is litgpt's ``iter_time``: measured on the host, which now waits for
+the GPU :data:`LAG` iterations behind, it is the iteration's period in the running loop, not one iteration's latency.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["ACTIVE", "DeferredLog", "RunningMean", "running_mean_factory"]
+__all__ = ["ACTIVE", "LAG", "DeferredLog", "RunningMean", "running_mean_factory"]
+
+#: how many logs the host may run ahead of the GPU: a log's ``item()`` waits for the value this many logs back. One
+#: is enough for a steady loop; more lets the host build a lead of queued GPU work (captured steps replay in a
+#: fraction of the GPU's time for them), which a new shape's capture then records beside
+#: (``lit_liger.graphs.SYNC_BEFORE_CAPTURE``) instead of leaving the GPU idle. The lines are printed that many
+#: iterations late (all of them at the end of ``fit``, or before any other line)
+LAG = 8
 
 #: the :class:`DeferredLog` of the ``fit`` running now (one process), else None
 ACTIVE: list[DeferredLog | None] = [None]
@@ -95,20 +102,26 @@ class DeferredLog:
 
     def __init__(self, print_fn: Callable[..., Any], log_dict_fn: Callable[..., Any]) -> None:
         self.print_fn, self.log_dict_fn = print_fn, log_dict_fn
-        self.queue: list[tuple[str, tuple, dict, list]] = []  # (kind, args, kwargs, pendings to wait for)
+        # (kind, args, kwargs, pendings to wait for, the logs advanced before it was kept)
+        self.queue: list[tuple[str, tuple, dict, list, int]] = []
         self.formats: dict[int, tuple[_LazyFloat, str]] = {}
-        self.last: _Pending | None = None
+        self.ahead: list[_Pending] = []  # the logs' values not waited for, oldest first
+        self.advanced = 0
 
     def advance(self, pending: _Pending) -> None:
-        """A new log's value: wait for the previous one, emit what was kept."""
-        if self.last is not None:
-            self.last.wait()
-        self.flush()
-        self.last = pending
+        """A new log's value: wait for the one :data:`LAG` logs back, emit what was kept up to it."""
+        self.advanced += 1
+        pending.number = self.advanced
+        self.ahead.append(pending)
+        while len(self.ahead) > max(1, LAG):
+            old = self.ahead.pop(0)
+            old.wait()
+            # (what was kept before the next log's value refers to values recorded before that one)
+            self.flush(upto=old.number)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if any(isinstance(a, str) and _TOKEN.search(a) for a in args):
-            self.queue.append(("print", args, kwargs, []))
+            self.queue.append(("print", args, kwargs, [], self.advanced))
             return
         self.flush()
         self.print_fn(*args, **kwargs)
@@ -125,14 +138,17 @@ class DeferredLog:
                     else:
                         v = v.detach().clone()
                 kept[k] = v
-            self.queue.append(("log", (kept, *args), kwargs, waits))
+            self.queue.append(("log", (kept, *args), kwargs, waits, self.advanced))
             return
         self.flush()
         self.log_dict_fn(metrics, *args, **kwargs)
 
-    def flush(self) -> None:
-        queue, self.queue = self.queue, []
-        for kind, args, kwargs, waits in queue:
+    def flush(self, upto: int | None = None) -> None:
+        """Emit what was kept (``upto``: only what was kept before log ``upto + 1``'s value), in order."""
+        n = len(self.queue) if upto is None else next(
+            (i for i, e in enumerate(self.queue) if e[4] > upto), len(self.queue))
+        queue, self.queue = self.queue[:n], self.queue[n:]
+        for kind, args, kwargs, waits, _ in queue:
             for p in waits:
                 p.wait()
             if kind == "print":
@@ -149,9 +165,9 @@ class DeferredLog:
         return format(lazy.value(), spec)
 
     def close(self) -> None:
-        if self.last is not None:
-            self.last.wait()
-            self.last = None
+        for p in self.ahead:
+            p.wait()
+        self.ahead.clear()
         self.flush()
 
 

@@ -401,6 +401,54 @@ def _accumulate(cfg, graphed, plain, lengths):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("synced", [False, True])
+def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
+    """graphs.SYNC_BEFORE_CAPTURE off: a new shape's capture is recorded while the GPU still runs the work queued before
+    it (here ~0.5 s of ``torch.cuda._sleep``, and the input computed after it), and the step's loss and gradients equal
+    the uncaptured model's. The GPU's measured wait for such a capture is a small part of its host time; with the
+    synchronize before each capture (``synced``, as torch.cuda.graph does) it is most of it."""
+    monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", synced)
+    cfg, graphed, plain = _gpu_models(lora=True)
+    torch.manual_seed(1)
+    lengths = [100, 300, 180]  # three buckets: three captures
+    graphed.zero_grad(set_to_none=True)
+    plain.zero_grad(set_to_none=True)
+    waits, hosts = [], []
+    for i, T in enumerate(lengths):
+        x0 = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        y = torch.randint(0, cfg.vocab_size, (2, T), device="cuda")
+        losses = []
+        for model in (graphed, plain):
+            torch.cuda.synchronize()
+            graphs.settle_waits(block=True)
+            before = dict(graphs.CAPTURE_STATS)
+            if model is graphed:
+                torch.cuda._sleep(10**9)  # queued GPU work; the input is made after it, on the same stream
+            x = (x0 + 1) - 1
+            out = model(x, lm_head_chunk_size=128)
+            out[-1] = out[-1][..., :-1, :]
+            loss = chunked_cross_entropy(out, y[..., 1:])
+            (loss / len(lengths)).backward()
+            losses.append(loss.detach().float())
+            if model is graphed and i > 0:  # (the pool's first capture synchronizes and empties the cache anyway)
+                graphs.settle_waits(block=True)
+                waits.append(graphs.CAPTURE_STATS["gpu_wait"] - before["gpu_wait"])
+                # (the recording's host seconds: the synced captures' wait for the sleep itself is their "release")
+                hosts.append(sum(graphs.CAPTURE_STATS[k] - before[k] for k in ("warmup", "forward", "backward")))
+        assert rel_err(losses[0], losses[1]) <= 1e-3, (T, losses)
+    assert runner_for(graphed).captures == len(lengths) + runner_for(graphed).regrown
+    gp, pp = _grads(graphed), _grads(plain)
+    assert gp.keys() == pp.keys() and gp
+    for n in gp:
+        assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
+    assert all(h > 0 for h in hosts), hosts
+    if synced:  # the GPU idles through the recording after the synchronize
+        assert sum(waits) >= 0.5 * sum(hosts), (waits, hosts)
+    else:  # the recording overlapped the sleep: the GPU waited for the warm-up's own GPU work at most
+        assert sum(waits) <= 0.25 * sum(hosts), (waits, hosts)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("hooked, embedding_into", [(False, False), (True, False), (False, True)])
 def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked, embedding_into):
     """Full fine-tuning captured by cuda_graphs=None with graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on: several optimizer steps (AdamW, two micro-batches of

@@ -55,6 +55,33 @@ def test_deferred_log_keeps_order_and_fills_values():
     assert all(type(m["loss"]) is float for _, m in logged)
 
 
+@pytest.mark.parametrize("lag", [1, 3])
+def test_deferred_log_waits_lag_logs_back_and_emits_up_to_there(monkeypatch, lag):
+    """lazylog.LAG: a log's item() waits for the value LAG logs back (the host runs that many logs ahead of the GPU) and
+    emits the lines kept before the next one; the rest, in order, at close."""
+    monkeypatch.setattr(lazylog, "LAG", lag)
+    waited = []
+    real_wait = lazylog._Pending.wait
+    monkeypatch.setattr(lazylog._Pending, "wait", lambda self: (waited.append(getattr(self, "number", None)),
+                                                                 real_wait(self))[1])
+    printed, logged = [], []
+    log = lazylog.DeferredLog(lambda *a, **k: printed.append(a[0]), lambda m, step=None: logged.append((step, m)))
+    mean = lazylog.RunningMean(1, log).to("cpu")
+    want = []
+    for it in range(7):
+        mean.update(torch.tensor(float(it)))
+        loss = mean.compute().item()
+        log.print(f"iter {it} loss {loss:.1f}")
+        log.log_dict({"loss": loss}, step=it)
+        want.append(f"iter {it} loss {float(it):.1f}")
+        assert printed == want[:max(0, it + 1 - lag)], (it, printed)
+        assert [s for s, _ in logged] == list(range(max(0, it + 1 - lag)))
+        # the values waited for: the logs' own (numbered 1, 2, ...), LAG behind this one (log it + 1)
+        assert list(dict.fromkeys(n for n in waited if n is not None)) == list(range(1, max(0, it + 1 - lag) + 1))
+    log.close()
+    assert printed == want and [m["loss"] for _, m in logged] == [float(i) for i in range(7)]
+
+
 def test_factory_falls_back_to_torchmetrics_without_an_active_log():
     make = lazylog.running_mean_factory(TMRunningMean)
     assert isinstance(make(window=2, sync_on_compute=False), TMRunningMean)

@@ -756,6 +756,42 @@ def test_capture_report_names_the_process_s_first_warm_up():
     assert "first warm-up" not in graphs.capture_report(stats, 39.2)
 
 
+def test_capture_report_says_the_gpu_s_wait_for_the_captures():
+    """graphs.SYNC_BEFORE_CAPTURE off: the report gives the seconds the GPU waited for the captures (measured with
+    events) beside their host seconds, with and without the first warm-up; the recipe benchmark reads it back."""
+    from benchmarks.recipe import padding_from_log
+
+    stats = {k: 0 for k in graphs.CAPTURE_STATS}
+    stats.update(captures=9, replays=800, warmup=1.20, forward=0.30, backward=0.40, warmed=1, first_warmup=1.10,
+                 gpu_wait=1.50)
+    line = graphs.capture_report(stats, 10.0)
+    assert "; the GPU waited 1.50 s for them, 15.0% of the run, 4.0% besides the first warm-up" in line, line
+    assert padding_from_log(line)["graph_gpu_wait_s"] == 1.50
+    stats["gpu_wait"] = 0.0  # (a CPU run, or torch.cuda.graph's synchronized captures measured by nothing)
+    assert "GPU waited" not in graphs.capture_report(stats, 10.0)
+
+
+def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monkeypatch):
+    """graphs._release_first: the synchronize + empty_cache before a capture runs at the pool's first capture, when the
+    device's free memory is below RELEASE_BELOW_FREE of its total, and always with SYNC_BEFORE_CAPTURE; never on CPU."""
+    runner = types.SimpleNamespace(graphs={})
+    cuda = torch.device("cuda", 0)
+    free = [100]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 400))
+    assert graphs._release_first(runner, cuda)  # (the first capture: the validation pass's cache goes)
+    runner.graphs = {("shape",): object()}
+    assert not graphs._release_first(runner, cuda)  # 100 of 400 free: 25%, not below
+    free[0] = 99
+    assert graphs._release_first(runner, cuda)
+    free[0] = 300
+    monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", True)
+    assert graphs._release_first(runner, cuda)
+    monkeypatch.setattr(graphs, "EMPTY_CACHE_BEFORE_CAPTURE", False)
+    assert not graphs._release_first(runner, cuda)
+    monkeypatch.setattr(graphs, "EMPTY_CACHE_BEFORE_CAPTURE", True)
+    assert not graphs._release_first(runner, torch.device("cpu"))
+
+
 def test_compile_guard_refuses_a_triton_compilation_and_puts_the_hook_back(monkeypatch):
     """``graphs._compile_guard`` sets Triton's ``knobs.runtime.jit_cache_hook`` (called before Triton compiles a kernel
     its cache lacks) to raise ``_NeedsWarmup`` naming the kernel, and puts the earlier hook back, after an error too."""

@@ -110,6 +110,7 @@ def main() -> None:
             wall = _loop(model, opt, batches)
         finally:
             graphs._Graphs._capture_graphs = record
+        graphs.settle_waits(block=True)  # (the GPU's waits for this pass's captures)
         stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in graphs.CAPTURE_STATS}
         stats.update(wall_s=wall, instantiate_s=inst["s"] - i0["s"], graphs_instantiated=inst["n"] - i0["n"])
         result[label] = stats
