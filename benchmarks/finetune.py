@@ -275,7 +275,33 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import dataparallel
 
         dataparallel.ZERO1_P2P = False
+    if os.environ.get("LIT_LIGER_BENCH_CPROFILE"):  # the host's time during litgpt's fit, by function (pstats file)
+        _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE"])
     _run_and_record(stats_path, argv)
+
+
+def _profile_fit(path: str) -> None:
+    """``cProfile`` on during the training loop of a ``lit-liger`` command (what ``lit_liger.profiling.iterations``
+    wraps: litgpt's ``fit``), its stats written to ``path`` (one process)."""
+    import contextlib
+    import cProfile
+
+    from lit_liger import profiling
+
+    real = profiling.iterations
+
+    @contextlib.contextmanager
+    def profiled(*args: Any, **kwargs: Any):
+        prof = cProfile.Profile()
+        with real(*args, **kwargs):
+            prof.enable()
+            try:
+                yield
+            finally:
+                prof.disable()
+                prof.dump_stats(path)
+
+    profiling.iterations = profiled
 
 
 #: what a real card's CUDA context, NCCL's buffers and the libraries' workspaces hold outside PyTorch's allocator, left
