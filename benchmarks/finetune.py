@@ -259,11 +259,11 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import dataparallel
 
         dataparallel.STEP_BESIDE_BACKWARD = True
-    if os.environ.get("LIT_LIGER_BENCH_SYNC_CAPTURE") == "1":  # the recipe's liger-synced-captures variant
+    if os.environ.get("LIT_LIGER_BENCH_SYNC_CAPTURE") == "1":  # the recipe's liger-synced-captures, -prior variants
         from lit_liger import graphs
 
         graphs.SYNC_BEFORE_CAPTURE = True
-    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-synced-captures and liger-lag1 variants
+    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-synced-captures, -lag1, -prior variants
         from lit_liger import lazylog
 
         lazylog.LAG = int(os.environ["LIT_LIGER_BENCH_LOG_LAG"])
@@ -275,6 +275,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import dataparallel
 
         dataparallel.ZERO1_P2P = False
+    if os.environ.get("LIT_LIGER_BENCH_BY_VALUE") == "0":  # the recipe's liger-shared-batches and liger-prior variants
+        from lit_liger import batches
+
+        batches.BY_VALUE_BYTES = 0
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE"):  # the host's time during litgpt's fit, by function (pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE"])
     _run_and_record(stats_path, argv)

@@ -114,6 +114,10 @@ VARIANTS = {
     # (lit_liger.graphs.SYNC_BEFORE_CAPTURE on, lit_liger.lazylog.LAG 1), and (-lag1) only the host's lead as before
     "liger-synced-captures": ["--liger", "true"],
     "liger-lag1": ["--liger", "true"],
+    # ... a batch's tensors from the data loader's workers through shared memory (lit_liger.batches.BY_VALUE_BYTES 0),
+    # and (-prior) all three as before h200-2026-11-29c
+    "liger-shared-batches": ["--liger", "true"],
+    "liger-prior": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
     "liger-unpacked-full": ["--liger", "true"],
     # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
@@ -141,6 +145,9 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
                "liger-synced-captures": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1"},
                "liger-lag1": {"LIT_LIGER_BENCH_LOG_LAG": "1"},
+               "liger-shared-batches": {"LIT_LIGER_BENCH_BY_VALUE": "0"},
+               "liger-prior": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1",
+                               "LIT_LIGER_BENCH_BY_VALUE": "0"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")

@@ -451,6 +451,47 @@ def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
 
 
 @pytest.mark.gpu
+def test_gpu_full_training_queued_far_ahead_of_the_gpu(monkeypatch):
+    """The host far ahead of the GPU (lazylog.LAG's lead; made certain here by ~2 s of ``torch.cuda._sleep`` queued
+    before each optimizer step's micro-batches): full fine-tuning captured, new shapes captured while the GPU still
+    sleeps (graphs.SYNC_BEFORE_CAPTURE off), fused AdamW steps and ``zero_grad()`` between, all of it queued behind the
+    sleep, gives the uncaptured model's losses and parameters."""
+    monkeypatch.setattr(graphs, "DIRECT_GRADS", True)
+    monkeypatch.setattr(graphs, "CAPTURE_FULL_TRAINING", True)
+    cfg, graphed, plain = _gpu_models(False)
+    apply_liger(graphed, LigerConfig(cuda_graphs=None))  # automatic: full training captured
+    opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True) for m in (graphed, plain)}
+    torch.manual_seed(4)
+    steps = [[100, 300], [180, 100], [300, 60]]  # a new shape in every step
+    data = [[(torch.randint(0, cfg.vocab_size, (2, T), device="cuda"),
+              torch.randint(0, cfg.vocab_size, (2, T), device="cuda")) for T in lengths] for lengths in steps]
+    losses = {}
+    for model in (graphed, plain):
+        torch.cuda.synchronize()
+        got = []
+        for step in data:
+            if model is graphed:
+                torch.cuda._sleep(4 * 10**9)  # everything below is queued behind it
+            for x0, y in step:
+                x = (x0 + 1) - 1  # (made behind the sleep)
+                out = model(x, lm_head_chunk_size=128)
+                out[-1] = out[-1][..., :-1, :]
+                loss = chunked_cross_entropy(out, y[..., 1:])
+                (loss / len(step)).backward()
+                got.append(loss.detach().float())
+            opts[model].step()
+            opts[model].zero_grad()
+        if model is graphed:  # the host got here before the GPU did (no step waited for it)
+            assert not torch.cuda.current_stream().query()
+        losses[model] = torch.stack(got)
+    runner = runner_for(graphed)
+    assert runner.captures == 4 and runner.replays == 6 and not runner.disabled
+    assert rel_err(losses[graphed], losses[plain]) <= 1e-3, (losses[graphed], losses[plain])
+    for (n, a), b in zip(graphed.named_parameters(), plain.parameters()):
+        assert rel_err(a, b) <= 2e-2, n
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("hooked, embedding_into", [(False, False), (True, False), (False, True)])
 def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked, embedding_into):
     """Full fine-tuning captured by cuda_graphs=None with graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on: several optimizer steps (AdamW, two micro-batches of

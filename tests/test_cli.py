@@ -1113,6 +1113,42 @@ def test_liger_collate_travels_to_workers_and_back():
     assert BATCH_KEY not in no_pack
 
 
+@pytest.mark.parametrize("by_value", [1 << 20, 0])
+def test_liger_collate_batches_reach_the_loop_by_value_from_workers(monkeypatch, by_value):
+    """``batches.BY_VALUE_BYTES``: a batch from a DataLoader's worker processes (2 workers) reaches the loop as a plain
+    dict of the same tensors as litgpt's collate in the loop's process makes, its small tensors sent as bytes (not
+    through shared memory: they arrive as tensors of the loop's own memory), and with 0 through shared memory."""
+    from litgpt.data.base import get_sft_collate_fn
+    from torch.utils.data import DataLoader
+
+    from lit_liger import batches as batches_mod
+    from lit_liger.batches import AfterMove, LigerCollate
+    from lit_liger.packing import BATCH_KEY
+
+    monkeypatch.setattr(batches_mod, "BY_VALUE_BYTES", by_value)
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.randint(1, 99, (L,), generator=g), "labels": torch.randint(1, 99, (L,), generator=g),
+                "token_counts": {"raw": L - 2, "raw_plus_prompt_template": L}} for L in (5, 9, 7, 3, 8, 6, 12, 4)]
+    collate = LigerCollate(get_sft_collate_fn(ignore_index=-100), pack=True, bucketed=True)
+    got = list(DataLoader(samples, batch_size=4, num_workers=2, collate_fn=collate, multiprocessing_context="fork"))
+    want = [collate(samples[:4]), collate(samples[4:])]
+    assert len(got) == 2
+    for b, w in zip(got, want):
+        assert type(b) is dict and b.keys() == w.keys()
+        for k in ("input_ids", "labels"):
+            assert type(b[k]) is torch.Tensor and b[k].dtype == w[k].dtype and torch.equal(b[k], w[k])
+        assert torch.equal(b[BATCH_KEY][0], w[BATCH_KEY][0]) and b[BATCH_KEY][1] == w[BATCH_KEY][1]
+        # (the fork-started workers see the patched module)
+        assert all(t.is_shared() is not bool(by_value) for t in (b["input_ids"], b["labels"], b[BATCH_KEY][0]))
+        (out,) = list(AfterMove([b]))
+        for k, v in get_sft_collate_fn()(samples[:4] if b is got[0] else samples[4:])["token_counts"].items():
+            assert torch.equal(out["token_counts"][k], v)
+    # a tensor of every dtype and shape, large and empty ones included, round-trips by value
+    for t in (torch.randn(3, 4).to(torch.bfloat16), torch.tensor(True), torch.zeros(0, 5), torch.arange(7.0)[::2]):
+        back = pickle.loads(pickle.dumps(batches_mod._Batch({"t": t})))["t"]
+        assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
+
+
 def _csv_rows(out_dir: Path) -> list[dict]:
     import csv
 
