@@ -13,8 +13,9 @@ Here, for one training process:
   as a :class:`_Pending` value, whose ``item()`` waits only for the value :data:`LAG` logs back: the host runs at most
   that many logging intervals ahead of the GPU.
 * :class:`DeferredLog` stands in for ``fabric.print`` and ``fabric.log_dict`` during ``fit``: a line or a metrics dict
-  that holds such a value (or a device tensor, copied as it is at that point) is kept and emitted, with the values
-  filled in, when the next log's ``item()`` runs or anything else is printed or logged, and at the end of ``fit``.
+  that holds such a value (or a device tensor, copied as it is at that point), and any metrics dict logged while
+  something is kept, is kept and emitted in order, with the values filled in, once the log :data:`LAG` logs later
+  has waited for them, when a line without such a value is printed, and at the end of ``fit``.
 
 The numbers printed and logged are those of the synchronous loop (the test compares them); each line appears up to
 :data:`LAG` logging intervals later. What changes is litgpt's ``iter_time``: measured on the host, which now waits for
@@ -127,8 +128,11 @@ class DeferredLog:
         self.print_fn(*args, **kwargs)
 
     def log_dict(self, metrics: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(metrics, dict) and any(isinstance(v, _LazyFloat) or (isinstance(v, torch.Tensor) and v.is_cuda)
-                                             for v in metrics.values()):
+        # a dict with a value still to come is kept; so is any other dict while something is kept before it (litgpt's
+        # throughput metrics, logged every iteration between the loss's item() and its line: emitting them would
+        # first emit, so wait for, everything kept, the host's lead gone)
+        if isinstance(metrics, dict) and (self.queue or any(
+                isinstance(v, _LazyFloat) or (isinstance(v, torch.Tensor) and v.is_cuda) for v in metrics.values())):
             kept, waits = {}, []
             for k, v in metrics.items():
                 if isinstance(v, torch.Tensor):  # its value now (litgpt adds to its token counts in place)

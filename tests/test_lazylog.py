@@ -71,15 +71,20 @@ def test_deferred_log_waits_lag_logs_back_and_emits_up_to_there(monkeypatch, lag
     for it in range(7):
         mean.update(torch.tensor(float(it)))
         loss = mean.compute().item()
+        log.log_dict({"throughput": 10.0 * it}, step=it)  # (litgpt's ThroughputMonitor, plain floats: kept in order)
         log.print(f"iter {it} loss {loss:.1f}")
         log.log_dict({"loss": loss}, step=it)
         want.append(f"iter {it} loss {float(it):.1f}")
         assert printed == want[:max(0, it + 1 - lag)], (it, printed)
-        assert [s for s, _ in logged] == list(range(max(0, it + 1 - lag)))
+        assert [s for s, m in logged if "loss" in m] == list(range(max(0, it + 1 - lag)))
+        # every dict in the order logged (litgpt's throughput dict, plain floats, kept behind what waits)
+        calls = [(i, k) for i in range(7) for k in ("throughput", "loss")]
+        assert [(s, next(iter(m))) for s, m in logged] == calls[:len(logged)], (it, logged)
         # the values waited for: the logs' own (numbered 1, 2, ...), LAG behind this one (log it + 1)
         assert list(dict.fromkeys(n for n in waited if n is not None)) == list(range(1, max(0, it + 1 - lag) + 1))
     log.close()
-    assert printed == want and [m["loss"] for _, m in logged] == [float(i) for i in range(7)]
+    assert printed == want and [m["loss"] for _, m in logged if "loss" in m] == [float(i) for i in range(7)]
+    assert [m["throughput"] for _, m in logged if "throughput" in m] == [10.0 * i for i in range(7)]
 
 
 def test_factory_falls_back_to_torchmetrics_without_an_active_log():
