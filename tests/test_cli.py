@@ -1149,6 +1149,27 @@ def test_liger_collate_batches_reach_the_loop_by_value_from_workers(monkeypatch,
         assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
 
 
+@pytest.mark.gpu
+def test_gpu_liger_collate_batches_arrive_pinned():
+    """In a process that uses CUDA a batch from the loader's workers arrives in pinned memory (batches.BY_VALUE_BYTES):
+    its move to the device does not wait for the GPU's queued work."""
+    from litgpt.data.base import get_sft_collate_fn
+    from torch.utils.data import DataLoader
+
+    from lit_liger.batches import LigerCollate
+    from lit_liger.packing import BATCH_KEY
+
+    torch.zeros(1, device="cuda")  # (CUDA in use in this process)
+    samples = [{"input_ids": torch.arange(1, L + 1), "labels": torch.arange(1, L + 1),
+                "token_counts": {"raw": L - 2, "raw_plus_prompt_template": L}} for L in (5, 9, 7, 3)]
+    collate = LigerCollate(get_sft_collate_fn(), pack=True, bucketed=True)
+    (b,) = list(DataLoader(samples, batch_size=4, num_workers=1, collate_fn=collate, multiprocessing_context="fork"))
+    want = collate(samples)
+    for k in ("input_ids", "labels", BATCH_KEY):
+        t, w = (b[k], want[k]) if k != BATCH_KEY else (b[k][0], want[k][0])
+        assert t.is_pinned() and torch.equal(t, w)
+
+
 def _csv_rows(out_dir: Path) -> list[dict]:
     import csv
 
