@@ -263,7 +263,7 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import graphs
 
         graphs.SYNC_BEFORE_CAPTURE = True
-    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-synced-captures, -lag1, -prior variants
+    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-lag8 variant
         from lit_liger import lazylog
 
         lazylog.LAG = int(os.environ["LIT_LIGER_BENCH_LOG_LAG"])

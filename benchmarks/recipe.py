@@ -110,12 +110,13 @@ VARIANTS = {
     # issue 46: the replica's optimizer step on a side stream beside the backward
     # (lit_liger.dataparallel.STEP_BESIDE_BACKWARD on)
     "liger-step-beside-backward": ["--liger", "true"],
-    # issue 47: every capture after a device synchronize and with the host one log ahead of the GPU, as before
-    # (lit_liger.graphs.SYNC_BEFORE_CAPTURE on, lit_liger.lazylog.LAG 1), and (-lag1) only the host's lead as before
+    # issue 47: every capture after a device synchronize (lit_liger.graphs.SYNC_BEFORE_CAPTURE on), the host one log
+    # ahead of the GPU; (-lag8) the host up to 8 logs ahead (lit_liger.lazylog.LAG 8; h200-2026-11-29c's calls c1-c5 ran
+    # it as the default "liger", and c4-c5 the default as "liger-lag1")
     "liger-synced-captures": ["--liger", "true"],
-    "liger-lag1": ["--liger", "true"],
+    "liger-lag8": ["--liger", "true"],
     # ... a batch's tensors from the data loader's workers through shared memory (lit_liger.batches.BY_VALUE_BYTES 0),
-    # and (-prior) all three as before h200-2026-11-29c
+    # and (-prior) that and the synchronized captures, as before h200-2026-11-29c
     "liger-shared-batches": ["--liger", "true"],
     "liger-prior": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
@@ -143,8 +144,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
                "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
                "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
-               "liger-synced-captures": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1"},
-               "liger-lag1": {"LIT_LIGER_BENCH_LOG_LAG": "1"},
+               "liger-synced-captures": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1"},
+               "liger-lag8": {"LIT_LIGER_BENCH_LOG_LAG": "8"},
                "liger-shared-batches": {"LIT_LIGER_BENCH_BY_VALUE": "0"},
                "liger-prior": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1",
                                "LIT_LIGER_BENCH_BY_VALUE": "0"},

@@ -43,13 +43,15 @@ class _HostOnly:
 
 
 #: a collated batch's CPU tensors up to this many bytes each go from the data loader's worker processes to the training
-#: process inside the pickled batch (their bytes), not through shared memory. PyTorch sends a tensor through shared
-#: memory as a file descriptor, which the receiving process fetches from the worker with a socket connection and an
-#: authentication handshake per tensor: a litgpt batch under lit-liger's collate has five (ids, labels, two token
-#: counts, the packed layout). Measured under cProfile in litgpt's LoRA loop (Llama-3.2-1B, micro-batch 4, H200,
-#: ``benchmarks/results/h200-2026-11-29c``): 2.5 ms of the training process's host time per batch, in iterations of
-#: ~9.4 ms that the host paces; a CPU loader with two workers, ~1.0 ms per batch against ~0.2 by value. 0: every
-#: tensor through shared memory, as PyTorch sends it
+#: process inside the pickled batch (their bytes), not through shared memory, and arrive in pinned memory where that
+#: process uses CUDA. PyTorch sends a tensor through shared memory as a file descriptor, which the receiving process
+#: fetches from the worker with a socket connection and an authentication handshake per tensor: a litgpt batch under
+#: lit-liger's collate has five (ids, labels, two token counts, the packed layout). And Fabric's move of a tensor in
+#: pageable memory to the device waits for the GPU's queued work. Measured on an H200 (litgpt's LoRA loop,
+#: Llama-3.2-1B, micro-batch 4, 1,000 iterations, ``benchmarks/results/h200-2026-11-29c``): the loop's host work inside
+#: litgpt's timed region 10.7 -> 8.0 ms per iteration; the run no faster, its GPU the bound (~12 ms per iteration).
+#: A CPU loader with two workers: ~1.0 ms per batch through shared memory, ~0.2 by value. 0: every tensor through
+#: shared memory, as PyTorch sends it
 BY_VALUE_BYTES = 1 << 20
 
 
