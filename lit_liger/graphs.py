@@ -195,8 +195,9 @@ MAX_GRAPHS = 48
 
 #: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
 #: :func:`capture_report`); ``gpu_wait`` the seconds the GPU's stream that trains waited for them (see
-#: :data:`SYNC_BEFORE_CAPTURE`: a recording made while the GPU runs queued work costs the run only what is left of it): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's
-#: uncaptured forward and backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
+#: :data:`SYNC_BEFORE_CAPTURE`: a recording made while the GPU runs queued work costs the run only what is left of
+#: it): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's uncaptured forward and
+#: backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
@@ -577,7 +578,12 @@ def _release_first(runner: GraphRunner, device: torch.device) -> bool:
         return False
     if SYNC_BEFORE_CAPTURE or not runner.graphs:
         return True
-    free, total = torch.cuda.mem_get_info(device)
+    from .memplan import _total_memory
+
+    # (what the pool can grow into: the device's free memory, within the card lit-liger's memory plans see, which an
+    # allocator cap makes smaller than the device, see benchmarks.finetune._cap_device)
+    total = _total_memory(device)
+    free = min(torch.cuda.mem_get_info(device)[0], total - torch.cuda.memory_reserved(device))
     return free < RELEASE_BELOW_FREE * total
 
 

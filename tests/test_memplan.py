@@ -773,17 +773,25 @@ def test_capture_report_says_the_gpu_s_wait_for_the_captures():
 
 def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monkeypatch):
     """graphs._release_first: the synchronize + empty_cache before a capture runs at the pool's first capture, when the
-    device's free memory is below RELEASE_BELOW_FREE of its total, and always with SYNC_BEFORE_CAPTURE; never on CPU."""
+    device's free memory (within the card the memory plans see, less what the allocator reserved) is below
+    RELEASE_BELOW_FREE of that card, and always with SYNC_BEFORE_CAPTURE; never on CPU."""
     runner = types.SimpleNamespace(graphs={})
     cuda = torch.device("cuda", 0)
     free = [100]
+    reserved = [0]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 400))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[0])
+    monkeypatch.setattr(memplan, "_total_memory", lambda device: 400)
     assert graphs._release_first(runner, cuda)  # (the first capture: the validation pass's cache goes)
     runner.graphs = {("shape",): object()}
     assert not graphs._release_first(runner, cuda)  # 100 of 400 free: 25%, not below
     free[0] = 99
     assert graphs._release_first(runner, cuda)
     free[0] = 300
+    assert not graphs._release_first(runner, cuda)
+    monkeypatch.setattr(memplan, "_total_memory", lambda device: 200)  # a card capped below the device (150 free)
+    reserved[0] = 160  # (40 of its 200 left to the pool: below 25%)
+    assert graphs._release_first(runner, cuda)
     monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", True)
     assert graphs._release_first(runner, cuda)
     monkeypatch.setattr(graphs, "EMPTY_CACHE_BEFORE_CAPTURE", False)
