@@ -279,8 +279,8 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import batches
 
         batches.BY_VALUE_BYTES = 0
-    if os.environ.get("LIT_LIGER_BENCH_CPROFILE"):  # the host's time during litgpt's fit, by function (pstats file)
-        _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE"])
+    if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
+        _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
     _run_and_record(stats_path, argv)
 
 

@@ -7,7 +7,7 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_buckets.p
 echo "pytest rc=$?"; grep -E "passed|failed|FAILED|Error" /tmp/o/c2-pytest.log | tail -6
 rec p Llama-3.2-1B lora 1 liger 200 40 120 LIT_LIGER_PROFILE=/tmp/o/prof,100,40
 grep -h "busy\|idle" /tmp/o/c2-run-p-*.txt | cut -c1-900 | head -4
-rec q Llama-3.2-1B lora 1 liger 200 40 120 LIT_LIGER_BENCH_CPROFILE=/tmp/o/c2-fit.pstats
+rec q Llama-3.2-1B lora 1 liger 200 40 120 LIT_LIGER_BENCH_CPROFILE=/tmp/o/c2-fit.pstats  # (now LIT_LIGER_BENCH_CPROFILE_FIT)
 python3 - <<'PY'
 import pstats, io
 for key in ("tottime", "cumulative"):
