@@ -578,12 +578,10 @@ def _release_first(runner: GraphRunner, device: torch.device) -> bool:
         return False
     if SYNC_BEFORE_CAPTURE or not runner.graphs:
         return True
-    from .memplan import _total_memory
-
     # (what the pool can grow into: the device's free memory, within the card lit-liger's memory plans see, which an
     # allocator cap makes smaller than the device, see benchmarks.finetune._cap_device)
     total = _total_memory(device)
-    free = min(torch.cuda.mem_get_info(device)[0], total - torch.cuda.memory_reserved(device))
+    free = min(torch.cuda.mem_get_info(device)[0], total - _reserved(device))
     return free < RELEASE_BELOW_FREE * total
 
 

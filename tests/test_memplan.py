@@ -781,7 +781,7 @@ def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monke
     reserved = [0]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 400))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[0])
-    monkeypatch.setattr(memplan, "_total_memory", lambda device: 400)
+    monkeypatch.setattr(graphs, "_total_memory", lambda device: 400)
     assert graphs._release_first(runner, cuda)  # (the first capture: the validation pass's cache goes)
     runner.graphs = {("shape",): object()}
     assert not graphs._release_first(runner, cuda)  # 100 of 400 free: 25%, not below
@@ -789,7 +789,7 @@ def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monke
     assert graphs._release_first(runner, cuda)
     free[0] = 300
     assert not graphs._release_first(runner, cuda)
-    monkeypatch.setattr(memplan, "_total_memory", lambda device: 200)  # a card capped below the device (150 free)
+    monkeypatch.setattr(graphs, "_total_memory", lambda device: 200)  # a card capped below the device (150 free)
     reserved[0] = 160  # (40 of its 200 left to the pool: below 25%)
     assert graphs._release_first(runner, cuda)
     monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", True)
