@@ -279,6 +279,10 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import batches
 
         batches.BY_VALUE_BYTES = 0
+    if os.environ.get("LIT_LIGER_BENCH_LENGTH_WORKERS"):  # the recipe's liger-serial-lengths variant (0)
+        from lit_liger import lengths
+
+        lengths.MAX_WORKERS = int(os.environ["LIT_LIGER_BENCH_LENGTH_WORKERS"])
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
     _run_and_record(stats_path, argv)

@@ -119,6 +119,8 @@ VARIANTS = {
     # and (-prior) that and the synchronized captures, as before h200-2026-11-29c
     "liger-shared-batches": ["--liger", "true"],
     "liger-prior": ["--liger", "true"],
+    # litgpt's pass over the data for its longest sample in its own process, not lit_liger.lengths' workers
+    "liger-serial-lengths": ["--liger", "true"],
     # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.packing.PACK_FULL off)
     "liger-unpacked-full": ["--liger", "true"],
     # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
@@ -149,6 +151,7 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                "liger-shared-batches": {"LIT_LIGER_BENCH_BY_VALUE": "0"},
                "liger-prior": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1",
                                "LIT_LIGER_BENCH_BY_VALUE": "0"},
+               "liger-serial-lengths": {"LIT_LIGER_BENCH_LENGTH_WORKERS": "0"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")

@@ -202,6 +202,10 @@ def _patched(module: Any, config: LigerConfig, plan: Any = None) -> Iterator[Non
         from .lazylog import running_mean_factory
 
         patches["RunningMean"] = running_mean_factory(vars(module)["RunningMean"])
+    if config.enabled and callable(vars(module).get("get_longest_seq_length")):
+        from .lengths import longest_seq_length
+
+        patches["get_longest_seq_length"] = longest_seq_length(vars(module)["get_longest_seq_length"])
     if config.enabled and callable(vars(module).get("validate")):
         patches["validate"] = _validate_with_fused_loss(vars(module)["validate"])
     if config.enabled and config.fused_optimizer and callable(vars(module).get("instantiate_torch_optimizer")):

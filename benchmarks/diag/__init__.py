@@ -31,6 +31,8 @@ DIAGS = {
                                    "(2 GPUs), per DDP setting, with the first failure's traceback"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
                                  "setting (lit_liger/graphs.py) or torch.compile"),
+    "data-pass": ("data_pass", "litgpt's pass over the data for its longest sample, in one process against "
+                               "lit_liger.lengths' worker processes (CPU only)"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }
