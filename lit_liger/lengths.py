@@ -2,9 +2,10 @@
 
 litgpt's fine-tuning ``fit`` first finds the longest sample of the training and validation sets
 (``get_longest_seq_length``, which sets the model's ``max_seq_length``). It reads every sample through its
-``SFTDataset``, which tokenizes it three times, in the main process, while the GPU waits. On one CPU core that is
-~0.26 ms a sample with a small BPE (Alpaca-shaped data, ``benchmarks/results/cpu-2026-11-29/NOTES.md``): ~14 s for
-Alpaca's 52k samples, against ~3 minutes for an epoch of Llama-3.2-1B LoRA on an H200 at lit-liger's speed.
+``SFTDataset``, which tokenizes it three times, in the main process, while the GPU waits. On the H200 machine's CPU that
+took 34.8 s for Alpaca's size (52,000 Alpaca-shaped samples, a byte-level BPE of 8,192 tokens), against ~2.7 minutes
+for an epoch of Llama-3.2-1B LoRA there at lit-liger's speed; with 16 worker processes, 3.6 s
+(``benchmarks/results/h200-2026-11-29d/NOTES.md``).
 
 :func:`sample_lengths` reads the same samples with the same ``__getitem__`` in worker processes (a ``DataLoader`` of
 :func:`workers` processes, each returning its chunk's lengths, in order), so the result is the same, sample by sample.
