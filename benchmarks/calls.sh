@@ -16,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,power.draw --format=csv,noheader
-mkdir -p /tmp/o
+rm -rf /tmp/o; mkdir -p /tmp/o  # (a machine may keep an earlier session's /tmp)
 
 pack() { tar czf "$OUT/$NAME.tgz" -C /tmp/o . ; }
 
@@ -33,12 +33,14 @@ leftovers() {
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
 # rec N MODELS METHOD DEVICES VARIANTS ITERS WARMUP TIMEOUT [ENV=VALUE ...]: one `benchmarks recipe` run (micro-batch
-# 4) into /tmp/o/$NAME-N/ (N: the first argument), each run's stdout kept as /tmp/o/$NAME-run-N-*.txt (lit-liger's
+# 4; RECIPE_ARGS: more of its options, e.g. "--config configs/llama-3.2-1B/lora.yaml --n_samples 2000") into
+# /tmp/o/$NAME-N/ (N: the first argument), each run's stdout kept as /tmp/o/$NAME-run-N-*.txt (lit-liger's
 # report lines printed), the rows' headline numbers printed; packed after each
 rec() {
   local n=$1 m=$2 me=$3 dv=$4 va=$5 it=$6 wu=$7 to=$8; shift 8
   env "$@" timeout "$to" python3 -m benchmarks recipe --models "$m" --methods "$me" --micro_batches 4 --devices "$dv" \
-    --variants "$va" --iters "$it" --warmup "$wu" --work_dir /tmp/work --out "/tmp/o/$NAME-$n" > "/tmp/o/$NAME-$n.log" 2>&1
+    --variants "$va" --iters "$it" --warmup "$wu" --work_dir /tmp/work --out "/tmp/o/$NAME-$n" ${RECIPE_ARGS:-} \
+    > "/tmp/o/$NAME-$n.log" 2>&1
   echo "$n rc=$?"
   leftovers
   for f in /tmp/work/recipe-runs/*/stdout.txt; do
@@ -54,7 +56,7 @@ try:
 except OSError:
     rows = []
 keys = ("status", "tokens_per_s", "mfu_nominal", "iter_ms_mean", "iter_ms_mean_steady", "stalls", "peak_memory_gb",
-        "graph_capture_s", "graph_gpu_wait_s")
+        "graph_capture_s", "graph_gpu_wait_s", "graph_capture_share", "train_wall_s", "wall_s", "completed")
 for r in rows:
     print(sys.argv[2], r.get("devices"), r["variant"], {k: r.get(k) for k in keys}, "loss", (r.get("losses") or [None])[-2:])
 PY

@@ -232,6 +232,16 @@ def _command(method: str, ckpt: Path, data: Path, run_dir: Path, mb: int, iters:
             *VARIANTS[variant], *(["--quantize", quantize] if quantize else [])]
 
 
+def _config_command(method: str, ckpt: Path, data: Path, run_dir: Path, config: Path, precision: str, variant: str,
+                    devices: int = 1) -> list[str]:
+    """A recipe as shipped (``--config``: its training, evaluation and saving settings, and every run's end: final
+    validation, the saved and merged checkpoints), on this checkpoint and the Alpaca-shaped JSON ``data`` in place of
+    its data set (Alpaca2k's 5% for validation)."""
+    return [f"finetune_{method}", "--config", str(config), str(ckpt), "--out_dir", str(run_dir),
+            "--precision", precision, "--devices", str(devices), "--data", "JSON", "--data.json_path", str(data),
+            "--data.val_split_fraction", "0.05", "--logger_name", "csv", *VARIANTS[variant]]
+
+
 def flops_per_token(info: dict[str, Any], method: str) -> float:
     """Model FLOPs per real token of a training iteration, attention left out: 6N for full fine-tuning (forward
     2N, input and weight gradients 4N), 4N for a frozen base (LoRA, adapters, QLoRA: no weight-gradient GEMMs);
@@ -318,6 +328,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "tied embeddings (Llama-3.2-1B/3B, Qwen2.5 up to 3B): lit-liger keeps one copy (tied_weights)")
     p.add_argument("--quantize", default=None, help="QLoRA: litgpt's --quantize for every variant (e.g. bnb.nf4-dq; "
                    "needs bitsandbytes, pip install 'lit-liger[qlora]')")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a recipe as shipped (e.g. configs/llama-3.2-1B/lora.yaml; --methods names its method): its "
+                        "own training, evaluation and saving settings; only the checkpoint and the data (--n_samples "
+                        "Alpaca-shaped samples) are this benchmark's; --iters is unused")
     p.add_argument("--smoke", action="store_true", help="tiny model, a few iterations (CPU: Triton interpreter)")
     opts = p.parse_args(argv)
     smoke = opts.smoke or not C.CUDA
@@ -331,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
                               "settings": {"iters": iters, "warmup": warmup, "precision": precision,
                                            "lengths": opts.lengths, "tied_head": opts.tied_head,
                                            "max_seq_length": opts.max_seq_length, "global_batch": opts.global_batch,
-                                           "quantize": opts.quantize}}
+                                           "quantize": opts.quantize,
+                                           "config": None if opts.config is None else str(opts.config)}}
     nominal = C.nominal_bf16_TFLOPs(C.device_name()) if C.CUDA else None
     measured = C.matmul_TFLOPs(8192, 8192, 8192) if C.CUDA else None  # the bf16 GEMM rate of this GPU, now
     result["settings"].update(nominal_bf16_TFLOPs=nominal, measured_bf16_matmul_TFLOPs=measured)
@@ -365,9 +380,13 @@ def main(argv: list[str] | None = None) -> dict:
                     long = f"{opts.max_seq_length}" if opts.lengths == "long" else ""
                     run_dir = (opts.work_dir / "recipe-runs"
                                / f"{model}-{method}{q}-B{mb}{g}-{variant}-{opts.lengths}{long}")
-                    args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant, opts.quantize,
-                                    n_dev, opts.max_seq_length, opts.global_batch,
-                                    1.5 / 16 if opts.lengths == "long" and not smoke else 0.02)
+                    if opts.config is not None:
+                        run_dir = run_dir.with_name(f"{opts.config.parent.name}-{opts.config.stem}-{variant}")
+                        args = _config_command(method, ckpt, data, run_dir, opts.config, precision, variant, n_dev)
+                    else:
+                        args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant,
+                                        opts.quantize, n_dev, opts.max_seq_length, opts.global_batch,
+                                        1.5 / 16 if opts.lengths == "long" and not smoke else 0.02)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
@@ -382,7 +401,14 @@ def main(argv: list[str] | None = None) -> dict:
                         row.update(res, status="ok", iter_ms_p50=statistics.median(times),
                                    iter_ms_p90=statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0],
                                    iter_ms_mean=statistics.fmean(times), **steady_split(times))
-                        row.update(_sync_split(metrics, warmup, max(1, (16 if not smoke else mb * n_dev) // (mb * n_dev))))
+                        accumulation = max(1, (16 if not smoke else mb * n_dev) // (mb * n_dev))
+                        if opts.config is not None:
+                            import yaml
+
+                            train = yaml.safe_load(opts.config.read_text()).get("train", {})
+                            mb_cfg = train.get("micro_batch_size", mb)
+                            accumulation = max(1, train.get("global_batch_size", mb_cfg) // (mb_cfg * n_dev))
+                        row.update(_sync_split(metrics, warmup, accumulation))
                         log = run_dir / "stdout.txt"
                         if log.is_file():
                             row.update(padding_from_log(log.read_text(encoding="utf-8", errors="replace")))
