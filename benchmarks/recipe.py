@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import random
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -332,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="a recipe as shipped (e.g. configs/llama-3.2-1B/lora.yaml; --methods names its method): its "
                         "own training, evaluation and saving settings; only the checkpoint and the data (--n_samples "
                         "Alpaca-shaped samples) are this benchmark's; --iters is unused")
+    p.add_argument("--litgpt_args", default="", help="more arguments of every run's command line, after the "
+                   "benchmark's own (e.g. \"--train.save_interval 1000000\")")
     p.add_argument("--smoke", action="store_true", help="tiny model, a few iterations (CPU: Triton interpreter)")
     opts = p.parse_args(argv)
     smoke = opts.smoke or not C.CUDA
@@ -387,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
                         args = _command(method, ckpt, data, run_dir, mb, iters, precision, smoke, variant,
                                         opts.quantize, n_dev, opts.max_seq_length, opts.global_batch,
                                         1.5 / 16 if opts.lengths == "long" and not smoke else 0.02)
+                    args += shlex.split(opts.litgpt_args)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
                                            "command": "lit-liger " + " ".join(args)}
