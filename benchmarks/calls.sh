@@ -46,6 +46,9 @@ rec() {
   for f in /tmp/work/recipe-runs/*/stdout.txt; do
     [ -f "$f" ] || continue
     cp "$f" "/tmp/o/$NAME-run-$n-$(basename "$(dirname "$f")").txt"
+    for m in "$(dirname "$f")"/logs/csv/*/metrics.csv; do  # (litgpt's csv log, where there is one)
+      [ -f "$m" ] && cp "$m" "/tmp/o/$NAME-metrics-$n-$(basename "$(dirname "$f")").csv"
+    done
     grep -hE "garbage collector|dealt by length|input shapes captured|Error|out of memory" "$f" | cut -c1-330 | head -4
   done
   rm -rf /tmp/work/recipe-runs

@@ -283,9 +283,33 @@ def _child(stats_path: str, argv: list[str]) -> None:
         from lit_liger import lengths
 
         lengths.MAX_WORKERS = int(os.environ["LIT_LIGER_BENCH_LENGTH_WORKERS"])
+    if os.environ.get("LIT_LIGER_BENCH_TIME_CALLS"):  # "module:function,...": each call's wall time printed (diagnosis)
+        _time_calls(os.environ["LIT_LIGER_BENCH_TIME_CALLS"])
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
     _run_and_record(stats_path, argv)
+
+
+def _time_calls(spec: str) -> None:
+    """Each ``module:function`` of ``spec`` (comma-separated) replaced by a wrapper that prints
+    ``bench-timer: module:function S s`` after every call (a module attribute: set it before lit-liger patches the
+    recipe's module, or on a function called through its module)."""
+    import functools
+    import importlib
+
+    for item in filter(None, spec.split(",")):
+        mod_name, _, name = item.partition(":")
+        module = importlib.import_module(mod_name)
+        real = getattr(module, name)
+
+        def timed(*args: Any, _real=real, _item=item, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                print(f"bench-timer: {_item} {time.perf_counter() - t0:.3f} s", flush=True)
+
+        setattr(module, name, functools.wraps(real)(timed))
 
 
 def _profile_fit(path: str) -> None:
