@@ -290,26 +290,30 @@ def _child(stats_path: str, argv: list[str]) -> None:
     _run_and_record(stats_path, argv)
 
 
-def _time_calls(spec: str) -> None:
-    """Each ``module:function`` of ``spec`` (comma-separated) replaced by a wrapper that prints
-    ``bench-timer: module:function S s`` after every call (a module attribute: set it before lit-liger patches the
-    recipe's module, or on a function called through its module)."""
+def _time_calls(spec: str, least_s: float = 0.05) -> None:
+    """Each ``module:function`` (or ``module:Class.method``) of ``spec`` (comma-separated) replaced by a wrapper that
+    prints ``bench-timer: module:function S s`` after every call of at least ``least_s`` seconds (a module attribute:
+    set it before lit-liger patches the recipe's module, or on a function called through its module)."""
     import functools
     import importlib
 
     for item in filter(None, spec.split(",")):
-        mod_name, _, name = item.partition(":")
-        module = importlib.import_module(mod_name)
-        real = getattr(module, name)
+        mod_name, _, path = item.partition(":")
+        owner = importlib.import_module(mod_name)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        real = getattr(owner, name)
 
         def timed(*args: Any, _real=real, _item=item, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return _real(*args, **kwargs)
             finally:
-                print(f"bench-timer: {_item} {time.perf_counter() - t0:.3f} s", flush=True)
+                if time.perf_counter() - t0 >= least_s:
+                    print(f"bench-timer: {_item} {time.perf_counter() - t0:.3f} s", flush=True)
 
-        setattr(module, name, functools.wraps(real)(timed))
+        setattr(owner, name, functools.wraps(real)(timed))
 
 
 def _profile_fit(path: str) -> None:
