@@ -544,3 +544,58 @@ def test_run_with_timeout_kills_the_whole_process_group():
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert left == []  # (the grandchild went with it)
     assert C.run_with_timeout([sys.executable, "-c", "print('ok')"], 30) == (0, "ok\n", "")
+
+
+def test_recipe_runs_a_shipped_config_as_shipped(tmp_path, capsys, monkeypatch):
+    """``recipe --config``: the shipped recipe's settings (epochs, evaluation, saves, LoRA) kept, only the checkpoint,
+    the data and ``--litgpt_args`` the benchmark's (litgpt's own parser, ``--print_config``: nothing runs)."""
+    import shlex
+
+    import yaml
+
+    from benchmarks.recipe import _config_command
+    from lit_liger import cli
+
+    ckpt, data = tmp_path / "ckpt", tmp_path / "data.json"
+    args = _config_command("lora", ckpt, data, tmp_path / "run", ROOT / "configs/llama-3.2-1B/lora.yaml",
+                           "bf16-true", "liger") + shlex.split("--train.save_interval=7")
+    monkeypatch.setattr(sys, "argv", ["lit-liger", *args, "--print_config"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code in (0, None)
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    shipped = yaml.safe_load((ROOT / "configs/llama-3.2-1B/lora.yaml").read_text())
+    assert cfg["checkpoint_dir"] == str(ckpt) and cfg["lora_r"] == shipped["lora_r"]
+    assert cfg["data"]["class_path"].endswith("JSON") and cfg["data"]["init_args"]["json_path"] == str(data)
+    assert cfg["data"]["init_args"]["prompt_style"] == shipped["data"]["init_args"]["prompt_style"]
+    assert cfg["train"]["epochs"] == shipped["train"]["epochs"] and cfg["train"]["save_interval"] == 7
+    assert cfg["eval"]["interval"] == shipped["eval"]["interval"]
+
+
+def test_bench_call_timer_prints_the_slow_calls(capsys):
+    """``LIT_LIGER_BENCH_TIME_CALLS``: a module function and a class's method wrapped; a call under the threshold says
+    nothing, one over it says its seconds."""
+    import time as time_mod
+    import types
+
+    from benchmarks.finetune import _time_calls
+
+    mod = types.ModuleType("bench_timer_probe")
+
+    class Slow:
+        def wait(self, s):
+            time_mod.sleep(s)
+            return s
+
+    mod.Slow, mod.f = Slow, lambda s: time_mod.sleep(s) or "done"
+    sys.modules["bench_timer_probe"] = mod
+    try:
+        _time_calls("bench_timer_probe:f,bench_timer_probe:Slow.wait", least_s=0.05)
+        assert mod.f(0.0) == "done" and Slow().wait(0.0) == 0.0
+        assert "bench-timer" not in capsys.readouterr().out
+        assert mod.f(0.06) == "done" and Slow().wait(0.06) == 0.06
+        out = capsys.readouterr().out.splitlines()
+        assert [line.split()[1] for line in out] == ["bench_timer_probe:f", "bench_timer_probe:Slow.wait"]
+        assert all(float(line.split()[2]) >= 0.05 for line in out)
+    finally:
+        del sys.modules["bench_timer_probe"]
