@@ -54,14 +54,17 @@ def workers() -> int:
 def sample_lengths(data: Any, n_workers: int | None = None) -> list[int] | None:
     """Every sample's ``len(data[i]["input_ids"])``, in order, read by ``n_workers`` worker processes (None:
     :func:`workers`); None where the data stays in the main process (fewer than :data:`PARALLEL_MIN` samples, one
-    worker, or no ``len``). A failure in the workers raises, as it would in the main process."""
+    worker, no ``len``, or no ``fork`` start method). A failure in the workers raises, as it would in the main
+    process."""
     n_workers = workers() if n_workers is None else n_workers
     if not isinstance(data, Sized) or len(data) < max(PARALLEL_MIN, 2) or n_workers < 2:
         return None
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None  # (the workers would need the data set pickled)
     n = len(data)
     chunk = max(1, math.ceil(n / (4 * n_workers)))  # (4 chunks a worker: the slower ones are waited for less)
     # fork: the workers inherit the data set (nothing pickled), as litgpt's own DataLoaders on Linux
-    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    context = multiprocessing.get_context("fork")
     loader = torch.utils.data.DataLoader(data, batch_size=chunk, num_workers=n_workers, collate_fn=_lengths,
                                          multiprocessing_context=context)
     out: list[int] = []

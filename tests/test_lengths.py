@@ -69,6 +69,10 @@ def test_small_data_or_one_worker_takes_litgpt_pass(sft, monkeypatch):
     monkeypatch.setattr(lengths, "workers", lambda: 1)
     calls.clear()
     assert lengths.longest_seq_length(litgpt)(sft) == _litgpt_pass()(sft) and calls == [len(sft)]
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # (macOS, Windows)
+    assert lengths.sample_lengths(sft, 4) is None
 
 
 class _FailsInWorkers(torch.utils.data.Dataset):
