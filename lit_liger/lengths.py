@@ -9,8 +9,8 @@ for an epoch of Llama-3.2-1B LoRA there at lit-liger's speed; with 16 worker pro
 
 :func:`sample_lengths` reads the same samples with the same ``__getitem__`` in worker processes (a ``DataLoader`` of
 :func:`workers` processes, each returning its chunk's lengths, in order), so the result is the same, sample by sample.
-Small data sets stay in the main process (:data:`PARALLEL_MIN`); where the workers fail, litgpt's own pass runs
-(said once).
+Small data sets stay in the main process (:data:`PARALLEL_MIN`), and so does a platform without the ``fork`` start
+method; where the workers fail, litgpt's own pass runs (with a warning).
 """
 
 from __future__ import annotations
@@ -93,8 +93,7 @@ def longest_seq_length(fallback: Callable[[Any], tuple[int, int]]) -> Callable[[
             lengths = sample_lengths(data, n_workers)
         except Exception as e:  # noqa: BLE001 - litgpt's pass then runs (and raises what the data raises)
             warnings.warn(f"lit-liger: reading the samples' lengths in {n_workers} worker processes failed "
-                          f"({_last_line(e)}); litgpt reads "
-                          "them in this process", stacklevel=2)
+                          f"({_last_line(e)}); litgpt reads them in this process", stacklevel=2)
             lengths = None
         if lengths is None:
             return fallback(data)
