@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PARALLEL_MIN", "MAX_WORKERS", "longest_seq_length", "sample_lengths", "workers"]
+__all__ = ["PARALLEL_MIN", "MAX_WORKERS", "longest_seq_length", "sample_lengths", "usable_cpus", "workers"]
 
 #: fewer samples than this are read in the main process, as litgpt does (starting the workers costs ~0.1 s)
 PARALLEL_MIN = 2048
@@ -38,13 +38,18 @@ def _lengths(samples: list[dict]) -> list[int]:
     return [len(s["input_ids"]) for s in samples]
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
 def workers() -> int:
     """The worker processes for this training process: its usable CPUs shared among the node's training processes,
     at most :data:`MAX_WORKERS`."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     if not local and torch.distributed.is_available() and torch.distributed.is_initialized():
         local = min(torch.distributed.get_world_size(), max(1, torch.cuda.device_count()))

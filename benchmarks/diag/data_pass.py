@@ -56,7 +56,7 @@ def main() -> None:
                "litgpt_ms_per_sample": round(1e3 * serial / len(ds), 4)}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    result = {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    result = {"cpus": lengths.usable_cpus(),
               "max_seq_length": max_seq, "rows": rows}
     if out_path:
         out_path.write_text(json.dumps(result, indent=1))
