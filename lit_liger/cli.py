@@ -289,7 +289,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
         from ._dist import liger_replica, several_processes, whole_model
         from .adapter import TRAINING_TOKENS
-        from . import hostgc, profiling
+        from . import hostgc, loaders, profiling
         from .graphs import CAPTURE_STATS, capture_report
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
@@ -306,7 +306,10 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
-            with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch:
+            # (the loaders' workers stopped as fit returns: litgpt's fit leaves its frame in a reference cycle, whose
+            # collection would cost each running worker 5 s; lit_liger.loaders)
+            with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch, \
+                    loaders.stop_workers(bound.get("train_dataloader"), bound.get("val_dataloader")):
                 out = fit(*args, **kwargs)
         finally:
             if ahead is not None:

@@ -33,6 +33,8 @@ DIAGS = {
                                  "setting (lit_liger/graphs.py) or torch.compile"),
     "data-pass": ("data_pass", "litgpt's pass over the data for its longest sample, in one process against "
                                "lit_liger.lengths' worker processes (CPU only)"),
+    "loader-cycle": ("loader_cycle", "what a DataLoader iterator with running workers costs when the garbage collector "
+                                     "frees it, with and without lit_liger.loaders.stop_workers (CPU only)"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }
