@@ -285,15 +285,21 @@ def _child(stats_path: str, argv: list[str]) -> None:
         lengths.MAX_WORKERS = int(os.environ["LIT_LIGER_BENCH_LENGTH_WORKERS"])
     if os.environ.get("LIT_LIGER_BENCH_TIME_CALLS"):  # "module:function,...": each call's wall time printed (diagnosis)
         _time_calls(os.environ["LIT_LIGER_BENCH_TIME_CALLS"])
+    if os.environ.get("LIT_LIGER_BENCH_CPROFILE_CALLS"):  # "module:function,...": each call's cProfile stats kept
+        _time_calls(os.environ["LIT_LIGER_BENCH_CPROFILE_CALLS"], 0.0,
+                    os.environ.get("LIT_LIGER_BENCH_CPROFILE_DIR") or str(Path(stats_path).parent))
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
     _run_and_record(stats_path, argv)
 
 
-def _time_calls(spec: str, least_s: float = 0.05) -> None:
+def _time_calls(spec: str, least_s: float = 0.05, profile_dir: str | None = None) -> None:
     """Each ``module:function`` (or ``module:Class.method``) of ``spec`` (comma-separated) replaced by a wrapper that
     prints ``bench-timer: module:function S s`` after every call of at least ``least_s`` seconds (a module attribute:
-    set it before lit-liger patches the recipe's module, or on a function called through its module)."""
+    set it before lit-liger patches the recipe's module, or on a function called through its module); with
+    ``profile_dir``, each call also runs under cProfile, its stats written there as ``function-N.pstats`` (N: the
+    call's number, from 1)."""
+    import cProfile
     import functools
     import importlib
 
@@ -305,13 +311,19 @@ def _time_calls(spec: str, least_s: float = 0.05) -> None:
             owner = getattr(owner, part)
         real = getattr(owner, name)
 
-        def timed(*args: Any, _real=real, _item=item, **kwargs: Any) -> Any:
+        def timed(*args: Any, _real=real, _item=item, _calls=[0], **kwargs: Any) -> Any:  # noqa: B006 - a counter
+            _calls[0] += 1
+            prof = cProfile.Profile() if profile_dir else None
             t0 = time.perf_counter()
             try:
-                return _real(*args, **kwargs)
+                if prof is None:
+                    return _real(*args, **kwargs)
+                return prof.runcall(_real, *args, **kwargs)
             finally:
                 if time.perf_counter() - t0 >= least_s:
                     print(f"bench-timer: {_item} {time.perf_counter() - t0:.3f} s", flush=True)
+                if prof is not None:
+                    prof.dump_stats(str(Path(profile_dir) / f"{_item.rpartition(':')[2]}-{_calls[0]}.pstats"))
 
         setattr(owner, name, functools.wraps(real)(timed))
 

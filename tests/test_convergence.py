@@ -599,3 +599,30 @@ def test_bench_call_timer_prints_the_slow_calls(capsys):
         assert all(float(line.split()[2]) >= 0.05 for line in out)
     finally:
         del sys.modules["bench_timer_probe"]
+
+
+def test_bench_call_profiler_keeps_each_calls_stats(tmp_path, capsys):
+    """``LIT_LIGER_BENCH_CPROFILE_CALLS``: each call of the wrapped function runs under cProfile, its stats in a file
+    numbered by the call, which name the function's own callees."""
+    import pstats
+    import types
+
+    from benchmarks.finetune import _time_calls
+
+    mod = types.ModuleType("bench_profile_probe")
+
+    def inner(n):
+        return sum(range(n))
+
+    mod.inner = inner
+    mod.outer = lambda n: mod.inner(n) + 1
+    sys.modules["bench_profile_probe"] = mod
+    try:
+        _time_calls("bench_profile_probe:outer", 0.0, str(tmp_path))
+        assert mod.outer(10) == 46 and mod.outer(3) == 4
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["outer-1.pstats", "outer-2.pstats"]
+        funcs = {name for (_, _, name) in pstats.Stats(str(tmp_path / "outer-1.pstats")).stats}
+        assert "inner" in funcs
+        assert len(capsys.readouterr().out.splitlines()) == 2  # (every call timed, at a threshold of 0)
+    finally:
+        del sys.modules["bench_profile_probe"]

@@ -35,6 +35,8 @@ DIAGS = {
                                "lit_liger.lengths' worker processes (CPU only)"),
     "loader-cycle": ("loader_cycle", "what a DataLoader iterator with running workers costs when the garbage collector "
                                      "frees it, with and without lit_liger.loaders.stop_workers (CPU only)"),
+    "decode": ("decode", "litgpt's sample generation (its recipes' evaluations): seconds per new token, the host's "
+                         "profile, and the one-token KV-cache step in a CUDA graph"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }
