@@ -39,6 +39,7 @@ from . import _dist
 from ._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
 from .config import LigerConfig
+from . import decode as _decode
 from . import graphs as _graphs
 from . import memplan as _memplan
 from . import tied as _tied
@@ -693,6 +694,11 @@ class _GPTMixin:
         if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
+        if input_pos is not None and not grad:  # (generation's one-token steps: one CUDA graph, lit_liger.decode)
+            out = _decode.step(self, functools.partial(super().forward, input_pos_maxp1=None), idx, input_pos,
+                              lm_head_chunk_size)
+            if out is not None:
+                return out
         if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self) \
                 or _int8_head(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
@@ -771,6 +777,14 @@ class _GPTMixin:
             self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
             max_chunk_bytes=self._liger_chunk_cap(x),
         )
+
+    def set_kv_cache(self, *args, **kwargs):
+        _decode.drop(self)  # (its graph was captured on the cache being replaced)
+        return super().set_kv_cache(*args, **kwargs)
+
+    def clear_kv_cache(self):
+        _decode.drop(self)
+        return super().clear_kv_cache()
 
     def _liger_body(self, idx: torch.Tensor, head: GatheredHead | None,
                     plan: _packing.Plan | None = None) -> torch.Tensor:
@@ -1606,3 +1620,6 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                 "equal, as in a converted checkpoint of a tied-embedding model (checked at the "
                                 "forward; tied_weights)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")
+    if cfg.cuda_graphs is not False and _decode.DECODE_GRAPHS:
+        report.add(prefix, gpt, "generation's one-token KV-cache steps replayed from one CUDA graph per KV cache "
+                                "(one CUDA process; attention over the whole cache, masked; lit_liger.decode)")
