@@ -120,12 +120,15 @@ def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch
     graph serves (see the module's doc): the caller runs litgpt's forward as it was called."""
     if _why_not(gpt, idx, input_pos, lm_head_chunk_size) is not None:
         return None
-    key = (tuple(idx.shape), idx.dtype, tuple(input_pos.shape), input_pos.dtype, idx.device)
+    # (inference mode in the key: a graph's inputs made under it cannot be written outside it)
+    key = (tuple(idx.shape), idx.dtype, tuple(input_pos.shape), input_pos.dtype, idx.device,
+           torch.is_inference_mode_enabled())
     g = vars(gpt).get(_ATTR)
     if not isinstance(g, _Graph) or g.key != key or not g.current():
         drop(gpt)
         try:
-            g = _capture(gpt, forward, idx, input_pos, key)
+            with torch.cuda.device(idx.device):
+                g = _capture(gpt, forward, idx, input_pos, key)
         except Exception as e:  # noqa: BLE001 - litgpt's forward then runs, for this model from now on
             STATS["failed"] += 1
             vars(gpt)[_ATTR] = _OFF
@@ -136,6 +139,7 @@ def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch
         vars(gpt)[_ATTR] = g
     g.x.copy_(idx)
     g.pos.copy_(input_pos)
-    g.graph.replay()
+    with torch.cuda.device(idx.device):
+        g.graph.replay()
     STATS["replays"] += 1
     return g.out.clone()

@@ -117,6 +117,10 @@ def test_gpu_graph_recaptured_when_what_it_reads_moves_and_not_kept_in_training(
     ours.set_kv_cache(batch_size=1, device="cuda")  # (a new cache: a new graph)
     generate(ours, prompt, max_returned_tokens=10, temperature=0.0)
     assert decode.STATS["captures"] - before == 3
+    with torch.no_grad():  # (not inference mode, as litgpt's generate is: a graph of its own, no error)
+        x, pos = prompt[:1].view(1, 1), torch.tensor([9], device="cuda")
+        ours(x, pos)
+    assert decode.STATS["captures"] - before == 4
     ours.train()
     with torch.no_grad():
         assert decode._why_not(ours, prompt[:1].view(1, 1), prompt[:1], 0) is not None
