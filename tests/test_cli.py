@@ -1063,6 +1063,38 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     assert counts[0] == counts[1] and len(counts[0]) >= 2, counts
 
 
+def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(assets, tmp_path, monkeypatch):
+    """litgpt's ``fit`` that ends by its epochs has started the training loader's workers again (the ``next()`` that
+    found the epochs done), and its saves leave its frame in a reference cycle. Collected, such an iterator makes
+    PyTorch wait 5 s for each worker and terminate it; the ``lit-liger`` command stops them as ``fit`` returns
+    (``lit_liger.loaders``), so none is terminated and none is left running."""
+    import gc
+    import multiprocessing.process
+
+    terminated: list[int] = []
+    terminate = multiprocessing.process.BaseProcess.terminate
+
+    def recording(self):
+        if self.is_alive():
+            terminated.append(self.pid)
+        terminate(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording)
+    args = [*finetune_args(assets, "finetune_lora", tmp_path / "out", "true"), "--data.num_workers", 2,
+            "--train.max_steps", 1000, "--train.epochs", 1, "--train.save_interval", 4]  # (the last value wins)
+    enabled = gc.isenabled()
+    gc.disable()  # (the cycle then lives until the collection below)
+    try:
+        run_cli(monkeypatch, args)
+        gc.collect()
+    finally:
+        if enabled:
+            gc.enable()
+    assert (tmp_path / "out" / "step-000004").is_dir()  # (a save ran)
+    assert terminated == []
+    assert multiprocessing.active_children() == []
+
+
 def test_batches_off_the_host_puts_litgpt_collate_back():
     """The training DataLoader gets ``LigerCollate`` for the run and litgpt's own collate back after it."""
     from litgpt.data.base import get_sft_collate_fn
