@@ -1063,6 +1063,7 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     assert counts[0] == counts[1] and len(counts[0]) >= 2, counts
 
 
+@pytest.mark.slow
 def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(assets, tmp_path, monkeypatch):
     """litgpt's ``fit`` that ends by its epochs has started the training loader's workers again (the ``next()`` that
     found the epochs done), and its saves leave its frame in a reference cycle. Collected, such an iterator makes
