@@ -50,3 +50,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def terminated(monkeypatch):
+    """The pids of the DataLoader workers PyTorch had to terminate (still alive after its 5 s join timeout) as it shut
+    an iterator down, recorded through ``multiprocessing``'s ``Process.terminate`` for the test."""
+    import multiprocessing.process
+
+    out: list[int] = []
+    terminate = multiprocessing.process.BaseProcess.terminate
+
+    def recording(self):
+        if self.is_alive():
+            out.append(self.pid)
+        terminate(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording)
+    return out

@@ -1064,23 +1064,15 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
 
 
 @pytest.mark.slow
-def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(assets, tmp_path, monkeypatch):
+def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(assets, tmp_path, monkeypatch,
+                                                                              terminated):
     """litgpt's ``fit`` that ends by its epochs has started the training loader's workers again (the ``next()`` that
     found the epochs done), and its saves leave its frame in a reference cycle. Collected, such an iterator makes
     PyTorch wait 5 s for each worker and terminate it; the ``lit-liger`` command stops them as ``fit`` returns
     (``lit_liger.loaders``), so none is terminated and none is left running."""
     import gc
-    import multiprocessing.process
+    import multiprocessing
 
-    terminated: list[int] = []
-    terminate = multiprocessing.process.BaseProcess.terminate
-
-    def recording(self):
-        if self.is_alive():
-            terminated.append(self.pid)
-        terminate(self)
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording)
     args = [*finetune_args(assets, "finetune_lora", tmp_path / "out", "true"), "--data.num_workers", 2,
             "--train.max_steps", 1000, "--train.epochs", 1, "--train.save_interval", 4]  # (the last value wins)
     enabled = gc.isenabled()

@@ -76,6 +76,7 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
         n = len(prompt)
         for m in (ref, ours):
             m(prompt.view(1, -1), torch.arange(n, device="cuda"), input_pos_maxp1=n)
+        replays = decode.STATS["replays"]
         for i, tok in enumerate([7, 99, 3, 42]):
             x, pos = torch.tensor([[tok]], device="cuda"), torch.tensor([n + i], device="cuda")
             got = ours(x, pos, input_pos_maxp1=n + i + 1)
@@ -83,6 +84,7 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
             short = ref(x, pos, input_pos_maxp1=n + i + 1)
             torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got, short, rtol=1e-5, atol=1e-5)
+        assert decode.STATS["replays"] - replays == 4  # (each of ours came from the graph, not litgpt's forward)
     assert isinstance(vars(ours)[decode._ATTR], decode._Graph)
     ours.clear_kv_cache()
     assert decode._ATTR not in vars(ours)

@@ -31,23 +31,6 @@ def _loader(workers: int = 2, **kw) -> DataLoader:
     return DataLoader(_Range(), batch_size=4, num_workers=workers, multiprocessing_context=context, **kw)
 
 
-@pytest.fixture
-def terminated(monkeypatch):
-    """The workers PyTorch had to terminate (still alive after its 5 s join timeout), as it shut an iterator down."""
-    import multiprocessing.process
-
-    out: list[int] = []
-    terminate = multiprocessing.process.BaseProcess.terminate
-
-    def recording(self):
-        if self.is_alive():
-            out.append(self.pid)
-        terminate(self)
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording)
-    return out
-
-
 def _exited(it) -> bool:
     return all(not w.is_alive() for w in it._workers)
 

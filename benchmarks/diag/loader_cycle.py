@@ -53,7 +53,6 @@ def _recording_terminate() -> None:
 def _row(workers: int, stop: bool) -> dict:
     TERMINATED.clear()
     dl = DataLoader(_Range(), batch_size=4, num_workers=workers, multiprocessing_context=multiprocessing.get_context("fork"))
-    t_stop = 0.0
     with loaders.stop_workers(dl if stop else None):
         it = iter(dl)
         next(it)
