@@ -695,8 +695,7 @@ class _GPTMixin:
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
         if input_pos is not None and not grad:  # (generation's one-token steps: one CUDA graph, lit_liger.decode)
-            out = _decode.step(self, functools.partial(super().forward, input_pos_maxp1=None), idx, input_pos,
-                              lm_head_chunk_size)
+            out = _decode.step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
             if out is not None:
                 return out
         if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self) \
@@ -1621,5 +1620,6 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                 "forward; tied_weights)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")
     if cfg.cuda_graphs is not False and _decode.DECODE_GRAPHS:
-        report.add(prefix, gpt, "generation's one-token KV-cache steps replayed from one CUDA graph per KV cache "
-                                "(one CUDA process; attention over the whole cache, masked; lit_liger.decode)")
+        report.add(prefix, gpt, "generation's one-token KV-cache steps replayed from CUDA graphs, one per key length "
+                                "(the cache's filled length rounded up to a power of two, masked; one CUDA process; "
+                                "lit_liger.decode)")

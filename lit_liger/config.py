@@ -172,7 +172,7 @@ class LigerConfig:
             an out-of-memory error in a warm-up or capture releases them and runs the step
             uncaptured, with one warning; training's end releases them all (before litgpt validates, saves or merges).
             Not ``False`` also replays generation's one-token KV-cache steps (litgpt's ``generate``, no grad, eval
-            mode) from one CUDA graph per KV cache (``lit_liger.decode``).
+            mode) from CUDA graphs, one per key length of each KV cache (``lit_liger.decode``).
         cuda_graphs_max_tokens: the most tokens (B x T) of a micro-batch that ``cuda_graphs`` captures. ``None``
             (default): ``graphs.CAPTURE_MAX_WORK`` divided by the parameters of one transformer Block (a step's GPU
             time grows with tokens x parameters, its host time does not), measured on an H100 where capture stops

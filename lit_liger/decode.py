@@ -1,4 +1,4 @@
-"""litgpt's sample generation on a swapped model: each one-token KV-cache step replayed from one CUDA graph.
+"""litgpt's sample generation on a swapped model: each one-token KV-cache step replayed from a CUDA graph.
 
 litgpt's fine-tuning recipes generate a sample at every evaluation (``generate_example``: ``set_kv_cache``, up to
 ``eval.max_new_tokens`` one-token steps through ``litgpt.generate.base.generate``, ``clear_kv_cache``). Each step is a
@@ -8,12 +8,16 @@ H200 (Llama-3.2-1B LoRA, the shipped LoRA recipe, ``benchmarks/results/h200-2026
 run took 22 s of its 44 s ``fit``, stock's as long; the first one 10-12 s, 6.4 s of them in
 ``scaled_dot_product_attention`` (a new plan for each of its 100 key lengths).
 
-Here the step at a given (batch, dtype) runs as one CUDA graph: litgpt's forward with ``input_pos_maxp1=None``, the
-attention over the whole cache with litgpt's mask (the form litgpt runs itself for Thunder modules), all shapes fixed.
-The token and its positions are copied into the graph's inputs, the graph replayed, its logits returned as a new
-tensor. The first step of a cache runs once uncaptured (its writes into the cache are those the replay makes again),
-then is captured. The graph lives with the KV cache: ``set_kv_cache`` and ``clear_kv_cache`` drop it, and a cache
-buffer, mask, RoPE table or parameter found at another address recaptures it. Uncaptured, as before: the prompt
+Here the step runs as a CUDA graph per (batch, dtype, key length): litgpt's forward with ``input_pos_maxp1`` rounded up
+to a power of two (at least :data:`MIN_KEYS`; the whole cache where that is no shorter, or where litgpt passes none), so
+the attention reads the cache's filled part and a little more, with litgpt's mask, every shape fixed. A generation of
+a few hundred tokens uses one graph, one of 100k tokens from a short prompt ten; a whole-cache graph would read all of a
+128k cache (17 GB at Llama-3.1-8B) at every token. The token and its positions are copied into the graph's inputs, the
+graph replayed, its logits returned as a new tensor. The first step of each key length runs once uncaptured (its
+writes into the cache are those the replay makes again), then is recorded on a side stream (no device synchronize, no
+garbage collection: ``graphs._recording``); the graphs of a cache share one memory pool. They live with the KV cache:
+``set_kv_cache`` and ``clear_kv_cache`` drop them, and a cache buffer, mask, RoPE table or parameter found at another
+address recaptures them. Uncaptured, as before: the prompt
 (prefill), grad enabled, training mode, a sliding-window cache (it reads its length back), more than one process
 (:func:`lit_liger._dist.several_processes`), ``lm_head_chunk_size``, ``torch.compile``, CPU tensors,
 ``LigerConfig.cuda_graphs=False`` or :data:`DECODE_GRAPHS` off. A capture that fails turns it off for the model,
@@ -25,15 +29,24 @@ can differ from stock's at the same seed where two are nearly tied, as with any 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
 import torch
 
-__all__ = ["DECODE_GRAPHS", "STATS", "drop", "step"]
+__all__ = ["DECODE_GRAPHS", "MAX_GRAPHS", "MIN_KEYS", "STATS", "drop", "key_length", "step"]
 
 #: capture the one-token KV-cache step (off: litgpt's forward at every step)
 DECODE_GRAPHS = True
+
+#: the shortest key length a step's graph attends over (litgpt's fine-tuning recipes generate ~100 tokens after a short
+#: prompt: one graph)
+MIN_KEYS = 256
+
+#: graphs kept per KV cache (batch sizes, dtypes, key lengths: a generation to a 128k cache from a 256-token prompt
+#: needs 10); past it the cache's graphs are dropped and captured again as needed
+MAX_GRAPHS = 24
 
 #: this process's decode graphs: captures, replays, capture failures (tests and the benchmarks read them)
 STATS = {"captures": 0, "replays": 0, "failed": 0}
@@ -43,32 +56,49 @@ _OFF = "off"
 
 
 class _Graph:
-    """One captured step: its graph, static inputs and logits, and the tensors whose addresses it was captured at."""
+    """One captured step: its graph, static inputs and logits."""
 
-    def __init__(self, key: tuple, graph: Any, x: torch.Tensor, pos: torch.Tensor, out: torch.Tensor,
-                 watched: list[tuple[Any, str, int]]) -> None:
-        self.key, self.graph, self.x, self.pos, self.out, self.watched = key, graph, x, pos, out, watched
+    def __init__(self, graph: Any, x: torch.Tensor, pos: torch.Tensor, out: torch.Tensor) -> None:
+        self.graph, self.x, self.pos, self.out = graph, x, pos, out
+
+
+class _Graphs:
+    """A KV cache's graphs by key, their memory pool and side stream, and the tensors whose addresses they were
+    captured at."""
+
+    def __init__(self, gpt: torch.nn.Module, device: torch.device) -> None:
+        self.by_key: dict[tuple, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)
+        self.watched = _watched(gpt)
 
     def current(self) -> bool:
-        return all(_ptr(owner, name) == ptr for owner, name, ptr in self.watched)
+        return all((t := d.get(name)) is not None and t.data_ptr() == ptr for d, name, ptr in self.watched)
 
 
-def _ptr(owner: Any, name: str) -> int:
-    t = getattr(owner, name, None)
-    return t.data_ptr() if isinstance(t, torch.Tensor) else -1
-
-
-def _watched(gpt: torch.nn.Module) -> list[tuple[Any, str, int]]:
-    """What a replay reads or writes by address: every parameter and buffer (the KV caches', the mask's, RoPE's)."""
+def _watched(gpt: torch.nn.Module) -> list[tuple[dict, str, int]]:
+    """What a replay reads or writes by address: every parameter and buffer (the KV caches', the mask's, RoPE's), each
+    as (the dict that holds it, its name, its address): read straight from the module's ``_parameters`` /
+    ``_buffers`` at every step, without ``nn.Module.__getattr__`` (0.4 of a 2.5 ms step at Llama-3.2-1B)."""
     out = []
     for module in gpt.modules():
-        for name, t in list(module._parameters.items()) + list(module._buffers.items()):
-            if t is not None:
-                out.append((module, name, t.data_ptr()))
+        for d in (module._parameters, module._buffers):
+            out.extend((d, name, t.data_ptr()) for name, t in d.items() if t is not None)
     for name in ("mask_cache", "cos", "sin"):
-        if isinstance(getattr(gpt, name, None), torch.Tensor) and name not in gpt._buffers:
-            out.append((gpt, name, getattr(gpt, name).data_ptr()))
+        t = vars(gpt).get(name)
+        if isinstance(t, torch.Tensor):
+            out.append((vars(gpt), name, t.data_ptr()))
     return out
+
+
+def key_length(input_pos_maxp1: Any, cache_length: int) -> int | None:
+    """The key length a step's graph attends over: ``input_pos_maxp1`` (litgpt's filled length of the cache, a Python
+    int) rounded up to a power of two, at least :data:`MIN_KEYS`; None (the whole cache) where that is no shorter than
+    ``cache_length`` or litgpt gives no int."""
+    if not isinstance(input_pos_maxp1, int) or isinstance(input_pos_maxp1, bool) or input_pos_maxp1 < 1:
+        return None
+    n = max(MIN_KEYS, 1 << (input_pos_maxp1 - 1).bit_length())
+    return n if n < cache_length else None
 
 
 def _why_not(gpt: torch.nn.Module, idx: torch.Tensor, input_pos: torch.Tensor, lm_head_chunk_size: int) -> str | None:
@@ -93,50 +123,64 @@ def _why_not(gpt: torch.nn.Module, idx: torch.Tensor, input_pos: torch.Tensor, l
 
 
 def drop(gpt: torch.nn.Module) -> None:
-    """Forget ``gpt``'s decode graph (its memory pool goes back to PyTorch's allocator); a failed capture's "off" is
+    """Forget ``gpt``'s decode graphs (their memory pool goes back to PyTorch's allocator); a failed capture's "off" is
     kept."""
-    if isinstance(vars(gpt).get(_ATTR), _Graph):
+    if isinstance(vars(gpt).get(_ATTR), _Graphs):
         del vars(gpt)[_ATTR]
 
 
-def _capture(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch.Tensor, key: tuple) -> _Graph:
+def _capture(state: _Graphs, forward: Any, idx: torch.Tensor, input_pos: torch.Tensor) -> _Graph:
+    from .graphs import _no_gc, _recording
+
     x, pos = idx.clone(), input_pos.clone()
-    stream = torch.cuda.Stream(device=idx.device)
-    stream.wait_stream(torch.cuda.current_stream(idx.device))
-    with torch.cuda.stream(stream):  # (the warm-up: lazy initializations and plans outside the capture)
-        forward(x, pos)
-    torch.cuda.current_stream(idx.device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-        out = forward(x, pos)
+    stream, current = state.stream, torch.cuda.current_stream(idx.device)
+    with _no_gc(collect=False):  # (no collection, with its __del__s, inside the recording)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):  # (the warm-up: lazy initializations and plans outside the capture)
+            forward(x, pos)
+        graph = torch.cuda.CUDAGraph()
+        with _recording(graph, state.pool, stream):
+            out = forward(x, pos)
+        current.wait_stream(stream)
     STATS["captures"] += 1
-    return _Graph(key, graph, x, pos, out, _watched(gpt))
+    return _Graph(graph, x, pos, out)
 
 
 def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch.Tensor,
-         lm_head_chunk_size: int = 0) -> torch.Tensor | None:
-    """The logits of a one-token KV-cache step of ``gpt`` from its decode graph, made where there is none yet;
-    ``forward(idx, input_pos)``: litgpt's forward with ``input_pos_maxp1=None``. None where the step is not one the
-    graph serves (see the module's doc): the caller runs litgpt's forward as it was called."""
+         input_pos_maxp1: Any = None, lm_head_chunk_size: int = 0) -> torch.Tensor | None:
+    """The logits of a one-token KV-cache step of ``gpt`` from its decode graph for this key length (see
+    :func:`key_length`), made where there is none yet; ``forward(idx, input_pos, input_pos_maxp1=...)``: litgpt's
+    forward. None where the step is not one the graphs serve (see the module's doc): the caller runs litgpt's forward
+    as it was called."""
     if _why_not(gpt, idx, input_pos, lm_head_chunk_size) is not None:
         return None
+    keys = key_length(input_pos_maxp1, min(gpt.mask_cache.shape[-1], gpt.max_seq_length))
     # (inference mode in the key: a graph's inputs made under it cannot be written outside it)
     key = (tuple(idx.shape), idx.dtype, tuple(input_pos.shape), input_pos.dtype, idx.device,
-           torch.is_inference_mode_enabled())
-    g = vars(gpt).get(_ATTR)
-    if not isinstance(g, _Graph) or g.key != key or not g.current():
-        drop(gpt)
+           torch.is_inference_mode_enabled(), keys)
+    state = vars(gpt).get(_ATTR)
+    if not isinstance(state, _Graphs) or not state.current():
+        state = None
+    g = None if state is None else state.by_key.get(key)
+    if g is None:
         try:
             with torch.cuda.device(idx.device):
-                g = _capture(gpt, forward, idx, input_pos, key)
+                if state is None or len(state.by_key) >= MAX_GRAPHS:
+                    drop(gpt)
+                    state = vars(gpt)[_ATTR] = _Graphs(gpt, idx.device)
+                g = state.by_key[key] = _capture(state, functools.partial(forward, input_pos_maxp1=keys), idx,
+                                                 input_pos)
         except Exception as e:  # noqa: BLE001 - litgpt's forward then runs, for this model from now on
+            if state is not None:
+                from .graphs import _end_allocating
+
+                _end_allocating(state.pool, idx.device)
             STATS["failed"] += 1
             vars(gpt)[_ATTR] = _OFF
             warnings.warn(f"lit-liger: the KV-cache step could not be captured as a CUDA graph "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); generation runs "
                           "uncaptured for this model", stacklevel=3)
             return None
-        vars(gpt)[_ATTR] = g
     g.x.copy_(idx)
     g.pos.copy_(input_pos)
     with torch.cuda.device(idx.device):

@@ -11,8 +11,8 @@ from test_adapter import _pair, tiny_config
 from lit_liger import LigerConfig, apply_liger, decode
 
 
-def _models(name: str = "Llama-3.2-1B", device: str = "cpu", dtype=torch.float32, **cfg):
-    ref, ours = _pair(tiny_config(name, block_size=64))
+def _models(name: str = "Llama-3.2-1B", device: str = "cpu", dtype=torch.float32, block_size: int = 64, **cfg):
+    ref, ours = _pair(tiny_config(name, block_size=block_size))
     ref, ours = ref.to(device, dtype), ours.to(device, dtype)
     report = apply_liger(ours, LigerConfig(**cfg))
     for m in (ref, ours):
@@ -24,7 +24,7 @@ def _models(name: str = "Llama-3.2-1B", device: str = "cpu", dtype=torch.float32
 
 def test_the_kv_cache_calls_drop_the_graph_and_keep_a_failed_capture_off():
     _, ours, _ = _models()
-    placeholder = decode._Graph(("k",), None, None, None, None, [])
+    placeholder = object.__new__(decode._Graphs)
     vars(ours)[decode._ATTR] = placeholder
     ours.set_kv_cache(batch_size=1)
     assert decode._ATTR not in vars(ours)
@@ -38,7 +38,7 @@ def test_the_kv_cache_calls_drop_the_graph_and_keep_a_failed_capture_off():
 
 def test_cpu_generation_is_litgpts_and_captures_nothing():
     ref, ours, report = _models()
-    assert "KV-cache steps replayed from one CUDA graph" in str(report)
+    assert "KV-cache steps replayed from CUDA graphs" in str(report)
     prompt = torch.randint(0, 150, (5,))
     before = dict(decode.STATS)
     a = generate(ref, prompt, max_returned_tokens=14, temperature=0.0)
@@ -47,6 +47,16 @@ def test_cpu_generation_is_litgpts_and_captures_nothing():
     x, pos = torch.tensor([[3]]), torch.tensor([5])
     with torch.no_grad():
         assert decode._why_not(ours, x, pos, 0) == "not a one-token CUDA step"
+
+
+def test_key_length_rounds_the_filled_length_up_to_a_power_of_two_below_the_cache():
+    k = decode.key_length
+    assert decode.MIN_KEYS == 256
+    assert [k(n, 4096) for n in (1, 61, 256, 257, 512, 513, 2048, 2049)] == [256, 256, 256, 512, 512, 1024, 2048, None]
+    assert k(100, 256) is None and k(100, 257) == 256  # (no shorter than the cache: the whole cache)
+    assert k(70_000, 131_072) is None and k(65_536, 131_072) == 65_536
+    # litgpt gives no int (Thunder: None; a tensor would need the host to read it): the whole cache
+    assert k(None, 4096) is None and k(torch.tensor(5), 4096) is None and k(True, 4096) is None and k(0, 4096) is None
 
 
 def test_cuda_graphs_false_leaves_generation_uncaptured():
@@ -85,9 +95,37 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
             torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got, short, rtol=1e-5, atol=1e-5)
         assert decode.STATS["replays"] - replays == 4  # (each of ours came from the graph, not litgpt's forward)
-    assert isinstance(vars(ours)[decode._ATTR], decode._Graph)
+    assert isinstance(vars(ours)[decode._ATTR], decode._Graphs)
     ours.clear_kv_cache()
     assert decode._ATTR not in vars(ours)
+
+
+@pytest.mark.gpu
+def test_gpu_generation_across_key_lengths_gives_litgpts_tokens_and_logits():
+    ref, ours, _ = _models("Llama-3.2-1B", "cuda", block_size=2048)
+    prompt = torch.randint(0, 150, (200,), device="cuda")
+    before = dict(decode.STATS)
+    a = generate(ref, prompt, max_returned_tokens=600, temperature=0.0)  # (keys 256, 512, 1024: three graphs)
+    b = generate(ours, prompt, max_returned_tokens=600, temperature=0.0)
+    assert torch.equal(a, b)
+    assert decode.STATS["captures"] - before["captures"] == 3
+    assert decode.STATS["replays"] - before["replays"] == 600 - 200 - 1
+    assert sorted(k[-1] for k in vars(ours)[decode._ATTR].by_key) == [256, 512, 1024]
+    # step by step across a boundary: each replayed logit equals litgpt's forward over the filled part
+    for m in (ref, ours):
+        m.set_kv_cache(batch_size=1, device="cuda")
+    with torch.inference_mode():
+        n = 254
+        x0 = torch.randint(0, 150, (1, n), device="cuda")
+        for m in (ref, ours):
+            m(x0, torch.arange(n, device="cuda"), input_pos_maxp1=n)
+        replays = decode.STATS["replays"]
+        for i, tok in enumerate([7, 99, 3, 42]):  # (positions 254-257: keys 256, 256, 256, 512)
+            x, pos = torch.tensor([[tok]], device="cuda"), torch.tensor([n + i], device="cuda")
+            got = ours(x, pos, input_pos_maxp1=n + i + 1)
+            want = ref(x, pos, input_pos_maxp1=n + i + 1)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert decode.STATS["replays"] - replays == 4
 
 
 @pytest.mark.gpu
