@@ -788,16 +788,19 @@ class _GPTMixin:
     def _liger_body(self, idx: torch.Tensor, head: GatheredHead | None,
                     plan: _packing.Plan | None = None) -> torch.Tensor:
         """:meth:`_liger_hidden`, through the captured CUDA graphs where they apply (``cuda_graphs``)."""
-        x = None
+        x = runner = None
         if not torch.compiler.is_compiling():  # (Blocks recomputed, inputs offloaded): read by the graphs, the body
             self._liger_mem_now = _memory_plan_here(self, idx)
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
         if graphs is not False and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
             # traced graph must not do)
-            x = runner_for(self).hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
+            runner = runner_for(self)
+            x = runner.hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx, plan)
+            if runner is not None:
+                runner.note_hidden(x)  # (the first micro-batch runs uncaptured: graphs.EAGER_FIRST)
         return x
 
     def _liger_chunk_cap(self, x: torch.Tensor) -> int | None:

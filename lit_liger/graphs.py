@@ -90,6 +90,19 @@ WARMUP_IN_POOL = True
 #: capture warms its shape up first, as before
 WARMUP_ONCE = True
 
+#: the first micro-batch since a model's graphs were made or released runs uncaptured, as the run's real step, and
+#: tells the runner the hidden states' width and dtype (:meth:`GraphRunner.note_hidden`); the captures from the next
+#: micro-batch on are then recorded without a warm-up pass where :data:`WARMUP_ONCE` allows (packed lengths, guarded
+#: by :func:`_compile_guard`). The warm-up pass before a model's first capture was a forward and backward whose results
+#: were thrown away, and in a new process it also made every kernel's first call and Triton's compilations
+#: (0.14-0.16 s of a shipped Llama-3.2-1B recipe's captures on an H200 with Triton's disk cache, 0.9-1.3 s without,
+#: ``benchmarks/results/h200-2026-11-29e``); the uncaptured step makes those first calls as part of the training.
+#: Where a trainable parameter's ``.grad`` from that step is a plain tensor and the replay adds into ``.grad`` directly
+#: (:data:`DIRECT_GRADS`), it becomes that parameter's gradient buffer (:meth:`GraphRunner.grad_buffers`): no second
+#: copy of the gradients (16 GB at Llama-3.1-8B full fine-tuning). False: the first micro-batch is captured, after a
+#: warm-up pass
+EAGER_FIRST = True
+
 #: the CUDA driver (``cuDriverGetVersion``) from which a capture may load a kernel's module: CUDA 12.3 (NVIDIA Warp's
 #: documentation of graph capture and module loading)
 CAPTURE_LOADS_FROM_DRIVER = 12030
@@ -202,13 +215,15 @@ MAX_GRAPHS = 48
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
 #: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
-#: (:data:`CAPTURE_AFTER`); ``first_warmup`` the process's first warm-up pass (in ``warmup`` too), which also makes
+#: (:data:`CAPTURE_AFTER`); ``eager_first`` the first micro-batches since a reset, run uncaptured in place of a warm-up
+#: pass (:data:`EAGER_FIRST`: training steps, not capture time); ``first_warmup`` the process's first warm-up pass (in
+#: ``warmup`` too), which also makes
 #: every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an H200 without Triton's disk cache,
 #: against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and attention's set-up, which an
 #: uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
                  "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
-                 "left_out": 0, "deferred": 0, "first_warmup": 0.0, "gpu_wait": 0.0}
+                 "left_out": 0, "deferred": 0, "first_warmup": 0.0, "gpu_wait": 0.0, "eager_first": 0}
 #: (start, end) CUDA events around each capture on the stream that trains, not read yet: the GPU's wait for the
 #: capture is the time between them (``gpu_wait``, see :func:`settle_waits`)
 _WAITS: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -389,6 +404,9 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
         extra += f", {stats['long']:,} longer micro-batches uncaptured (cuda_graphs_max_tokens)"
     if stats.get("captures") and "warmed" in stats:
         extra += f"; {stats['warmed']} of the captures warmed up first"
+    if stats.get("eager_first"):
+        extra += (f"; {stats['eager_first']} first micro-batch(es) ran uncaptured in place of a warm-up pass "
+                  "(graphs.EAGER_FIRST)")
     if stats.get("rewarmed"):
         extra += f"; {stats['rewarmed']} captures restarted with a warm-up (a Triton compilation)"
     if stats.get("precaptured"):
@@ -455,6 +473,7 @@ class _Graphs:
                 hidden = gpt._liger_hidden(self.static_idx, self.static_plan, taps={})
                 torch.autograd.grad(hidden, params, torch.ones_like(hidden), allow_unused=True)
                 _warm_grads_into(gpt, params, bufs, self.static_idx.dtype)
+                runner.grads_warm = True
                 runner.hidden_spec = hidden.shape[-1], hidden.dtype
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
@@ -464,6 +483,9 @@ class _Graphs:
             guard = contextlib.nullcontext()
         else:  # (WARMUP_ONCE: a packed length after the first capture; Triton's compilations guarded)
             first_in_process = False
+            if not runner.grads_warm:  # (EAGER_FIRST: no warm-up pass has run since the reset)
+                _warm_grads_into(gpt, params, bufs, self.static_idx.dtype)
+                runner.grads_warm = True
             width, dtype = runner.hidden_spec  # ((B, T) or packed (1, N) token ids -> (..., width) hidden states)
             out_spec = torch.Size((*self.static_idx.shape, width)), dtype, self.static_idx.device
             guard = _compile_guard()
@@ -744,6 +766,9 @@ class _Replay(torch.autograd.Function):
             if copy:
                 torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
         elif graphs.direct:  # (the graph adds into the buffers)
+            for p, buf in zip(graphs.params, graphs.grads):  # (a buffer that is .grad: the gradients so far move out)
+                if buf is not None and p.grad is buf:
+                    p.grad = buf.clone()
             torch._foreach_zero_([b for b in graphs.grads if b is not None])
         for j, graph in enumerate(graphs.bwds):
             graph.replay()
@@ -816,8 +841,10 @@ class GraphRunner:
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
         self.seen: dict[tuple, int] = {}  # uncaptured micro-batches per shape met after the pre-capture (CAPTURE_AFTER)
-        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up since the reset
+        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up or the first uncaptured micro-batch since the reset
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
+        self.eager_first = False  # the first micro-batch since the reset ran uncaptured (EAGER_FIRST)
+        self.grads_warm = False  # _warm_grads_into has run since the reset
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
 
@@ -943,6 +970,11 @@ class GraphRunner:
             params = [p for p in self._params if p.requires_grad]
             if not params:
                 return None  # nothing to train: an uncaptured forward costs nothing extra
+            if EAGER_FIRST and self.hidden_spec is None and not self.eager_first and not self.graphs:
+                self.eager_first = True  # (this micro-batch runs uncaptured, see EAGER_FIRST; the caller tells
+                CAPTURE_STATS["eager_first"] += 1  # note_hidden what it computed)
+                _PROCESS_WARMED[0] = True
+                return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
@@ -1178,14 +1210,29 @@ class GraphRunner:
         for k in [k for k, b in self.buffers.items() if id(b) not in used]:
             del self.buffers[k]
 
+    def note_hidden(self, hidden: torch.Tensor) -> None:
+        """The final hidden states of a micro-batch run uncaptured: after the first since the reset
+        (:data:`EAGER_FIRST`) their width and dtype are what a capture without warm-up needs."""
+        if self.eager_first and self.hidden_spec is None:
+            self.hidden_spec = hidden.shape[-1], hidden.dtype
+
     def grad_buffers(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
-        """One gradient buffer per trainable parameter, shared by every shape's backward graph."""
+        """One gradient buffer per trainable parameter, shared by every shape's backward graph: the parameter's
+        ``.grad`` where the replay adds into it directly and it is a plain contiguous tensor of the parameter's shape
+        and dtype (an uncaptured micro-batch's, :data:`EAGER_FIRST`), else a new tensor."""
         out = []
+        direct = DIRECT_GRADS and whole_model()
         for p in params:
             buf = self.buffers.get(id(p))
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
-                buf = self.buffers[id(p)] = torch.empty_like(p, memory_format=torch.contiguous_format)
-                self.grad_bytes_made += buf.numel() * buf.element_size()
+                g = p.grad
+                if direct and g is not None and type(g) is torch.Tensor and g._base is None and \
+                        g.shape == p.shape and g.dtype == p.dtype and g.device == p.device and g.is_contiguous() \
+                        and not _tensor_hooked(p):
+                    buf = self.buffers[id(p)] = g
+                else:
+                    buf = self.buffers[id(p)] = torch.empty_like(p, memory_format=torch.contiguous_format)
+                    self.grad_bytes_made += buf.numel() * buf.element_size()
             out.append(buf)
         return out
 
@@ -1219,6 +1266,7 @@ class GraphRunner:
         self.addresses = None
         self.aborted.clear()
         self.hidden_spec = None  # (the next capture warms up: the model's dtype or kernels may have changed)
+        self.eager_first = self.grads_warm = False
 
 
 def _clear_blas_workspaces() -> None:

@@ -52,6 +52,17 @@ def device():
     return DEVICE
 
 
+@pytest.fixture(autouse=True)
+def _capture_from_the_first_micro_batch(request, monkeypatch):
+    """The CUDA-graph tests count captures and replays from a model's first micro-batch. ``graphs.EAGER_FIRST`` (on in
+    a run: that micro-batch runs uncaptured, the next ones are captured without a warm-up pass) is off for them and
+    tested on its own by the tests marked ``eager_first``."""
+    if "eager_first" not in request.keywords:
+        from lit_liger import graphs
+
+        monkeypatch.setattr(graphs, "EAGER_FIRST", False)
+
+
 @pytest.fixture
 def terminated(monkeypatch):
     """The pids of the DataLoader workers PyTorch had to terminate (still alive after its 5 s join timeout) as it shut

@@ -714,6 +714,70 @@ def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
     assert runner.hidden(x[:, :4]) == "replayed" and made[-1] == (8, True)
 
 
+@pytest.mark.eager_first
+def test_the_first_micro_batch_runs_uncaptured_and_the_captures_after_it_need_no_warm_up(monkeypatch):
+    """``graphs.EAGER_FIRST``: the first micro-batch since a reset runs uncaptured (the caller's forward) and tells the
+    runner the hidden states' width and dtype; the next packed lengths are captured without a warm-up pass, an
+    unpacked shape still with one. A caller that does not tell leaves the next capture to warm up; off, the first
+    micro-batch is captured after a warm-up. The run's report says it."""
+    assert graphs.EAGER_FIRST
+    cfg, model, runner, before = _runner(monkeypatch)
+    made = []
+    _warmup_stub(monkeypatch, cfg, made)
+    idx, plan = _packed(cfg, 16)
+    assert runner.hidden(idx, plan=plan) is None and made == [] and runner.eager_first
+    runner.note_hidden(torch.zeros(1, 16, cfg.n_embd, dtype=torch.bfloat16))
+    assert runner.hidden_spec == (cfg.n_embd, torch.bfloat16)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made == [(16, False)]
+    idx2, plan2 = _packed(cfg, 20)
+    assert runner.hidden(idx2, plan=plan2) == "replayed" and made[-1] == (20, False)
+    runner.note_hidden(torch.zeros(1, 4, 7))  # (a later uncaptured micro-batch changes nothing)
+    assert runner.hidden_spec == (cfg.n_embd, torch.bfloat16)
+    x, _ = _data(cfg, T=12)
+    assert runner.hidden(x) == "replayed" and made[-1] == (24, True)  # (unpacked: cuDNN plans each shape)
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    assert stats["eager_first"] == 1 and stats["captures"] == 3
+    assert "1 first micro-batch(es) ran uncaptured in place of a warm-up pass" in graphs.capture_report(stats)
+    runner.reset()  # (graphs released: the next micro-batch runs uncaptured again)
+    assert runner.hidden(idx, plan=plan) is None
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)  # (nothing told: a warm-up)
+    runner.reset()
+    monkeypatch.setattr(graphs, "EAGER_FIRST", False)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)
+
+
+@pytest.mark.eager_first
+def test_an_uncaptured_micro_batch_grad_becomes_the_graphs_buffer_where_the_replay_adds_into_grad(monkeypatch):
+    """``GraphRunner.grad_buffers``: a trainable parameter's plain ``.grad`` (an uncaptured micro-batch's) is its
+    buffer where the replay adds into ``.grad`` (one copy of the gradients); a view, a hooked parameter or a replay that
+    hands its gradients to autograd get a new buffer. A replay that hands them to autograd moves the gradients out of a
+    buffer that is ``.grad`` before it zeroes the buffer."""
+    cfg, model, runner, before = _runner(monkeypatch)
+    params = [p for p in model.parameters() if p.requires_grad][:3]
+    a, b, c = params
+    a.grad = torch.randn_like(a)
+    b.grad = torch.zeros(2 * b.numel())[: b.numel()].view(b.shape)  # (a view: not adopted)
+    bufs = runner.grad_buffers(params)
+    assert bufs[0] is a.grad and bufs[1] is not b.grad and bufs[2] is not None and c.grad is None
+    assert runner.grad_bytes_made == (b.numel() + c.numel()) * b.element_size()
+    runner.reset()
+    monkeypatch.setattr(graphs, "whole_model", lambda: False)  # (a DDP replica: autograd accumulates)
+    assert runner.grad_buffers(params)[0] is not a.grad
+    # the replay's backward where it hands the gradients to autograd, with a buffer that is .grad
+    runner.reset()
+    monkeypatch.setattr(graphs, "whole_model", lambda: True)
+    held = a.grad.clone()
+    bufs = runner.grad_buffers(params)
+    assert bufs[0] is a.grad
+    monkeypatch.setattr(graphs, "whole_model", lambda: False)
+    fake = types.SimpleNamespace(runner=runner, params=params, grads=bufs, direct=True, bwds=[], notify=[],
+                                 static_grad=torch.zeros(2))
+    ctx = types.SimpleNamespace(graphs=fake, generation=runner.generation)
+    out = graphs._Replay.backward(ctx, torch.ones(2))
+    assert a.grad is not bufs[0] and torch.equal(a.grad, held)  # (kept: autograd adds the buffer into it)
+    assert torch.equal(bufs[0], torch.zeros_like(bufs[0])) and out[3] is bufs[0]
+
+
 def test_a_capture_without_warm_up_that_would_compile_starts_again_with_one(monkeypatch):
     """A capture without warm-up stopped by ``graphs._compile_guard`` (a Triton kernel not compiled yet) is made again
     with a warm-up: no warning, graphs stay on, the stopped capture is kept until the next reset; the run's report

@@ -320,6 +320,47 @@ def test_gpu_packed_steps_equal_padded_steps(name, graphs):
         assert runner_for(a).captures == 2 and runner_for(a).replays == 3
 
 
+@pytest.mark.gpu
+@pytest.mark.eager_first
+def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_padded_steps():
+    """``graphs.EAGER_FIRST`` on a real model (full training, packed): the first micro-batch runs uncaptured and its
+    ``.grad`` tensors become the graphs' gradient buffers; the packed lengths after it are captured with no warm-up
+    pass; the accumulated loss and gradients equal the padded uncaptured model's."""
+    from lit_liger import graphs
+    from lit_liger.graphs import runner_for
+
+    cfg = tiny_config("Llama-3.2-1B").__class__.from_name("Llama-3.2-1B", n_layer=2, block_size=512)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        a = GPT(cfg).to(torch.bfloat16)
+    a.apply(a._init_weights)
+    b = copy.deepcopy(a)
+    apply_liger(a, LigerConfig(packing=True, cuda_graphs=True))
+    apply_liger(b, LigerConfig(packing=False, cuda_graphs=False))
+    before = dict(graphs.CAPTURE_STATS)
+    first = None
+    for i, lengths in enumerate([(100, 300, 90, 310), (50, 120), (100, 300, 90, 310), (50, 120)]):
+        x, y = _batch(cfg, lengths)
+        x, y = x.cuda(), y.cuda()
+        losses = []
+        for m in (a, b):
+            loss = _lora_step_loss(m, x, y)
+            loss.backward()
+            losses.append(loss.detach().float())
+        assert rel_err(losses[0], losses[1]) <= 5e-3, (lengths, losses)
+        if i == 0:
+            assert runner_for(a).captures == 0
+            first = {id(p): p.grad for p in a.parameters() if p.grad is not None}
+    runner = runner_for(a)
+    assert runner.disabled is None, runner.error
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert rel_err(p.grad, q.grad) <= 3e-2, n
+    body = [p for n, p in a.named_parameters() if n.startswith("transformer.h.")]
+    assert body and all(runner.buffers[id(p)] is first[id(p)] is p.grad for p in body)  # (one copy of each gradient)
+    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    assert (stats["eager_first"], stats["captures"], stats["replays"], stats["warmed"]) == (1, 2, 3, 0), stats
+
+
 # -- plans made by the data loader (lit-liger's CLI: ``LigerCollate`` on the host, ``register`` after the move) --------
 def _ready(x, y, bucketed=False, max_position=64):
     entry = packing.host_plan(x, y, packing_bucket if bucketed else None)
