@@ -3,12 +3,14 @@ time per new token of stock LitGPT, of lit-liger uncaptured and of lit-liger wit
 (``lit_liger.decode``), and where the host spends it.
 
 usage: python -m benchmarks diag decode [OUT.json]   (env: MODEL=Llama-3.2-1B, BLOCK=512, PROMPT=60, NEW=100, TOP=25,
-                                                       MODES=stock,liger-uncaptured,liger)
+                                                       MODES=stock,liger-uncaptured,liger[,liger-whole-cache])
 
 One GPU, bf16, the recipe's LoRA model, random weights, ``set_kv_cache(batch_size=1)`` as litgpt's
 ``generate_example`` does, temperature 0.8, no stop token (every new token made). Per mode: a fresh model, three
 calls on the same prompt (seconds each; the first makes every first call: attention plans, cuBLAS, the capture),
 per new token (the third), then one more call under cProfile (the functions with the most own time).
+``liger-whole-cache``: the decode graphs attend over the whole cache at every token (``decode.MIN_KEYS`` past the
+cache's length), as the first decode graph did, for comparison with the key lengths rounded up to a power of two.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ def _generate(model, prompt, new: int) -> float:
 def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -> dict:
     from lit_liger import apply_liger, decode
 
+    torch.cuda.reset_peak_memory_stats()
     cfg, model = recipe_model(name, block)
     if mode != "stock":
         apply_liger(model)
-    decode.DECODE_GRAPHS = mode == "liger"
+    decode.DECODE_GRAPHS = mode in ("liger", "liger-whole-cache")
+    decode.MIN_KEYS = 1 << 40 if mode == "liger-whole-cache" else 256
     model.max_seq_length = block
     model.eval()
     with torch.device("cuda"):
@@ -61,6 +65,7 @@ def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -
     torch.cuda.empty_cache()
     return {"mode": mode, "generate_s": calls, "s_per_token": round(calls[-1] / new, 5),
             "first_call_s_per_token": round(calls[0] / new, 5), "captures": decode.STATS["captures"] - captures,
+            "peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
             "profile_tottime": text.getvalue().splitlines()}
 
 
