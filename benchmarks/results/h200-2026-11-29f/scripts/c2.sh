@@ -1,10 +1,8 @@
-# call c2: generation through the decode graphs at long caches: Llama-3.2-1B at the recipes' cache, Llama-3.1-8B at a
-# 128k cache from a 60-token and a 4,000-token prompt (stock, whole-cache graph, graphs per key length)
+# call c2: bisect c1's capture failure after the uncaptured first micro-batch (graphs.EAGER_FIRST)
 CALL=c2; . benchmarks/calls.sh
-MODES=stock,liger timeout 120 python3 -m benchmarks diag decode /tmp/o/c2-decode-1b.json 2>&1 | grep '^{'
-MODEL=Llama-3.1-8B BLOCK=131072 MODES=stock,liger-whole-cache,liger timeout 240 python3 -m benchmarks diag decode \
-  /tmp/o/c2-decode-8b-128k.json 2>&1 | grep '^{\|Error'
-MODEL=Llama-3.1-8B BLOCK=131072 PROMPT=4000 MODES=stock,liger timeout 200 python3 -m benchmarks diag decode \
-  /tmp/o/c2-decode-8b-128k-p4000.json 2>&1 | grep '^{\|Error'
+P=benchmarks/results/h200-2026-11-29f/scripts/eager_first_probe.py
+for v in "" "DROPOUT=0" "GEMM_INTO_GRAD=0" "LAYERS=2" "FULL=1" "EAGER_FIRST=0"; do
+  echo "== $v"; env $v CUDA_LAUNCH_BLOCKING=0 timeout 90 python3 $P 2>&1 | grep -v Warning | tail -45
+done
 echo "call wall $(( $(date +%s) - S )) s"
 pack
