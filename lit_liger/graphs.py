@@ -844,6 +844,7 @@ class GraphRunner:
         self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up or the first uncaptured micro-batch since the reset
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self.eager_first = False  # the first micro-batch since the reset ran uncaptured (EAGER_FIRST)
+        self.accumulators: list = []  # the parameters' AccumulateGrad nodes, made on the capture stream (EAGER_FIRST)
         self.grads_warm = False  # _warm_grads_into has run since the reset
         self._tree: int | None = None  # _TREE_VERSION at the last walk of the module tree
         _watch_registrations()
@@ -974,6 +975,7 @@ class GraphRunner:
                 self.eager_first = True  # (this micro-batch runs uncaptured, see EAGER_FIRST; the caller tells
                 CAPTURE_STATS["eager_first"] += 1  # note_hidden what it computed)
                 _PROCESS_WARMED[0] = True
+                self._accumulators_on_side_stream(params)
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
@@ -1210,6 +1212,23 @@ class GraphRunner:
         for k in [k for k, b in self.buffers.items() if id(b) not in used]:
             del self.buffers[k]
 
+    def _accumulators_on_side_stream(self, params: list[nn.Parameter]) -> None:
+        """Make the parameters' gradient accumulators (autograd's AccumulateGrad nodes) with the capture stream current,
+        and hold them until the reset. Autograd gives a node the stream current at its making and reuses a parameter's
+        node while anything holds it. The uncaptured micro-batch's graph lives on after its backward where the caller
+        keeps its loss (litgpt's loop does, until the next micro-batch's loss replaces it), and with it nodes made on
+        the default stream: the next micro-batch's captured backward then made that (legacy) stream wait for the
+        capture, which CUDA refuses ("operation would make the legacy stream depend on a capturing blocking stream";
+        measured on an H200, ``benchmarks/results/h200-2026-11-29f``). Made here, every later forward, uncaptured or
+        captured, reuses these, as it reuses those that the captured graphs hold after a warm-up pass."""
+        device = params[0].device if params else None
+        if device is None or device.type != "cuda":
+            return
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        with torch.cuda.stream(self.stream):
+            self.accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]
+
     def note_hidden(self, hidden: torch.Tensor) -> None:
         """The final hidden states of a micro-batch run uncaptured: after the first since the reset
         (:data:`EAGER_FIRST`) their width and dtype are what a capture without warm-up needs."""
@@ -1267,6 +1286,7 @@ class GraphRunner:
         self.aborted.clear()
         self.hidden_spec = None  # (the next capture warms up: the model's dtype or kernels may have changed)
         self.eager_first = self.grads_warm = False
+        self.accumulators = []
 
 
 def _clear_blas_workspaces() -> None:

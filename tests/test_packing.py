@@ -325,7 +325,8 @@ def test_gpu_packed_steps_equal_padded_steps(name, graphs):
 def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_padded_steps():
     """``graphs.EAGER_FIRST`` on a real model (full training, packed): the first micro-batch runs uncaptured and its
     ``.grad`` tensors become the graphs' gradient buffers; the packed lengths after it are captured with no warm-up
-    pass; the accumulated loss and gradients equal the padded uncaptured model's."""
+    pass; the accumulated loss and gradients equal the padded uncaptured model's. Each micro-batch's loss is held past
+    the next one's forward (a capture failed when the uncaptured micro-batch's autograd graph outlived its backward)."""
     from lit_liger import graphs
     from lit_liger.graphs import runner_for
 
@@ -339,6 +340,7 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
     apply_liger(b, LigerConfig(packing=False, cuda_graphs=False))
     before = dict(graphs.CAPTURE_STATS)
     first = None
+    kept = []  # (each loss, with its autograd graph, held past the next forward, as litgpt's loop holds its last)
     for i, lengths in enumerate([(100, 300, 90, 310), (50, 120), (100, 300, 90, 310), (50, 120)]):
         x, y = _batch(cfg, lengths)
         x, y = x.cuda(), y.cuda()
@@ -347,6 +349,7 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
             loss = _lora_step_loss(m, x, y)
             loss.backward()
             losses.append(loss.detach().float())
+            kept.append(loss)
         assert rel_err(losses[0], losses[1]) <= 5e-3, (lengths, losses)
         if i == 0:
             assert runner_for(a).captures == 0
