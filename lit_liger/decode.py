@@ -72,22 +72,26 @@ class _Graphs:
         self.stream = torch.cuda.Stream(device=device)
         self.watched = _watched(gpt)
 
-    def current(self) -> bool:
-        return all((t := d.get(name)) is not None and t.data_ptr() == ptr for d, name, ptr in self.watched)
+    def current(self, gpt: torch.nn.Module) -> bool:
+        own = vars(gpt)
+        return all((t := (own if d is None else d).get(name)) is not None and t.data_ptr() == ptr
+                   for d, name, ptr in self.watched)
 
 
-def _watched(gpt: torch.nn.Module) -> list[tuple[dict, str, int]]:
+def _watched(gpt: torch.nn.Module) -> list[tuple[dict | None, str, int]]:
     """What a replay reads or writes by address: every parameter and buffer (the KV caches', the mask's, RoPE's), each
     as (the dict that holds it, its name, its address): read straight from the module's ``_parameters`` /
-    ``_buffers`` at every step, without ``nn.Module.__getattr__`` (0.4 of a 2.5 ms step at Llama-3.2-1B)."""
-    out = []
+    ``_buffers`` at every step, without ``nn.Module.__getattr__`` (0.4 of a 2.5 ms step at Llama-3.2-1B). ``gpt``'s
+    own attributes (``mask_cache``, ``cos``, ``sin``) as None: their dict holds these graphs, and holding it here would
+    make a reference cycle that keeps a dropped model's memory until Python's next collection."""
+    out: list[tuple[dict | None, str, int]] = []
     for module in gpt.modules():
         for d in (module._parameters, module._buffers):
             out.extend((d, name, t.data_ptr()) for name, t in d.items() if t is not None)
     for name in ("mask_cache", "cos", "sin"):
         t = vars(gpt).get(name)
         if isinstance(t, torch.Tensor):
-            out.append((vars(gpt), name, t.data_ptr()))
+            out.append((None, name, t.data_ptr()))
     return out
 
 
@@ -159,7 +163,7 @@ def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch
     key = (tuple(idx.shape), idx.dtype, tuple(input_pos.shape), input_pos.dtype, idx.device,
            torch.is_inference_mode_enabled(), keys)
     state = vars(gpt).get(_ATTR)
-    if not isinstance(state, _Graphs) or not state.current():
+    if not isinstance(state, _Graphs) or not state.current(gpt):
         state = None
     g = None if state is None else state.by_key.get(key)
     if g is None:

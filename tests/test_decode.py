@@ -59,6 +59,23 @@ def test_key_length_rounds_the_filled_length_up_to_a_power_of_two_below_the_cach
     assert k(None, 4096) is None and k(torch.tensor(5), 4096) is None and k(True, 4096) is None and k(0, 4096) is None
 
 
+def test_watched_tensors_leave_the_model_collectable_by_reference_counting():
+    """The graphs watch every parameter and buffer by address, ``gpt``'s own attributes (the mask) by name only: the
+    watch list holds no reference to ``gpt``'s ``__dict__``, which holds the graphs (a cycle would keep a dropped
+    model's caches until Python's next collection)."""
+    _, ours, _ = _models()
+    watched = decode._watched(ours)
+    assert all(d is not vars(ours) for d, _, _ in watched)
+    assert (None, "mask_cache", ours.mask_cache.data_ptr()) in watched
+    n = sum(1 for m in ours.modules() for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
+    assert len(watched) == n + 1
+    state = object.__new__(decode._Graphs)
+    state.watched = watched
+    assert state.current(ours)
+    ours.mask_cache = ours.mask_cache.clone()  # (a new mask: the graphs would read the old one)
+    assert not state.current(ours)
+
+
 def test_cuda_graphs_false_leaves_generation_uncaptured():
     _, ours, report = _models(cuda_graphs=False)
     assert "KV-cache steps replayed" not in str(report)

@@ -16,6 +16,7 @@ cache's length), as the first decode graph did, for comparison with the key leng
 from __future__ import annotations
 
 import cProfile
+import gc
 import io
 import json
 import os
@@ -62,6 +63,7 @@ def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     del model
+    gc.collect()  # (the model and its caches go before the next mode's peak is measured)
     torch.cuda.empty_cache()
     return {"mode": mode, "generate_s": calls, "s_per_token": round(calls[-1] / new, 5),
             "first_call_s_per_token": round(calls[0] / new, 5), "captures": decode.STATS["captures"] - captures,
