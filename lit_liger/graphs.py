@@ -99,8 +99,11 @@ WARMUP_ONCE = True
 #: ``benchmarks/results/h200-2026-11-29e``); the uncaptured step makes those first calls as part of the training.
 #: Where a trainable parameter's ``.grad`` from that step is a plain tensor and the replay adds into ``.grad`` directly
 #: (:data:`DIRECT_GRADS`), it becomes that parameter's gradient buffer (:meth:`GraphRunner.grad_buffers`): no second
-#: copy of the gradients (16 GB at Llama-3.1-8B full fine-tuning). False: the first micro-batch is captured, after a
-#: warm-up pass
+#: copy of the gradients (16 GB at Llama-3.1-8B full fine-tuning). One process only: several processes (DDP, lit-liger's
+#: replicas and their first-step pre-capture) warm up as before, since no 2-GPU machine was lent to measure it there.
+#: Measured on an H200 through the shipped 1B recipes (``benchmarks/results/h200-2026-11-29f``): the captures' share of
+#: litgpt's Training Time 3.0-3.9% on a fresh machine (7.6-8.6% before) and 3.4-3.6% warm (3.9-5.1%). False: the first
+#: micro-batch is captured, after a warm-up pass
 EAGER_FIRST = True
 
 #: the CUDA driver (``cuDriverGetVersion``) from which a capture may load a kernel's module: CUDA 12.3 (NVIDIA Warp's
@@ -971,7 +974,8 @@ class GraphRunner:
             params = [p for p in self._params if p.requires_grad]
             if not params:
                 return None  # nothing to train: an uncaptured forward costs nothing extra
-            if EAGER_FIRST and self.hidden_spec is None and not self.eager_first and not self.graphs:
+            if EAGER_FIRST and self.hidden_spec is None and not self.eager_first and not self.graphs \
+                    and not _dist.several_processes():
                 self.eager_first = True  # (this micro-batch runs uncaptured, see EAGER_FIRST; the caller tells
                 CAPTURE_STATS["eager_first"] += 1  # note_hidden what it computed)
                 _PROCESS_WARMED[0] = True

@@ -718,8 +718,8 @@ def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
 def test_the_first_micro_batch_runs_uncaptured_and_the_captures_after_it_need_no_warm_up(monkeypatch):
     """``graphs.EAGER_FIRST``: the first micro-batch since a reset runs uncaptured (the caller's forward) and tells the
     runner the hidden states' width and dtype; the next packed lengths are captured without a warm-up pass, an
-    unpacked shape still with one. A caller that does not tell leaves the next capture to warm up; off, the first
-    micro-batch is captured after a warm-up. The run's report says it."""
+    unpacked shape still with one. A caller that does not tell leaves the next capture to warm up; several processes,
+    or the switch off: the first micro-batch is captured after a warm-up. The run's report says it."""
     assert graphs.EAGER_FIRST
     cfg, model, runner, before = _runner(monkeypatch)
     made = []
@@ -741,6 +741,10 @@ def test_the_first_micro_batch_runs_uncaptured_and_the_captures_after_it_need_no
     runner.reset()  # (graphs released: the next micro-batch runs uncaptured again)
     assert runner.hidden(idx, plan=plan) is None
     assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)  # (nothing told: a warm-up)
+    runner.reset()
+    with monkeypatch.context() as m:  # (several processes: warmed up as before, not measured on 2 GPUs)
+        m.setattr(graphs._dist, "several_processes", lambda: True)
+        assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)
     runner.reset()
     monkeypatch.setattr(graphs, "EAGER_FIRST", False)
     assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (16, True)
