@@ -289,12 +289,8 @@ def test_padding_report_with_packing():
                     "leaving padding out: -300 positions in all)")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B"])
-@pytest.mark.parametrize("graphs", [False, True])
-def test_gpu_packed_steps_equal_padded_steps(name, graphs):
-    """On the GPU (flash attention over cumulative lengths; captured per packed length with graphs): several
-    micro-batches of different lengths, accumulated, give the padded lit-liger model's loss and gradients."""
+def _gpu_packed_pair(name: str, graphs: bool):
+    """A 2-layer bf16 ``name`` on the GPU, packed (captured where ``graphs``), and its padded, uncaptured copy."""
     cfg = tiny_config(name).__class__.from_name(name, n_layer=2, block_size=512)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -303,15 +299,32 @@ def test_gpu_packed_steps_equal_padded_steps(name, graphs):
     b = copy.deepcopy(a)
     apply_liger(a, LigerConfig(packing=True, cuda_graphs=graphs))
     apply_liger(b, LigerConfig(packing=False, cuda_graphs=False))
+    return cfg, a, b
+
+
+def _steps_alike(cfg, a, b, lengths) -> list:
+    """One micro-batch of ``lengths`` through ``a`` and ``b``, each backward run: their losses within 0.5%. Returns
+    the two losses, autograd graphs attached."""
+    x, y = _batch(cfg, lengths)
+    x, y = x.cuda(), y.cuda()
+    losses = []
+    for m in (a, b):
+        loss = _lora_step_loss(m, x, y)
+        loss.backward()
+        losses.append(loss)
+    assert rel_err(losses[0].detach().float(), losses[1].detach().float()) <= 5e-3, (lengths, losses)
+    return losses
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_gpu_packed_steps_equal_padded_steps(name, graphs):
+    """On the GPU (flash attention over cumulative lengths; captured per packed length with graphs): several
+    micro-batches of different lengths, accumulated, give the padded lit-liger model's loss and gradients."""
+    cfg, a, b = _gpu_packed_pair(name, graphs)
     for lengths in [(100, 300, 90, 310), (50, 120), (100, 300, 90, 310)]:
-        x, y = _batch(cfg, lengths)
-        x, y = x.cuda(), y.cuda()
-        losses = []
-        for m in (a, b):
-            loss = _lora_step_loss(m, x, y)
-            loss.backward()
-            losses.append(loss.detach().float())
-        assert rel_err(losses[0], losses[1]) <= 5e-3, (lengths, losses)
+        _steps_alike(cfg, a, b, lengths)
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert rel_err(p.grad, q.grad) <= 3e-2, n
     if graphs:
@@ -330,27 +343,12 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
     from lit_liger import graphs
     from lit_liger.graphs import runner_for
 
-    cfg = tiny_config("Llama-3.2-1B").__class__.from_name("Llama-3.2-1B", n_layer=2, block_size=512)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        a = GPT(cfg).to(torch.bfloat16)
-    a.apply(a._init_weights)
-    b = copy.deepcopy(a)
-    apply_liger(a, LigerConfig(packing=True, cuda_graphs=True))
-    apply_liger(b, LigerConfig(packing=False, cuda_graphs=False))
+    cfg, a, b = _gpu_packed_pair("Llama-3.2-1B", True)
     before = dict(graphs.CAPTURE_STATS)
     first = None
     kept = []  # (each loss, with its autograd graph, held past the next forward, as litgpt's loop holds its last)
     for i, lengths in enumerate([(100, 300, 90, 310), (50, 120), (100, 300, 90, 310), (50, 120)]):
-        x, y = _batch(cfg, lengths)
-        x, y = x.cuda(), y.cuda()
-        losses = []
-        for m in (a, b):
-            loss = _lora_step_loss(m, x, y)
-            loss.backward()
-            losses.append(loss.detach().float())
-            kept.append(loss)
-        assert rel_err(losses[0], losses[1]) <= 5e-3, (lengths, losses)
+        kept += _steps_alike(cfg, a, b, lengths)
         if i == 0:
             assert runner_for(a).captures == 0
             first = {id(p): p.grad for p in a.parameters() if p.grad is not None}
