@@ -694,7 +694,7 @@ class _GPTMixin:
         if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
-        if input_pos is not None and not grad:  # (generation's one-token steps: one CUDA graph, lit_liger.decode)
+        if input_pos is not None and not grad:  # (generation's one-token steps: CUDA graphs, lit_liger.decode)
             out = _decode.step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
             if out is not None:
                 return out

@@ -220,10 +220,9 @@ MAX_GRAPHS = 48
 #: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
 #: (:data:`CAPTURE_AFTER`); ``eager_first`` the first micro-batches since a reset, run uncaptured in place of a warm-up
 #: pass (:data:`EAGER_FIRST`: training steps, not capture time); ``first_warmup`` the process's first warm-up pass (in
-#: ``warmup`` too), which also makes
-#: every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an H200 without Triton's disk cache,
-#: against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and attention's set-up, which an
-#: uncaptured run's first step makes too
+#: ``warmup`` too), which also makes every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an
+#: H200 without Triton's disk cache, against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and
+#: attention's set-up, which an uncaptured run's first step makes too
 CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
                  "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
                  "left_out": 0, "deferred": 0, "first_warmup": 0.0, "gpu_wait": 0.0, "eager_first": 0}
@@ -844,7 +843,8 @@ class GraphRunner:
         self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
         self.precaptured_n = 0
         self.seen: dict[tuple, int] = {}  # uncaptured micro-batches per shape met after the pre-capture (CAPTURE_AFTER)
-        self.hidden_spec: tuple | None = None  # the hidden states' width and dtype, known from a warm-up or the first uncaptured micro-batch since the reset
+        # the hidden states' width and dtype, known from a warm-up or the first uncaptured micro-batch since the reset
+        self.hidden_spec: tuple | None = None
         self.aborted: list = []  # captures stopped by _compile_guard: kept until the next reset (see _capture)
         self.eager_first = False  # the first micro-batch since the reset ran uncaptured (EAGER_FIRST)
         self.accumulators: list = []  # the parameters' AccumulateGrad nodes, made on the capture stream (EAGER_FIRST)
