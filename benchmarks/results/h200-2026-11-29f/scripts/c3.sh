@@ -3,6 +3,7 @@
 # at Llama-3.1-8B with a 128k cache
 CALL=c3; . benchmarks/calls.sh
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_packing.py -m gpu -k first_micro 2>&1 | tail -2
+# (the probe left the tree after c3: git show d5ea352:benchmarks/results/h200-2026-11-29f/scripts/eager_first_probe.py)
 P=benchmarks/results/h200-2026-11-29f/scripts/eager_first_probe.py
 for v in "" "FULL=1"; do echo "== $v"; env $v timeout 90 python3 $P 2>&1 | grep '^{' ; done
 L="--config configs/llama-3.2-1B/lora.yaml --n_samples 2000"; F="--config configs/llama-3.2-1B/full.yaml --n_samples 2000"
