@@ -6,6 +6,7 @@
     lit-liger pretrain --config configs/pretrain-tinyllama.yaml                # `liger:` in the YAML
     lit-liger download | chat | generate | merge_lora | ...                    # litgpt's, unchanged
     lit-liger demo | doctor | check                                            # lit-liger's own
+    lit-liger litgpt_plugin install        # stock `litgpt finetune_lora ... --liger true` runs this command's path
     lit-liger bench kernels|step|finetune|... [options]                        # the benchmarks (--help)
 
 How it plugs in. LitGPT's CLI is jsonargparse over a ``{subcommand: function}`` mapping
@@ -51,15 +52,7 @@ from .config import LigerConfig
 
 __all__ = ["LIGER_HELP", "TRAINING_COMMANDS", "bench", "main", "parser_data", "save_hyperparameters", "with_liger"]
 
-#: litgpt subcommands that build and train a model: they gain ``--liger``.
-TRAINING_COMMANDS = (
-    "finetune",
-    "finetune_lora",
-    "finetune_full",
-    "finetune_adapter",
-    "finetune_adapter_v2",
-    "pretrain",
-)
+from ._litgpt_boot import TRAINING_COMMANDS  # (litgpt's training subcommands: they gain ``--liger``)
 
 #: The type of the ``liger`` parameter: ``--liger true|false`` or per kernel ``--liger.rope false``.
 LigerArg = bool | LigerConfig
@@ -101,7 +94,8 @@ _DESCRIPTION = (
     "lit-liger: LitGPT's command line with Triton kernels for training. Every litgpt subcommand works "
     "unchanged; finetune*/pretrain gain --liger (true|false, or per kernel --liger.rope false). "
     "Extra: demo (offline A/B run), doctor (what runs natively here), check (parity on a model), "
-    "bench (the benchmarks: `lit-liger bench --help` lists them)."
+    "bench (the benchmarks: `lit-liger bench --help` lists them), litgpt_plugin (install: stock `litgpt` takes "
+    "--liger; remove: undoes it)."
 )
 
 
@@ -628,13 +622,14 @@ def parser_data() -> dict[str, Callable]:
 
     from .demo import demo
     from .doctor import check, doctor
+    from .litgpt_plugin import litgpt_plugin
 
     _check_commands()
     missing = [c for c in TRAINING_COMMANDS if c not in PARSER_DATA]
     if missing:  # pragma: no cover - a litgpt that renamed its subcommands
         raise RuntimeError(f"litgpt {_litgpt_version()} has no subcommand(s) {missing}")
     data = {name: (with_liger(fn) if name in TRAINING_COMMANDS else fn) for name, fn in PARSER_DATA.items()}
-    data.update(demo=demo, doctor=doctor, check=check)
+    data.update(demo=demo, doctor=doctor, check=check, litgpt_plugin=litgpt_plugin)
     return data
 
 
@@ -686,12 +681,25 @@ def bench(args: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", "lit_liger.benchmarks", *args], env=env, check=False).returncode
 
 
+def _liger_boolean_values() -> dict[str, tuple[str, ...]]:
+    """The LigerConfig fields that take true/false (and null: automatic, where the field allows None)."""
+    import typing
+
+    out = {}
+    for name, tp in typing.get_type_hints(LigerConfig).items():
+        if tp is bool:
+            out[name] = ("true", "false")
+        elif set(typing.get_args(tp)) == {bool, type(None)}:
+            out[name] = ("true", "false", "null")
+    return out
+
+
 def _liger_choice_errors(argv: list[str]) -> list[str]:
     """Messages for ``--liger.NAME VALUE`` (or ``--liger.NAME=VALUE``) where NAME is a LigerConfig setting with a
-    fixed set of values (``sdpa_backend``, ``flce_mode``) and VALUE is not one of them. jsonargparse rejects those
-    too, but through ``bool | LigerConfig``'s union its message names neither the allowed values nor the field
-    ("Cannot take a Union of no types")."""
-    choices = LigerConfig.choices()
+    fixed set of values (``sdpa_backend``, ``flce_mode``; the true/false switches) and VALUE is not one of them.
+    jsonargparse rejects those too, but through ``bool | LigerConfig``'s union its message names neither the allowed
+    values nor the field ("Cannot take a Union of no types", or a dump of its internal types)."""
+    choices = {**_liger_boolean_values(), **LigerConfig.choices()}
     errors = []
     for i, arg in enumerate(argv):
         if not arg.startswith("--liger."):
@@ -703,7 +711,8 @@ def _liger_choice_errors(argv: list[str]) -> list[str]:
             if i + 1 >= len(argv):
                 continue  # jsonargparse says a value is missing
             value = argv[i + 1]
-        if value not in choices[name]:
+        if value not in choices[name] and not (isinstance(choices[name][0], str) and choices[name][0] == "true"
+                                               and value.lower() in choices[name]):
             allowed = ", ".join(choices[name])
             errors.append(f"--liger.{name} must be one of {allowed}; got {value!r}")
     return errors
@@ -719,8 +728,9 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
         errors = _liger_choice_errors(argv[1:])
         if errors:
+            prog = Path(sys.argv[0]).name.split(".")[0] if args is None and sys.argv else "lit-liger"
             for message in errors:
-                print(f"lit-liger {argv[0]}: error: {message}", file=sys.stderr)
+                print(f"{prog} {argv[0]}: error: {message}", file=sys.stderr)
             raise SystemExit(2)  # what jsonargparse exits with on a bad argument
     _set_litgpt_parsing_options()
     # as litgpt's main: a PyTorch false-positive warning (litgpt issue 1561) and TF32 matmuls

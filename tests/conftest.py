@@ -47,6 +47,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+#: what this test session found in place of lit-liger's litgpt plugin file before writing it ([None]: nothing), to put
+#: back at the end
+_PLUGIN_BEFORE: list = []
+
+
+def pytest_configure(config):
+    """The ``litgpt`` console script takes ``--liger`` in the tests that run it (tests/test_litgpt_plugin.py,
+    tests/test_config_hub.py): this checkout's plugin (``lit-liger litgpt_plugin install``) is written into this
+    environment for the session if it is not there, by the controlling process only (not by pytest-xdist's workers),
+    and what was there before is put back at the end (``pytest_unconfigure``)."""
+    if hasattr(config, "workerinput"):
+        return
+    from lit_liger import litgpt_plugin
+
+    if litgpt_plugin.status() != "installed":
+        path = litgpt_plugin.site_file()
+        _PLUGIN_BEFORE.append(path.read_text(encoding="utf-8") if path.is_file() else None)
+        litgpt_plugin.install()
+
+
+def pytest_unconfigure(config):
+    if _PLUGIN_BEFORE and not hasattr(config, "workerinput"):
+        from lit_liger import litgpt_plugin
+
+        before = _PLUGIN_BEFORE.pop()
+        if before is None:
+            litgpt_plugin.remove()
+        else:
+            litgpt_plugin.site_file().write_text(before, encoding="utf-8")
+
+
 @pytest.fixture
 def device():
     return DEVICE
