@@ -290,7 +290,8 @@ def _child(stats_path: str, argv: list[str]) -> None:
                     os.environ.get("LIT_LIGER_BENCH_CPROFILE_DIR") or str(Path(stats_path).parent))
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
-    _run_and_record(stats_path, argv)
+    # the recipe's *-via-litgpt variants: the run through the `litgpt` console script and lit-liger's plugin
+    _run_and_record(stats_path, argv, via_litgpt=os.environ.get("LIT_LIGER_BENCH_VIA_LITGPT") == "1")
 
 
 def _time_calls(spec: str, least_s: float = 0.05, profile_dir: str | None = None) -> None:

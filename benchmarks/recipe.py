@@ -60,6 +60,8 @@ VARIANTS = {
     "liger-mt": ["--liger.caller_thread_backward", "false"],
     "liger-no-graphs-mt": ["--liger.cuda_graphs", "false", "--liger.caller_thread_backward", "false"],
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
+    # issue 66: the same run through stock litgpt's console script, lit-liger's plugin routing it (VARIANT_ENV)
+    "liger-via-litgpt": ["--liger", "true"],
     # run-to-run spread of stock itself, and stock with cuDNN attention off (SDPA then picks flash, the kernel
     # lit-liger's uncaptured steps use): both compare with the first "stock" row, not become the reference
     "stock-again": ["--liger", "false"],
@@ -135,7 +137,7 @@ VARIANTS = {
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
 _NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
-VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-via-litgpt": {"LIT_LIGER_BENCH_VIA_LITGPT": "1"}, "liger-direct": _DIRECT,
                "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
                "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
                "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"},
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> dict:
                     args += shlex.split(opts.litgpt_args)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
-                                           "command": "lit-liger " + " ".join(args)}
+                                           "command": ("litgpt " if variant == "liger-via-litgpt" else "lit-liger ") + " ".join(args)}
                     try:
                         res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant))
                         # litgpt logs rank 0's tokens; its own "total_tokens" is that times the world size

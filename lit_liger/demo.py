@@ -510,9 +510,10 @@ def _table(s: dict[str, Any], on_gpu: bool) -> str:
 # ----------------------------------------------------------------------------------------------
 # Child process: `python -m lit_liger.demo STATS_JSON <lit-liger args...>`
 # ----------------------------------------------------------------------------------------------
-def _run_and_record(stats_path: str, argv: list[str]) -> None:
+def _run_and_record(stats_path: str, argv: list[str], via_litgpt: bool = False) -> None:
     """Run ``lit-liger *argv`` in this process (as ``python -m lit_liger *argv``), then write its peak GPU memory and
-    wall time.
+    wall time. ``via_litgpt``: ``litgpt *argv`` instead: litgpt's console script run as a ``litgpt`` process runs it
+    once lit-liger's plugin has booted (``lit_liger._litgpt_boot``, what the plugin's ``.pth`` line executes at start-up).
 
     Two peaks: the whole run, and the training steps alone. The finetune and pretrain scripts start with a
     validation pass ("Verifying settings": real logits under ``no_grad``, the same with or without
@@ -525,7 +526,7 @@ def _run_and_record(stats_path: str, argv: list[str]) -> None:
     import litgpt.finetune.lora
     import litgpt.pretrain
 
-    sys.argv = ["lit-liger", *argv]  # litgpt re-parses sys.argv when it saves hyperparameters
+    sys.argv = ["litgpt" if via_litgpt else "lit-liger", *argv]  # litgpt re-parses sys.argv when it saves hyperparameters
     cuda = torch.cuda.is_available()
     run_peak = [0]
     scripts = (litgpt.finetune.lora, litgpt.finetune.full, litgpt.pretrain)
@@ -550,7 +551,25 @@ def _run_and_record(stats_path: str, argv: list[str]) -> None:
     try:
         # the command's entry point, as a user runs it: the CLI imports this module (its `demo` subcommand), this
         # module runs the CLI only as a program, so the import goes one way
-        runpy.run_module("lit_liger", run_name="__main__")
+        if via_litgpt:
+            import shutil
+
+            from ._litgpt_boot import boot
+
+            script = shutil.which("litgpt")
+            if script is None:
+                raise RuntimeError("no `litgpt` console script on PATH")
+            sys.argv[0] = script
+            if not boot():
+                raise RuntimeError(f"the litgpt plugin's boot does not route {argv[:1]} (no --liger?)")
+            sys.modules.pop("litgpt.__main__", None)
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise
+        else:
+            runpy.run_module("lit_liger", run_name="__main__")
     finally:
         for m, v in zip(scripts, originals):
             m.validate = v
