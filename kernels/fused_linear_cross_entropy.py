@@ -42,6 +42,14 @@ Targets outside ``[0, V)`` that are not ``ignore_index``:
   module): checked eagerly before the launch, ``ValueError`` — one host sync per call, for
   debugging; skipped while ``torch.compile`` traces.
 
+A LoRA head (LitGPT's ``LoRALinear`` as the lm_head, ``lora_head: true``) joins the same pass: with ``lora_a``
+``(r, H)``, ``lora_b`` ``(V, r)``, ``lora_scale`` ``s`` and the LoRA branch's input ``x_lora`` (the dropout's output;
+``x`` itself without dropout) the logits are ``x W^T (+ b) + s (x_lora A^T) B^T``. ``xa = s x_lora A^T`` ``(N, r)`` is
+computed once; each logits chunk adds ``xa_c B^T`` (a GEMM of inner size r). In the gradient pass ``dB += g^T xa_c``
+and ``gB = g B`` ``(n, r)`` come from each chunk's dlogits ``g``; then ``dA = s gB^T x_lora`` and
+``dx_lora = s gB A`` (added to ``dx`` when ``x_lora`` is ``x``), fp32 accumulation throughout. The frozen base weight
+gets no gradient GEMM; the (V, H) weight is never copied.
+
 ``reduction="none"`` returns per-row losses (0 for ignored rows). Its gradient depends on a
 per-row ``grad_output`` that is unknown in the forward, so that case stores nothing in the forward
 and recomputes the chunks in the backward (one extra logits GEMM per chunk).
@@ -116,11 +124,20 @@ def fused_linear_cross_entropy_reference(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     num_valid_targets: int | torch.Tensor | None = None,
+    lora_a: torch.Tensor | None = None,
+    lora_b: torch.Tensor | None = None,
+    lora_scale: float = 1.0,
+    x_lora: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same semantics as ``fused_linear_cross_entropy``, holding the whole (N, V) fp32 logits."""
+    """Same semantics as ``fused_linear_cross_entropy``, holding the whole (N, V) fp32 logits. The LoRA term is
+    LitGPT's ``LoRALinear`` forward: ``(x_lora @ A^T @ B^T) * s`` added to ``F.linear``'s output, in the input dtype."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, H)
     t = target.reshape(-1).long()  # (N,)
-    logits = F.linear(x2, weight, bias).float()  # (N, V)
+    logits = F.linear(x2, weight, bias)  # (N, V)
+    if lora_a is not None:
+        xl = x2 if x_lora is None else x_lora.reshape(-1, x_lora.shape[-1])  # (N, H)
+        logits = logits + (xl @ lora_a.t() @ lora_b.t()) * lora_scale  # (N, r) -> (N, V)
+    logits = logits.float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     rows = F.cross_entropy(
@@ -401,6 +418,80 @@ def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Ten
         _mm_fp32(out, dlogits, weight, accumulate)
 
 
+class _LoRAPass:
+    """The LoRA head's share of one chunked pass: ``logits += xa_c B_c^T`` per chunk, its gradients from each chunk's
+    dlogits, then the input-side gradients once. ``lora`` is ``(A (r, H), B (V, r), x_lora (N, H) | None, s)``
+    (x_lora None: the LoRA branch reads ``x``); ``needs`` is ``(dA, dB, dx_lora)``; ``need_dx``: ``x``'s gradient,
+    which takes the LoRA branch's share when ``x_lora`` is ``x``. ``lean``: dB rows are complete per vocabulary
+    chunk (written in B's dtype), gB accumulates over the chunks; otherwise dB accumulates over row chunks in fp32."""
+
+    def __init__(self, lora, needs, x, need_dx, lean):
+        a, b, x_lora, s = lora
+        self.a, self.b, self.s = a, b, float(s)
+        self.shared = x_lora is None
+        self.xl = x if x_lora is None else x_lora  # (N, H)
+        self.need_da, self.need_dlb, self.need_dxl = needs
+        self.need_dxl = self.need_dxl and not self.shared
+        self.to_dx = need_dx and self.shared
+        n_rows, rank, dev = x.shape[0], a.shape[0], x.device
+        # xa = s * x_lora A^T, once: (N, r) in the input dtype, the scale applied inside the GEMM (one rounding)
+        self.xa = torch.empty((n_rows, rank), dtype=x.dtype, device=dev)  # (N, r)
+        if n_rows > 0:
+            torch.addmm(self.xa, self.xl, a.t(), beta=0, alpha=self.s, out=self.xa)
+        self.needs_gb = self.need_da or self.need_dxl or self.to_dx
+        self.gb32 = torch.empty((n_rows, rank) if self.needs_gb else (0,), dtype=torch.float32, device=dev)  # (N, r)
+        self.lean = lean
+        vocab = b.shape[0]
+        if lean:
+            self.dlb = torch.empty((vocab, rank) if self.need_dlb else (0,), dtype=b.dtype, device=dev)  # (V, r)
+        else:
+            self.dlb = torch.zeros((vocab, rank) if self.need_dlb else (0,), dtype=torch.float32, device=dev)
+
+    @property
+    def grads(self) -> bool:
+        return self.needs_gb or self.need_dlb
+
+    def add_logits(self, logits: torch.Tensor, r0: int, r1: int, v0: int, v1: int) -> None:
+        """logits (rows, cols) += xa[r0:r1] (rows, r) @ B[v0:v1]^T (r, cols), in the input dtype."""
+        logits.addmm_(self.xa[r0:r1], self.b[v0:v1].t())
+
+    def grad_chunk(self, dlogits: torch.Tensor, r0: int, r1: int, v0: int, v1: int) -> None:
+        """From one chunk's dlogits (rows, cols): dB rows and gB = dlogits B (rows, r), both fp32-accumulated."""
+        if self.need_dlb:
+            if self.lean:  # (Vc, r), complete: every row is in the chunk
+                torch.mm(dlogits.t(), self.xa, out=self.dlb[v0:v1])
+            else:  # (V, r) fp32, accumulated over the row chunks
+                _mm_fp32(self.dlb, dlogits.t(), self.xa[r0:r1], accumulate=r0 > 0)
+        if self.needs_gb:  # (rows, r) fp32; "lean" accumulates over the vocabulary chunks
+            _mm_fp32(self.gb32[r0:r1], dlogits, self.b[v0:v1], accumulate=self.lean and v0 > 0)
+
+    def finish(self, dx_acc: torch.Tensor | None, accumulate32: bool):
+        """After the last chunk: ``dA = (s gB)^T x_lora``, ``dx_lora = (s gB) A``, added into ``dx_acc`` ((N, H),
+        fp32 where ``accumulate32``) when ``x_lora`` is ``x``. Returns (dA (r, H), dB (V, r), dx_lora (N, H)), empty
+        where not asked for."""
+        a, dev = self.a, self.a.device
+        n_rows = self.xl.shape[0]
+        da = torch.empty(a.shape if self.need_da else (0,), dtype=a.dtype, device=dev)  # (r, H)
+        dxl = torch.empty(self.xl.shape if self.need_dxl else (0,), dtype=self.xl.dtype, device=dev)  # (N, H)
+        if n_rows == 0:
+            da.zero_()
+            dxl.zero_()
+            self.dlb.zero_()
+        elif self.needs_gb:
+            gs = (self.gb32 * self.s).to(a.dtype)  # (N, r): dloss/d(x_lora A^T)
+            if self.need_da:
+                torch.mm(gs.t(), self.xl, out=da)  # (r, H)
+            if self.need_dxl:
+                torch.mm(gs, a, out=dxl)  # (N, H)
+            if self.to_dx:
+                if accumulate32:
+                    _mm_fp32(dx_acc, gs, a, accumulate=True)  # (N, H) fp32
+                else:
+                    dx_acc.addmm_(gs, a)  # (N, H)
+        dlb = self.dlb if self.lean or not self.need_dlb else self.dlb.to(self.b.dtype)  # (V, r)
+        return da, dlb, dxl
+
+
 # ----------------------------------------------------------------------------------------------
 # Chunk sizes and launch parameters
 # ----------------------------------------------------------------------------------------------
@@ -490,14 +581,16 @@ def _kernel_plan(n_rows: int, n_cols: int, logits: torch.Tensor) -> dict:
 # The two operating points (plain functions; the custom ops below call them)
 # ----------------------------------------------------------------------------------------------
 def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, chunk_size,
-          need_dx, need_dw, need_db, keep_fp32_dw=False):
-    """Row chunks. Returns (row_loss (N,) fp32, dx (N, H) | empty, dW (V, H) | empty, db (V,) | empty),
+          need_dx, need_dw, need_db, keep_fp32_dw=False, lora=None, lora_needs=(False, False, False)):
+    """Row chunks. Returns (row_loss (N,) fp32, dx (N, H) | empty, dW (V, H) | empty, db (V,) | empty) and, with
+    ``lora`` (see :class:`_LoRAPass`), (dA (r, H), dB (V, r), dx_lora (N, H)) after them, empty where not asked for;
     the gradients already multiplied by ``scale`` (0-dim, or one value per row); dW in the weight's dtype, or its
     fp32 accumulator itself with ``keep_fp32_dw`` (:func:`_keeps_fp32_dw` true: more than one chunk)."""
     n_rows, hidden = x.shape
     vocab = weight.shape[0]
     dev = x.device
-    write_grad = need_dx or need_dw or need_db
+    lo = _LoRAPass(lora, lora_needs, x, need_dx, lean=False) if lora is not None else None
+    write_grad = need_dx or need_dw or need_db or (lo is not None and lo.grads)
     row_loss = torch.empty(n_rows, dtype=torch.float32, device=dev)  # (N,)
     dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
     rows = _row_chunk(n_rows, vocab, x.element_size(), dev, chunk_size, need_dw) if n_rows > 0 else 0
@@ -519,6 +612,8 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             x_c = x[r0:r1]  # (Nc, H)
             logits = buf[: r1 - r0]  # (Nc, V)
             _logits_gemm(logits, x_c, weight, bias)
+            if lo is not None:
+                lo.add_logits(logits, r0, r1, 0, vocab)  # (Nc, V) += (Nc, r) @ (r, V)
             scale_c = scale[r0:r1] if per_row else scale
             plan = _kernel_plan(r1 - r0, vocab, logits)
             _flce_rows_kernel[plan.pop("grid")](
@@ -534,6 +629,8 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
                 _grad_weight_gemm(dw32, dlogits, x_c, accumulate=None if direct_dw else r0 > 0)
             if need_db:
                 db32 += dlogits.sum(0, dtype=torch.float32)  # (V,)
+            if lo is not None and write_grad:
+                lo.grad_chunk(dlogits, r0, r1, 0, vocab)  # dB (V, r) fp32, gB (Nc, r) fp32
         del buf
     if not need_dw:
         dw = weight.new_empty(0)
@@ -542,15 +639,21 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     else:
         dw = dw32.to(weight.dtype)  # no copy when already in that dtype
     db = db32.to(bias.dtype) if need_db else weight.new_empty(0)
-    return row_loss, dx, dw, db
+    if lo is None:
+        return row_loss, dx, dw, db
+    return (row_loss, dx, dw, db, *lo.finish(dx, accumulate32=False))
 
 
 def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, chunk_size,
-          need_dx, need_dw, need_db):
+          need_dx, need_dw, need_db, lora=None, lora_needs=(False, False, False)):
     """Vocabulary chunks, two passes. Same returns as ``_fast``."""
     n_rows, hidden = x.shape
     vocab = weight.shape[0]
     dev = x.device
+    lo = _LoRAPass(lora, lora_needs, x, need_dx, lean=True) if lora is not None else None
+
+    def out(*grads):
+        return (row_loss, *grads) if lo is None else (row_loss, *grads, *lo.finish(grads[0], accumulate32=False))
     row_loss = torch.zeros(n_rows, dtype=torch.float32, device=dev)  # (N,)
     dx = torch.empty((n_rows, hidden) if need_dx else (0,), dtype=x.dtype, device=dev)  # (N, H)
     dw = torch.empty((vocab, hidden) if need_dw else (0,), dtype=weight.dtype, device=dev)  # (V, H)
@@ -558,7 +661,7 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     if n_rows == 0:
         dw.zero_()
         db.zero_()
-        return row_loss, dx, dw, db
+        return out(dx, dw, db)
     cols = _vocab_chunk(n_rows, vocab, x.element_size(), dev, chunk_size)
     buf = torch.empty(n_rows * cols, dtype=x.dtype, device=dev)  # holds one (N, Vc) chunk
     chunks = [(v0, min(v0 + cols, vocab)) for v0 in range(0, vocab, cols)]
@@ -575,6 +678,8 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     for i, (v0, v1) in enumerate(chunks):
         logits = buf[: n_rows * (v1 - v0)].view(n_rows, v1 - v0)  # (N, Vc)
         _logits_gemm(logits, x, weight[v0:v1], None if bias is None else bias[v0:v1])
+        if lo is not None:
+            lo.add_logits(logits, 0, n_rows, v0, v1)  # (N, Vc) += (N, r) @ (r, Vc)
         _flce_lean_stats_kernel[grid](
             logits, target, m, s, zt, zsum, lse, row_loss,
             n_rows, logits.stride(0), v0, v1 - v0, vocab, ignore_index,
@@ -582,8 +687,9 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             HAS_SMOOTHING=label_smoothing > 0, LAST=i == len(chunks) - 1, **launch,
         )
     del m, s, zt, zsum
-    if not (need_dx or need_dw or need_db):
-        return row_loss, dx, dw, db
+    if not (need_dx or need_dw or need_db or (lo is not None and lo.grads)):
+        del buf
+        return out(dx, dw, db)
 
     # pass 2: recompute each chunk, turn it into dlogits, complete dW/db rows, accumulate dx
     # (N, H) fp32 accumulator over the vocabulary chunks, written by the first chunk's GEMM
@@ -592,6 +698,8 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     for v0, v1 in chunks:
         logits = buf[: n_rows * (v1 - v0)].view(n_rows, v1 - v0)  # (N, Vc)
         _logits_gemm(logits, x, weight[v0:v1], None if bias is None else bias[v0:v1])
+        if lo is not None:
+            lo.add_logits(logits, 0, n_rows, v0, v1)  # (N, Vc)
         _flce_lean_grad_kernel[grid](
             logits, target, lse, scale,
             n_rows, logits.stride(0), 1 if per_row else 0, v0, v1 - v0, vocab, ignore_index,
@@ -604,21 +712,38 @@ def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             db[v0:v1] = dlogits.sum(0, dtype=torch.float32)  # (Vc,)
         if need_dx:
             _grad_input_gemm(dx32, dlogits, weight[v0:v1], accumulate=v0 > 0)  # (N, H) fp32
+        if lo is not None:
+            lo.grad_chunk(dlogits, 0, n_rows, v0, v1)  # dB[v0:v1] (Vc, r), gB (N, r) fp32
     del buf
+    lora_grads = lo.finish(dx32, accumulate32=True) if lo is not None else ()  # (its dx share into dx32)
     if need_dx and dx32 is not dx:
         dx.copy_(dx32)
-    return row_loss, dx, dw, db
+    return (row_loss, dx, dw, db, *lora_grads)
 
 
 def _compute(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
-             need_dx, need_dw, need_db, keep_fp32_dw=False):
+             need_dx, need_dw, need_db, keep_fp32_dw=False, lora=None, lora_needs=(False, False, False)):
     # the GEMMs run in the dtype the caller chose (the public function already applied autocast)
     with torch.autocast(x.device.type, enabled=False):
         if mode == "fast":
             return _fast(x, weight, target.contiguous(), bias, scale, ignore_index, softcap, label_smoothing, z_loss,
-                         chunk_size, need_dx, need_dw, need_db, keep_fp32_dw)
+                         chunk_size, need_dx, need_dw, need_db, keep_fp32_dw, lora, lora_needs)
         return _lean(x, weight, target.contiguous(), bias, scale, ignore_index, softcap, label_smoothing, z_loss,
-                     chunk_size, need_dx, need_dw, need_db)
+                     chunk_size, need_dx, need_dw, need_db, lora, lora_needs)
+
+
+def _lora_arg(lora_a, lora_b, x_lora, lora_scale):
+    """The ops' LoRA inputs as :class:`_LoRAPass` takes them, or None without a LoRA head."""
+    return None if lora_a is None else (lora_a, lora_b, x_lora, lora_scale)
+
+
+def _lora_fakes(lora_a, lora_b, x_lora, x, need_da, need_dlb, need_dxl):
+    """Empty (dA, dB, dx_lora) of the shapes the ops return (fake implementations)."""
+    if lora_a is None:
+        return x.new_empty(0), x.new_empty(0), x.new_empty(0)
+    return (lora_a.new_empty(lora_a.shape if need_da else (0,)),
+            lora_b.new_empty(lora_b.shape if need_dlb else (0,)),
+            x.new_empty(x_lora.shape if need_dxl and x_lora is not None else (0,)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -630,12 +755,15 @@ def _flce_fwd(
     num_valid: torch.Tensor | None, num_valid_count: int, ignore_index: int, reduction: str, softcap: float,
     label_smoothing: float, z_loss: float, mode: str, chunk_size: int,
     need_dx: bool, need_dw: bool, need_db: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (N, H), target (N,). Returns (loss, dx, dW, db): loss is 0-dim fp32 ("mean"/"sum") or
-    (N,) fp32 ("none"); the gradients are those of the loss (grad_output 1), empty where not asked
-    for, and always empty for "none" (its backward recomputes). dW is fp32 where :func:`_keeps_fp32_dw`."""
+    lora_a: torch.Tensor | None = None, lora_b: torch.Tensor | None = None, x_lora: torch.Tensor | None = None,
+    lora_scale: float = 1.0, need_da: bool = False, need_dlb: bool = False, need_dxl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, H), target (N,); a LoRA head: lora_a (r, H), lora_b (V, r), x_lora (N, H) or None (x). Returns (loss,
+    dx, dW, db, dA, dB, dx_lora): loss is 0-dim fp32 ("mean"/"sum") or (N,) fp32 ("none"); the gradients are those
+    of the loss (grad_output 1), empty where not asked for, and always empty for "none" (its backward recomputes).
+    dW is fp32 where :func:`_keeps_fp32_dw`."""
     if reduction == "none":
-        need_dx = need_dw = need_db = False
+        need_dx = need_dw = need_db = need_da = need_dlb = need_dxl = False
     if reduction == "mean":
         count = num_valid if num_valid is not None else (num_valid_count if num_valid_count >= 0 else None)
         scale = 1.0 / _mean_divisor(target, ignore_index, count)  # 0-dim fp32 on the device
@@ -643,22 +771,26 @@ def _flce_fwd(
         scale = torch.ones((), dtype=torch.float32, device=x.device)
     keep32 = _keeps_fp32_dw(x.shape[0], weight.shape[0], x.element_size(), x.device, chunk_size, need_dw, mode,
                             weight.dtype)
-    row_loss, dx, dw, db = _compute(
+    lora = _lora_arg(lora_a, lora_b, x_lora, lora_scale)
+    row_loss, dx, dw, db, *lora_grads = _compute(
         x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
-        need_dx, need_dw, need_db, keep32,
+        need_dx, need_dw, need_db, keep32, lora, (need_da, need_dlb, need_dxl),
     )
+    if not lora_grads:
+        lora_grads = [x.new_empty(0) for _ in range(3)]
     if reduction == "none":
         loss = row_loss  # (N,)
     elif reduction == "sum":
         loss = row_loss.sum()
     else:
         loss = row_loss.sum() * scale
-    return loss, dx, dw, db
+    return (loss, dx, dw, db, *lora_grads)
 
 
 @_flce_fwd.register_fake
 def _(x, weight, target, bias, num_valid, num_valid_count, ignore_index, reduction, softcap, label_smoothing,
-      z_loss, mode, chunk_size, need_dx, need_dw, need_db):
+      z_loss, mode, chunk_size, need_dx, need_dw, need_db, lora_a=None, lora_b=None, x_lora=None, lora_scale=1.0,
+      need_da=False, need_dlb=False, need_dxl=False):
     grads = reduction != "none"
     loss = x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=torch.float32)
     dx = x.new_empty(x.shape if need_dx and grads else (0,))
@@ -666,7 +798,8 @@ def _(x, weight, target, bias, num_valid, num_valid_count, ignore_index, reducti
                                       mode, weight.dtype)
     dw = weight.new_empty(weight.shape if need_dw and grads else (0,), dtype=torch.float32 if keep32 else None)
     db = weight.new_empty((weight.shape[0],) if need_db and grads else (0,))
-    return loss, dx, dw, db
+    return (loss, dx, dw, db, *_lora_fakes(lora_a, lora_b, x_lora, x, need_da and grads, need_dlb and grads,
+                                           need_dxl and grads))
 
 
 @torch.library.custom_op("lit_liger::flce_bwd_rows", mutates_args=())
@@ -674,24 +807,30 @@ def _flce_bwd_rows(
     grad_rows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: torch.Tensor | None, ignore_index: int, softcap: float, label_smoothing: float, z_loss: float,
     mode: str, chunk_size: int, need_dx: bool, need_dw: bool, need_db: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lora_a: torch.Tensor | None = None, lora_b: torch.Tensor | None = None, x_lora: torch.Tensor | None = None,
+    lora_scale: float = 1.0, need_da: bool = False, need_dlb: bool = False, need_dxl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of reduction="none": recomputes the chunks with each row's dlogits scaled by its
-    grad_rows (N,) entry. Returns (dx, dW, db), empty where not asked for."""
+    grad_rows (N,) entry. Returns (dx, dW, db, dA, dB, dx_lora), empty where not asked for."""
     scale = grad_rows.to(torch.float32).contiguous()  # (N,)
-    _, dx, dw, db = _compute(
+    _, dx, dw, db, *lora_grads = _compute(
         x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
-        need_dx, need_dw, need_db,
+        need_dx, need_dw, need_db, False, _lora_arg(lora_a, lora_b, x_lora, lora_scale), (need_da, need_dlb, need_dxl),
     )
-    return dx, dw, db
+    if not lora_grads:
+        lora_grads = [x.new_empty(0) for _ in range(3)]
+    return (dx, dw, db, *lora_grads)
 
 
 @_flce_bwd_rows.register_fake
 def _(grad_rows, x, weight, target, bias, ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size,
-      need_dx, need_dw, need_db):
+      need_dx, need_dw, need_db, lora_a=None, lora_b=None, x_lora=None, lora_scale=1.0, need_da=False,
+      need_dlb=False, need_dxl=False):
     return (
         x.new_empty(x.shape if need_dx else (0,)),
         weight.new_empty(weight.shape if need_dw else (0,)),
         weight.new_empty((weight.shape[0],) if need_db else (0,)),
+        *_lora_fakes(lora_a, lora_b, x_lora, x, need_da, need_dlb, need_dxl),
     )
 
 
@@ -726,34 +865,45 @@ def _(dst, g, src=None):
     return None
 
 
+_N_INPUTS = 23  # _flce_fwd's inputs: the backward returns one gradient (or None) for each
+
+
 def _setup_context(ctx, inputs, output):
     (x, weight, target, bias, _nv, _nvc, ignore_index, reduction, softcap, label_smoothing, z_loss, mode,
-     chunk_size, need_dx, need_dw, need_db) = inputs
-    _, dx, dw, db = output
-    ctx.mark_non_differentiable(dx, dw, db)  # internal: the public function returns only the loss
+     chunk_size, need_dx, need_dw, need_db, *lora_inputs) = inputs
+    lora_a, lora_b, x_lora, lora_scale, need_da, need_dlb, need_dxl = (lora_inputs + [None, None, None, 1.0, False,
+                                                                                      False, False][len(lora_inputs):])
+    _, dx, dw, db, da, dlb, dxl = output
+    ctx.mark_non_differentiable(dx, dw, db, da, dlb, dxl)  # internal: the public function returns only the loss
     # Their incoming gradients stay None: materialized, they would be zero-filled (V, H) and (N, H)
     # tensors allocated at the start of the backward, next to the stored gradients (+533 MiB at
     # V=128k, H=2048, N=8192: measured, benchmarks/results/h100-2026-11-22/flce-diag).
     ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.needs = (need_dx, need_dw, need_db)
+    ctx.lora_needs = (need_da, need_dlb, need_dxl and x_lora is not None)
     ctx.weight_dtype = weight.dtype
     if reduction == "none":
-        ctx.save_for_backward(x, weight, target, bias)
+        ctx.save_for_backward(x, weight, target, bias, lora_a, lora_b, x_lora)
         ctx.config = (ignore_index, softcap, label_smoothing, z_loss, mode, chunk_size)
+        ctx.lora_scale = lora_scale
     else:
-        ctx.save_for_backward(dx, dw, db)
+        ctx.save_for_backward(dx, dw, db, da, dlb, dxl)
 
 
-def _backward(ctx, grad_loss, _gdx, _gdw, _gdb):
+def _backward(ctx, grad_loss, _gdx, _gdw, _gdb, _gda, _gdlb, _gdxl):
     need_dx, need_dw, need_db = ctx.needs
+    need_da, need_dlb, need_dxl = ctx.lora_needs
     if grad_loss is None:  # not reachable through the public function (it returns the loss)
-        return (None,) * 16
+        return (None,) * _N_INPUTS
     if ctx.reduction == "none":
-        x, weight, target, bias = ctx.saved_tensors
-        dx, dw, db = _flce_bwd_rows(grad_loss, x, weight, target, bias, *ctx.config, need_dx, need_dw, need_db)
+        x, weight, target, bias, lora_a, lora_b, x_lora = ctx.saved_tensors
+        dx, dw, db, da, dlb, dxl = _flce_bwd_rows(
+            grad_loss, x, weight, target, bias, *ctx.config, need_dx, need_dw, need_db,
+            lora_a, lora_b, x_lora, ctx.lora_scale, need_da, need_dlb, need_dxl,
+        )
     else:
-        dx, dw, db = ctx.saved_tensors
+        dx, dw, db, da, dlb, dxl = ctx.saved_tensors
         # The stored gradients belong to this graph alone: scale them in place (no second copy of
         # dW). A second backward through the same graph then fails autograd's saved-tensor
         # version check instead of returning wrong gradients. An fp32 dW accumulator (more than one
@@ -771,7 +921,11 @@ def _backward(ctx, grad_loss, _gdx, _gdw, _gdb):
                 _scale_into(dw, g)  # (V, H)
         if need_db:
             db = db.mul_(g)  # (V,)
-    return (dx if need_dx else None, dw if need_dw else None, None, db if need_db else None) + (None,) * 12
+        for t, need in ((da, need_da), (dlb, need_dlb), (dxl, need_dxl)):
+            if need:
+                _scale_into(t, g)  # (r, H), (V, r), (N, H)
+    return ((dx if need_dx else None, dw if need_dw else None, None, db if need_db else None) + (None,) * 12
+            + (da if need_da else None, dlb if need_dlb else None, dxl if need_dxl else None) + (None,) * 4)
 
 
 _flce_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -828,6 +982,33 @@ def _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoo
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
 
 
+def _check_lora(x, weight, lora_a, lora_b, lora_scale, x_lora) -> None:
+    """The LoRA head's inputs: both matrices or neither, A (r, H), B (V, r), x_lora shaped like x, one dtype and
+    device with x, a finite real scale."""
+    if lora_a is None and lora_b is None:
+        if x_lora is not None:
+            raise ValueError("x_lora is the LoRA branch's input: it needs lora_a and lora_b")
+        return
+    if lora_a is None or lora_b is None:
+        raise ValueError("a LoRA head needs both lora_a (r, H) and lora_b (V, r)")
+    check_float("lora_a", lora_a)
+    check_float("lora_b", lora_b)
+    vocab, hidden = weight.shape
+    if lora_a.dim() != 2 or lora_a.shape[1] != hidden or lora_a.shape[0] < 1:
+        raise ValueError(f"lora_a must have shape (r, H) = (r, {hidden}) with r >= 1, got {tuple(lora_a.shape)}")
+    if lora_b.dim() != 2 or tuple(lora_b.shape) != (vocab, lora_a.shape[0]):
+        raise ValueError(f"lora_b must have shape (V, r) = ({vocab}, {lora_a.shape[0]}), got {tuple(lora_b.shape)}")
+    if x_lora is not None:
+        check_float("x_lora", x_lora)
+        if tuple(x_lora.shape) != tuple(x.shape):
+            raise ValueError(f"x_lora (the LoRA branch's input) must have x's shape {tuple(x.shape)}, "
+                             f"got {tuple(x_lora.shape)}")
+    check_same_dtype(x=x, lora_a=lora_a, lora_b=lora_b, x_lora=x_lora)
+    check_same_device(x=x, lora_a=lora_a, lora_b=lora_b, x_lora=x_lora)
+    if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not abs(lora_scale) < float("inf"):
+        raise ValueError(f"lora_scale must be a finite number, got {lora_scale!r}")
+
+
 def _chunk_arg(chunk_size: int | None, max_chunk_bytes: int | None) -> int:
     """The ops' one ``chunk_size`` int: > 0 a fixed chunk, < 0 a cap in bytes on the automatic one, 0 automatic."""
     if chunk_size:
@@ -847,8 +1028,9 @@ def _check_target_values(target: torch.Tensor, vocab: int, ignore_index: int) ->
         )
 
 
-def _autocast(x, weight, bias):
-    """Inside ``torch.autocast`` the lm_head GEMM runs in the autocast dtype, as ``F.linear`` would."""
+def _autocast(x, weight, bias, *more):
+    """Inside ``torch.autocast`` the lm_head GEMMs (a LoRA head's too: ``more``) run in the autocast dtype, as
+    ``F.linear`` and ``@`` would."""
     dev = x.device.type if isinstance(x, torch.Tensor) else None
     if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
         dtype = torch.get_autocast_dtype(dev)
@@ -857,7 +1039,8 @@ def _autocast(x, weight, bias):
             return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
         x, weight, bias = cast(x), cast(weight), cast(bias)
-    return x, weight, bias
+        more = tuple(cast(t) for t in more)
+    return (x, weight, bias, *more) if more else (x, weight, bias)
 
 
 def fused_linear_cross_entropy(
@@ -875,6 +1058,10 @@ def fused_linear_cross_entropy(
     mode: str = "fast",
     chunk_size: int | None = None,
     max_chunk_bytes: int | None = None,
+    lora_a: torch.Tensor | None = None,
+    lora_b: torch.Tensor | None = None,
+    lora_scale: float = 1.0,
+    x_lora: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(softcap(F.linear(x, weight, bias)).float(), target, ...)`` (+ z-loss)
     without materializing the (N, V) logits.
@@ -888,10 +1075,15 @@ def fused_linear_cross_entropy(
     memory. ``max_chunk_bytes`` caps that default's logits buffer (it never goes below one GEMM tile:
     128 rows / 256 entries on the GPU); ignored when ``chunk_size`` is given. Gradients are computed
     only for the inputs that require them.
+
+    A LoRA head (LitGPT's ``LoRALinear``): ``lora_a`` ``(r, H)``, ``lora_b`` ``(V, r)``, ``lora_scale`` (its
+    ``scaling``, ``lora_alpha / r``) add ``(x_lora @ lora_a^T @ lora_b^T) * lora_scale`` to the logits, where
+    ``x_lora`` ``(..., H)`` is the LoRA branch's input (LitGPT's ``lora_dropout(x)``; None: ``x`` itself).
     """
-    x, weight, bias = _autocast(x, weight, bias)
+    x, weight, bias, lora_a, lora_b, x_lora = _autocast(x, weight, bias, lora_a, lora_b, x_lora)
     _check(x, weight, target, bias, ignore_index, reduction, softcap, label_smoothing, z_loss, num_valid_targets,
            mode, chunk_size, max_chunk_bytes)
+    _check_lora(x, weight, lora_a, lora_b, lora_scale, x_lora)
     vocab = weight.shape[0]
     if not use_triton(x):
         if x.device.type != "meta" and not torch.compiler.is_compiling():
@@ -899,6 +1091,7 @@ def fused_linear_cross_entropy(
         return fused_linear_cross_entropy_reference(
             x, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
             label_smoothing=label_smoothing, z_loss=z_loss, num_valid_targets=num_valid_targets,
+            lora_a=lora_a, lora_b=lora_b, lora_scale=lora_scale, x_lora=x_lora,
         )
     if (x.device.type == "cpu" or CHECK_TARGETS) and not torch.compiler.is_compiling():
         _check_target_values(target, vocab, ignore_index)
@@ -910,9 +1103,14 @@ def fused_linear_cross_entropy(
     nv_count = num_valid_targets if isinstance(num_valid_targets, int) else -1
     x2 = as_rows(x)  # (N, H)
     t = target.reshape(-1)  # (N,)
-    loss, _, _, _ = _flce_fwd(
+    lora = ()
+    if lora_a is not None:
+        xl2 = as_rows(x_lora) if x_lora is not None else None  # (N, H)
+        lora = (lora_a, lora_b, xl2, float(lora_scale), grad and lora_a.requires_grad, grad and lora_b.requires_grad,
+                grad and xl2 is not None and xl2.requires_grad)
+    loss, *_ = _flce_fwd(
         x2, weight, t, bias, nv_tensor, nv_count, int(ignore_index), reduction, float(softcap or 0.0),
         float(label_smoothing), float(z_loss), mode, _chunk_arg(chunk_size, max_chunk_bytes), need_dx, need_dw,
-        need_db,
+        need_db, *lora,
     )
     return loss.reshape(target.shape) if reduction == "none" else loss

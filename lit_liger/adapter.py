@@ -11,7 +11,7 @@ covered because the swap subclasses whatever class the module has.
 Attention with logit softcapping or a sliding window runs on FlexAttention (``lit_liger.attention``).
 What is left alone (and why) is reported: latent attention (MLA), the KV-cache ``input_pos``
 path (LitGPT's code runs for those calls), GptNeoxMLP's GELU (already one elementwise kernel between
-two GEMMs: nothing to fuse), an lm_head with a LoRA update.
+two GEMMs: nothing to fuse).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from .loss import (
     LigerLogits,
     _unwrap_linear,
     chunked_cross_entropy,
+    head_lora_input,
+    lm_head_lora,
     lm_head_weight_bias,
 )
 
@@ -722,6 +724,7 @@ class _GPTMixin:
                 x[0], self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
                 self._liger_flce_mode, None, x.dtype, 0, None, max_chunk_bytes=self._liger_chunk_cap(x),
                 rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False), left_out=plan.check,
+                x_lora=head_lora_input(self.lm_head, x[0]),
             )
         return [out] if lm_head_chunk_size > 0 else out
 
@@ -775,6 +778,7 @@ class _GPTMixin:
             x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
             self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
             max_chunk_bytes=self._liger_chunk_cap(x),
+            x_lora=head_lora_input(self.lm_head, x),  # (B, T_pad, C): a LoRA head's dropout, drawn where stock does
         )
 
     def set_kv_cache(self, *args, **kwargs):
@@ -1057,7 +1061,10 @@ def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
     if not sharded_processes() or _is_zero3(lm_head):  # (one process, or a DDP replica: the parameter is whole)
         return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
-    return GatheredHead(weight.clone(), bias.clone() if bias is not None else None)
+    lora = lm_head_lora(lm_head)  # a LoRA head: (A (r, C), B (V, r), scaling), gathered the same way
+    if lora is not None:
+        lora = (lora[0].clone(), lora[1].clone(), lora[2])
+    return GatheredHead(weight.clone(), bias.clone() if bias is not None else None, lora)
 
 
 class _LLMMixin:
@@ -1585,6 +1592,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
     if gpt._liger_tied_weights:
         _tied.install(gpt)
     what = f"fused linear cross-entropy in training ({cfg.flce_mode})"
+    if lm_head_lora(gpt.lm_head) is not None:
+        what += f" (LoRA head r={gpt.lm_head.r}: its update joins the chunked logits)"
     if c.final_logit_softcapping is not None:
         what += f" (softcap {c.final_logit_softcapping})"
     if c.lm_head_bias:

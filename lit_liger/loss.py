@@ -23,7 +23,8 @@ from torch import nn
 
 from .quant import dequantize, is_4bit, is_quantized
 
-__all__ = ["GatheredHead", "LigerLogits", "chunked_cross_entropy", "lm_head_weight_bias"]
+__all__ = ["GatheredHead", "LigerLogits", "chunked_cross_entropy", "head_lora_input", "lm_head_lora",
+           "lm_head_weight_bias"]
 
 
 def _linear_weight(linear: nn.Linear) -> torch.Tensor:
@@ -37,20 +38,51 @@ def _linear_weight(linear: nn.Linear) -> torch.Tensor:
 
 def _unwrap_linear(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(weight, bias, per-output scale) of LitGPT's lm_head variants, or raise if not expressible. A quantized
-    (bitsandbytes) head gives its dequantized weight."""
+    (bitsandbytes) head gives its dequantized weight; a LoRA head (``LoRALinear``) its base Linear's, the update
+    coming from :func:`lm_head_lora`."""
     if isinstance(lm_head, nn.Linear):
         return _linear_weight(lm_head), lm_head.bias, None
     inner = getattr(lm_head, "linear", None)
     if isinstance(inner, nn.Linear):
         if hasattr(lm_head, "lora_A") or hasattr(lm_head, "r"):
-            if getattr(lm_head, "r", 0) and getattr(lm_head, "r", 0) > 0:
-                raise NotImplementedError("lm_head carries a LoRA update (lora_head=True)")
+            if _has_lora_update(lm_head) and not all(
+                    isinstance(getattr(lm_head, n, None), torch.Tensor) for n in ("lora_A", "lora_B")):
+                raise NotImplementedError("lm_head's LoRA update has no lora_A / lora_B matrices")
             return _linear_weight(inner), inner.bias, None
         if hasattr(lm_head, "adapter_scale") and hasattr(lm_head, "adapter_bias"):
             # AdapterV2Linear: scale * (x W^T + b + adapter_bias)
             bias = lm_head.adapter_bias if inner.bias is None else inner.bias + lm_head.adapter_bias
             return _linear_weight(inner), bias, lm_head.adapter_scale
     raise NotImplementedError(f"lm_head of type {type(lm_head).__name__} is not a Linear layer lit-liger knows")
+
+
+def _has_lora_update(lm_head: nn.Module) -> bool:
+    """LitGPT's ``LoRALinear`` with an unmerged update (r > 0): its forward adds ``lora_dropout(x) A^T B^T s``."""
+    r = getattr(lm_head, "r", 0)
+    return isinstance(r, int) and r > 0 and not getattr(lm_head, "merged", False)
+
+
+def lm_head_lora(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """``(A (r, H), B (V, r), scaling)`` of a LoRA lm_head (``lora_head: true``), gathered where FSDP2 holds DTensors;
+    None for a head without an unmerged LoRA update."""
+    if not _has_lora_update(lm_head):
+        return None
+    return _local(lm_head.lora_A, "lora_A"), _local(lm_head.lora_B, "lora_B"), float(lm_head.scaling)
+
+
+def head_lora_input(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+    """The LoRA branch's input of a LoRA lm_head for the final hidden states ``hidden``: LitGPT's own
+    ``lora_dropout(hidden)`` where it does something (an active ``nn.Dropout``), else None (the branch reads
+    ``hidden`` itself). Called in the model's forward, where stock LitGPT's head draws its dropout mask."""
+    if not _has_lora_update(lm_head):
+        return None
+    drop = getattr(lm_head, "lora_dropout", None)
+    if isinstance(drop, nn.Dropout):
+        return drop(hidden) if drop.training and drop.p > 0 else None  # (B, T, H)
+    if drop is None:
+        return None
+    out = drop(hidden)  # (LitGPT's identity lambda when lora_dropout == 0, or another module)
+    return None if out is hidden else out
 
 
 def lm_head_weight_bias(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -89,13 +121,14 @@ def _local(t: torch.Tensor, name: str) -> torch.Tensor:
 
 class GatheredHead:
     """The lm_head weight (V, H) and bias (V,) copied, with autograd, while a sharding strategy had
-    them gathered. A plain holder on purpose: output mappers (Fabric's precision ``convert_output``,
-    FSDP's hook registration) must not copy or cast a (V, H) tensor."""
+    them gathered (and a LoRA head's ``lora``: ``(A (r, H), B (V, r), scaling)``). A plain holder on purpose: output
+    mappers (Fabric's precision ``convert_output``, FSDP's hook registration) must not copy or cast a (V, H) tensor."""
 
-    __slots__ = ("bias", "weight")
+    __slots__ = ("bias", "lora", "weight")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 lora: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> None:
+        self.weight, self.bias, self.lora = weight, bias, lora
 
 
 class LigerLogitsError(TypeError, AttributeError):
@@ -235,6 +268,10 @@ class LigerLogits:
     # what the data loader found on the host about the left-out positions' targets (``lit_liger.packing.LeftOut``):
     # where it answers, the loss needs no host sync to check them
     left_out: Any = None
+    # A LoRA lm_head with active dropout: the LoRA branch's input, ``lora_dropout(hidden)`` drawn in the forward as
+    # stock LitGPT draws it (same shape as ``hidden``, and every view of ``hidden`` applies to it too). None: the
+    # branch reads ``hidden`` (no dropout, or no LoRA head).
+    x_lora: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
@@ -315,13 +352,13 @@ class LigerLogits:
             _warn_materialize(f"indexing with tensors ({index!r})")
             return self.real()[index]
         if self.t1 is None:
-            return self._derive(op, hidden=self.hidden[idx[:-1]])  # (..., H)
+            return self._derive(op, **self._hidden_views(lambda h: h[idx[:-1]], unpad=False))  # (..., H)
         t_index = idx[-2]
         if all(_is_full_slice(i) for i in idx[:-2]) and isinstance(t_index, slice) and t_index.step in (None, 1):
             # a slice of the sequence (the training scripts' shift): move the window, keep the padded rows
             start, stop, _ = t_index.indices(self.t1 - self.t0)
             return self._derive(op, t0=self.t0 + start, t1=self.t0 + max(start, stop))
-        return self._derive(op, hidden=self._unpadded_hidden()[idx[:-1]], t0=0, t1=None)
+        return self._derive(op, **self._hidden_views(lambda h: h[idx[:-1]]), t0=0, t1=None)
 
     def reshape(self, *shape: Any) -> LigerLogits | torch.Tensor:
         """A reshape that keeps the vocabulary dim last and whole (``(B, T, V) -> (B*T, V)``) stays deferred."""
@@ -333,11 +370,11 @@ class LigerLogits:
                 pass  # the leading dims do not fit: stock's reshape raises its own error below
         elif shape and all(isinstance(s, int) for s in shape) and shape[-1] == self.vocab_size:
             try:
-                hidden = self._unpadded_hidden().reshape(*shape[:-1], self.hidden.shape[-1])  # (..., H)
+                views = self._hidden_views(lambda h: h.reshape(*shape[:-1], h.shape[-1]))  # (..., H)
             except RuntimeError:
-                hidden = None  # the leading dims do not fit: stock's reshape raises its own error below
-            if hidden is not None:
-                return self._derive(("reshape", shape), hidden=hidden, t0=0, t1=None)
+                views = None  # the leading dims do not fit: stock's reshape raises its own error below
+            if views is not None:
+                return self._derive(("reshape", shape), **views, t0=0, t1=None)
         _warn_materialize(f"reshape{shape}")
         return self.real().reshape(shape)
 
@@ -399,22 +436,36 @@ class LigerLogits:
             return self.real().split(split_size, dim)
         packed = self.rows is not None
         parts = (self.rows if packed else self._unpadded_hidden()).split(split_size, d)
+        lora_parts = (None,) * len(parts)
+        if not packed and self.x_lora is not None:
+            lora_parts = self._unpadded(self.x_lora).split(split_size, d)
         out = []
-        for i, h in enumerate(parts):
-            change = {"rows": h} if packed else {"hidden": h, "t0": 0, "t1": None}
+        for i, (h, xl) in enumerate(zip(parts, lora_parts)):
+            change = {"rows": h} if packed else {"hidden": h, "x_lora": xl, "t0": 0, "t1": None}
             p = self._derive(("split", split_size, d, i), **change)
             p.part_of = (self, i, len(parts), d)
             out.append(p)
         return tuple(out)
 
     def _unpadded_hidden(self) -> torch.Tensor:
-        return self.hidden if self.t1 is None else self.hidden[..., self.t0 : self.t1, :]
+        return self._unpadded(self.hidden)
+
+    def _unpadded(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (``hidden`` or ``x_lora``) without the bucket's padding rows."""
+        return t if self.t1 is None else t[..., self.t0 : self.t1, :]
+
+    def _hidden_views(self, view: Any, unpad: bool = True) -> dict:
+        """``hidden`` (unpadded first with ``unpad``) and, for a LoRA head with dropout, ``x_lora`` seen through the
+        same ``view``: the fields of a derived output."""
+        pick = self._unpadded if unpad else (lambda t: t)
+        return {"hidden": view(pick(self.hidden)),
+                "x_lora": view(pick(self.x_lora)) if self.x_lora is not None else None}
 
     def unpadded(self) -> LigerLogits:
         """The same logits without the bucket's padding rows (``hidden`` sliced to the window)."""
         if self.t1 is None or self.rows is not None:
             return self
-        out = dataclasses.replace(self, hidden=self._unpadded_hidden(), t0=0, t1=None)
+        out = dataclasses.replace(self, **self._hidden_views(lambda t: t), t0=0, t1=None)
         out.root, out.ops, out.part_of = self.root, self.ops, self.part_of
         return out
 
@@ -452,15 +503,22 @@ class LigerLogits:
         from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
         if self.head is not None:
-            weight, bias = self.head.weight, self.head.bias
+            weight, bias, lora = self.head.weight, self.head.bias, self.head.lora
         else:
             weight, bias = lm_head_weight_bias(self.lm_head)
-        hidden = self.hidden
+            lora = lm_head_lora(self.lm_head)
+        hidden, x_lora = self.hidden, self.x_lora
         if self.compute_dtype is not None and hidden.dtype != self.compute_dtype:
             hidden = hidden.to(self.compute_dtype)  # undo a wrapper's output cast (see the class docstring)
+            x_lora = x_lora.to(self.compute_dtype) if x_lora is not None else None
         if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
             weight = weight.to(hidden.dtype)  # a dequantized head (QLoRA) comes in its quantization's dtype
             bias = bias.to(hidden.dtype) if bias is not None else None
+        if lora is not None:  # a LoRA head (lora_head: true): (x_lora A^T B^T) s joins the chunked logits
+            lora_a, lora_b, scaling = lora
+            if lora_a.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+                lora_a, lora_b = lora_a.to(hidden.dtype), lora_b.to(hidden.dtype)  # (r, H), (V, r): small
+            kwargs = {"lora_a": lora_a, "lora_b": lora_b, "lora_scale": scaling, "x_lora": x_lora, **kwargs}
         loss = fused_linear_cross_entropy(
             hidden, weight, targets, bias,
             ignore_index=ignore_index, reduction=reduction, softcap=self.softcap,
@@ -525,7 +583,15 @@ class LigerLogits:
             return self._on_unpacked().materialize()
         hidden = self._unpadded_hidden()
         hidden = hidden if self.compute_dtype is None else hidden.to(self.compute_dtype)
-        logits = self.lm_head(hidden)
+        if self.x_lora is not None and _has_lora_update(self.lm_head):
+            # LitGPT's LoRALinear forward on the dropout output the loss used (calling the head would draw another)
+            x_lora = self._unpadded(self.x_lora)
+            x_lora = x_lora if self.compute_dtype is None else x_lora.to(self.compute_dtype)
+            head = self.lm_head
+            logits = head.linear(hidden) + (x_lora @ head.lora_A.transpose(0, 1) @ head.lora_B.transpose(0, 1)) \
+                * head.scaling  # (..., V)
+        else:
+            logits = self.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.to(self.dtype)

@@ -42,6 +42,8 @@ def head_weight(gpt: nn.Module) -> nn.Parameter | None:
     head = gpt.lm_head
     if type(getattr(head, "linear", head)) is not nn.Linear:
         return None  # (checked first: a quantized head's weight would be dequantized to be read)
+    if getattr(head, "r", 0) > 0:
+        return None  # a LoRA update (merged or to be merged: merging writes into the base weight in place)
     try:
         weight, _, scale = _unwrap_linear(head)
     except NotImplementedError:

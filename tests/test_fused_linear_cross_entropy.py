@@ -291,15 +291,15 @@ def test_fp32_dw_kept_for_the_backward_only_where_rows_take_several_chunks(devic
     x, w, _, t = _inputs(device, torch.bfloat16)
     args = (None, None, -1, IGNORE, "mean", 0.0, 0.0, 0.0, "fast")
     for chunk, want in ((N // 2, torch.float32), (N, torch.bfloat16), (2 * N, torch.bfloat16)):
-        _, _, dw, _ = flce._flce_fwd(x.detach(), w.detach(), t, *args, chunk, True, True, False)
+        _, _, dw, *_ = flce._flce_fwd(x.detach(), w.detach(), t, *args, chunk, True, True, False)
         assert dw.dtype == want, chunk
         fake = flce._flce_fwd(x.detach().to("meta"), w.detach().to("meta"), t.to("meta"), *args, chunk,
                               True, True, False)
         assert fake[2].dtype == want and fake[2].shape == w.shape, chunk
     # a frozen head, "lean" and fp32 weights never keep an fp32 buffer of their own
-    _, _, dw, _ = flce._flce_fwd(x.detach(), w.detach(), t, *args[:-1], "lean", 16, True, True, False)
+    _, _, dw, *_ = flce._flce_fwd(x.detach(), w.detach(), t, *args[:-1], "lean", 16, True, True, False)
     assert dw.dtype == torch.bfloat16
-    _, _, dw, _ = flce._flce_fwd(x.detach().float(), w.detach().float(), t, *args, N // 2, True, True, False)
+    _, _, dw, *_ = flce._flce_fwd(x.detach().float(), w.detach().float(), t, *args, N // 2, True, True, False)
     assert dw.dtype == torch.float32
     assert not flce._keeps_fp32_dw(N, V, 2, x.device, N // 2, False, "fast", torch.bfloat16)
 
@@ -428,11 +428,12 @@ def test_meta_device():
     t = torch.zeros(2, 5, dtype=torch.long, device="meta")
     assert fused_linear_cross_entropy(x, w, t).shape == ()
     assert fused_linear_cross_entropy(x, w, t, reduction="none").shape == (2, 5)
-    loss, dx, dw, db = torch.ops.lit_liger.flce_fwd(
+    loss, dx, dw, db, *lora = torch.ops.lit_liger.flce_fwd(
         x.reshape(10, H), w, t.reshape(10), None, None, -1, IGNORE, "mean", 0.0, 0.0, 0.0, "fast", 0, True, True, False
     )
     assert loss.shape == () and dx.shape == (10, H) and dw.shape == (V, H) and db.shape == (0,)
-    dx, dw, db = torch.ops.lit_liger.flce_bwd_rows(
+    assert [t.shape for t in lora] == [(0,)] * 3  # no LoRA head: its three gradients are empty
+    dx, dw, db, *_ = torch.ops.lit_liger.flce_bwd_rows(
         torch.ones(10, device="meta"), x.reshape(10, H), w, t.reshape(10), None, IGNORE, 0.0, 0.0, 0.0, "lean", 0,
         True, False, False,
     )
