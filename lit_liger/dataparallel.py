@@ -229,7 +229,9 @@ def _count(module: Any, gpt_class: type, config: Any) -> tuple[int, int, bool]:
         total += p.numel()
         trained += p.numel() if p.requires_grad else 0
     head = getattr(model, "lm_head", None)
-    trains_head = bool(head is not None and any(p.requires_grad for p in head.parameters()))
+    # the (V, C) weight trains (not only a LoRA update on it, whose gradients are (r, C) and (V, r))
+    weight = getattr(getattr(head, "linear", head), "weight", None)
+    trains_head = bool(weight is not None and weight.requires_grad)
     return total, trained, trains_head
 
 

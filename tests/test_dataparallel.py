@@ -39,6 +39,16 @@ def test_estimate_counts_what_trains():
     assert longer.activations > 1.5 * (full.activations - 128256 * 2048 * 4)  # (the lm_head buffer stays)
 
 
+def test_a_lora_head_is_not_a_trained_head_weight():
+    """``lora_head``: the (V, C) weight stays frozen (its LoRA update trains), so no (V, C) fp32 gradient is estimated;
+    full fine-tuning trains the head's weight."""
+    module = __import__("litgpt.finetune.lora", fromlist=["GPT"])
+    cfg = module.Config.from_name("Llama-3.2-1B", **LORA, lora_head=True)
+    assert dp._count(module, module.GPT, cfg)[2] is False
+    full = __import__("litgpt.finetune.full", fromlist=["GPT"])
+    assert dp._count(full, full.GPT, full.Config.from_name("Llama-3.2-1B"))[2] is True
+
+
 @pytest.mark.parametrize(("module", "model", "lora", "device", "plan"), [
     ("litgpt.finetune.lora", "Llama-3.2-1B", True, 80, "replicate"),
     ("litgpt.finetune.full", "Llama-3.2-1B", False, 80, "replicate"),
