@@ -13,11 +13,12 @@ if __name__ != "lit_liger.kernels":
     raise ImportError(f"lit-liger's kernels are the package `lit_liger.kernels`, not {__name__!r}")
 
 from ._launch import device_limits, use_triton
-from .layer_norm import layer_norm
+from .layer_norm import layer_norm, layer_norm_dual, layer_norm_residual
 from .rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .rope import rope, rope_qkv
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .swiglu import geglu, glu_linear, glu_mlp, swiglu
+from .gelu import gelu, gelu_linear
 from .attention import softcap_attention
 from .embedding import embedding
 
@@ -28,12 +29,16 @@ __all__ = [
     "rms_norm_residual",
     "rms_norm_linear",
     "layer_norm",
+    "layer_norm_residual",
+    "layer_norm_dual",
     "rope",
     "rope_qkv",
     "swiglu",
     "geglu",
     "glu_linear",
     "glu_mlp",
+    "gelu",
+    "gelu_linear",
     "fused_linear_cross_entropy",
     "softcap_attention",
     "embedding",

@@ -10,8 +10,7 @@ covered because the swap subclasses whatever class the module has.
 
 Attention with logit softcapping or a sliding window runs on FlexAttention (``lit_liger.attention``).
 What is left alone (and why) is reported: latent attention (MLA), the KV-cache ``input_pos``
-path (LitGPT's code runs for those calls), GptNeoxMLP's GELU (already one elementwise kernel between
-two GEMMs: nothing to fuse).
+path (LitGPT's attention code runs for those calls).
 """
 
 from __future__ import annotations
@@ -48,7 +47,8 @@ from .kernels import _grad_into
 from .kernels._launch import use_triton
 from .kernels.attention import softcap_attention, supported_head_size
 from .kernels.embedding import embedding
-from .kernels.layer_norm import layer_norm
+from .kernels.gelu import gelu, gelu_linear
+from .kernels.layer_norm import layer_norm, layer_norm_dual, layer_norm_residual
 from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
 from .kernels.rope import rope, rope_qkv
 from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
@@ -329,6 +329,28 @@ class _GeGLUMixin:
         return _mlp_out(self, x, self._liger_activation)
 
 
+class _GeluMLPMixin:
+    """LitGPT's ``GptNeoxMLP``, ``proj(gelu(fc(x)))`` (Pythia, Falcon, phi, StableLM-alpha, RedPajama-INCITE): the GELU
+    (``gelu_approximate``) on lit-liger's kernel, fp32 math, only its input kept for backward. With a plain Linear
+    ``proj`` (no LoRA, float8 or hooks, no autocast) the GELU and ``proj`` run as :func:`gelu_linear`, which keeps
+    ``fc``'s output but not the GELU's for backward: one ``(B, T, I)`` tensor per layer fewer (a plain ``proj``
+    keeps its input for its weight gradient). ``fc`` and ``proj`` are called as modules otherwise (LitGPT's LoRA
+    layers, swapped or not)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _stock_under_compile(self, x):
+            return super().forward(x)
+        approximate = self.config.gelu_approximate
+        h = self.fc(x)  # (B, T, I)
+        proj = self.proj
+        if (
+            _plain_linear(proj) and _called_plainly(proj) and h.device.type in ("cuda", "cpu")
+            and proj.weight.dtype == h.dtype and not torch.is_autocast_enabled(h.device.type)
+        ):
+            return gelu_linear(h, proj.weight, proj.bias, approximate)  # (B, T, C)
+        return proj(gelu(h, approximate))  # (B, T, I) -> (B, T, C)
+
+
 @torch.compiler.assume_constant_result
 def _flash_enabled() -> bool:
     # a global switch read on the host: a constant for torch.compile (dynamo cannot trace it)
@@ -531,12 +553,22 @@ class _AttentionMixin:
 
 
 class _BlockMixin:
-    """Non-parallel residual with an RMSNorm ``norm_2``: ``x = attn + x; norm_2(x)`` in one kernel.
+    """LitGPT's Block on lit-liger's kernels, for every residual layout ``Config`` flags give (no per-family code).
+
+    Non-parallel residual: ``x = attn + x; norm_2(x)`` in one kernel, :func:`rms_norm_residual` for an RMSNorm
+    ``norm_2`` (Llama-like), :func:`layer_norm_residual` for a LayerNorm one (OLMo-1, StableLM-3B); without a
+    ``norm_2`` (OLMo-2: Identity, with post-attention / post-MLP norms) LitGPT's adds, its swapped norms and MLP.
+
+    Parallel residual (``parallel_residual``: Pythia, Falcon, phi, StableLM-alpha, RedPajama-INCITE):
+    ``x = mlp(norm_2(x)) + attn(norm_1(x)) + x`` with the adds in LitGPT's order; where ``norm_1`` and ``norm_2``
+    are two LayerNorms of the same ``x`` they run as :func:`layer_norm_dual` (``x`` read once, one ``dx``), with
+    ``shared_attention_norm`` (Falcon-7B, phi) the MLP reads ``norm_1``'s output as in LitGPT.
 
     With ``recompute_norm``, where the norm's readers are plain Linears (full fine-tuning and
-    pretraining; LoRA layers read it themselves), ``norm_1 -> attn.qkv`` and ``norm_2 -> mlp.fc_1,
-    fc_2`` run as :func:`rms_norm_linear`: their normalized input is recomputed in backward instead of
-    kept (two ``(B, T, C)`` tensors per layer less)."""
+    pretraining; LoRA layers read it themselves), an RMSNorm ``norm_1 -> attn.qkv`` and ``norm_2 -> mlp.fc_1, fc_2``
+    (GLU MLP) run as :func:`rms_norm_linear`: their normalized input is recomputed in backward instead of
+    kept (two ``(B, T, C)`` tensors per layer less). The KV-cache calls (``input_pos``) take the same paths, the
+    attention module running LitGPT's cached attention."""
 
     def _liger_fuse_norm_1(self, input_pos=None, structure_only: bool = False, x: torch.Tensor | None = None
                            ) -> bool:
@@ -546,7 +578,7 @@ class _BlockMixin:
         ``LigerConfig.fp8`` the Linear is torchao's float8 one, whose GEMMs :mod:`lit_liger.fp8` calls."""
         attn = self.attn
         ok = (
-            getattr(self, "_liger_recompute_norm", False)
+            getattr(self, "_liger_recompute_norm", False) and not self.config.parallel_residual
             and isinstance(self.norm_1, _RMSNormMixin) and isinstance(attn, _AttentionMixin)
             and (_plain_linear(attn.qkv) or is_float8_linear(attn.qkv))
         )
@@ -562,7 +594,8 @@ class _BlockMixin:
         """Whether ``norm_2 -> mlp.fc_1, fc_2`` runs as :func:`rms_norm_linear` (see above)."""
         mlp = self.mlp
         ok = (
-            getattr(self, "_liger_recompute_norm", False) and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
+            getattr(self, "_liger_recompute_norm", False) and isinstance(self.norm_2, _RMSNormMixin)
+            and not self.config.parallel_residual and isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin))
             and ((_plain_linear(mlp.fc_1) and _plain_linear(mlp.fc_2))
                  or (is_float8_linear(mlp.fc_1) and is_float8_linear(mlp.fc_2)))
         )
@@ -587,6 +620,8 @@ class _BlockMixin:
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
+        if self.config.parallel_residual:
+            return self._liger_parallel(x, cos, sin, mask, input_pos, input_pos_maxp1)
         n1, n2 = self.norm_1, self.norm_2
         if self._liger_fuse_norm_1(input_pos, x=x):
             qkv = self.attn.qkv
@@ -604,6 +639,13 @@ class _BlockMixin:
             # mixed dtypes (autocast): keep LitGPT's promotion semantics
             x = attention_output + x
             return self.post_mlp_norm(self.mlp(n2(x))) + x
+        if not isinstance(n2, _RMSNormMixin):
+            if isinstance(n2, _LayerNormMixin) and _called_plainly(n2):  # (LayerNorm: OLMo-1, StableLM-3B)
+                x, x_normed = layer_norm_residual(attention_output, x, n2.weight, n2.bias, n2.eps)  # (B, T, C) x2
+            else:  # no norm_2 (OLMo-2's Identity) or one left to LitGPT: LitGPT's add
+                x = attention_output + x
+                x_normed = n2(x)
+            return self.post_mlp_norm(self.mlp(x_normed)) + x
         offset = 1.0 if n2.add_unit_offset else 0.0
         if self._liger_fuse_norm_2(x=x):
             mlp = self.mlp
@@ -628,6 +670,33 @@ class _BlockMixin:
             x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
             mlp_out = self.mlp(x_normed)
         return self.post_mlp_norm(mlp_out) + x
+
+
+    def _liger_dual_norm(self) -> bool:
+        """A parallel-residual Block's ``norm_1(x)`` and ``norm_2(x)`` run as one :func:`layer_norm_dual`: two
+        swapped LayerNorms of one eps, called without hooks, ``norm_2`` not shared."""
+        n1, n2 = self.norm_1, self.norm_2
+        return (not self.config.shared_attention_norm and isinstance(n1, _LayerNormMixin)
+                and isinstance(n2, _LayerNormMixin) and n1.eps == n2.eps and _called_plainly(n1, n2))
+
+    def _liger_parallel(self, x, cos, sin, mask, input_pos, input_pos_maxp1):
+        """LitGPT's parallel residual, ``x = post_mlp_norm(mlp(x_normed_2)) + (post_attention_norm(attn(norm_1(x)))
+        + x)`` with ``x_normed_2`` ``norm_1``'s output (``shared_attention_norm``) or ``norm_2(x)``; the two norms in
+        one kernel where :meth:`_liger_dual_norm`. The adds are LitGPT's, in its order (and dtype promotion)."""
+        x_normed_2 = None
+        if self._liger_dual_norm():
+            n1, n2 = self.norm_1, self.norm_2
+            x_normed, x_normed_2 = layer_norm_dual(x, n1.weight, n1.bias, n2.weight, n2.bias, n1.eps)  # (B, T, C) x2
+        else:
+            x_normed = self.norm_1(x)
+        attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
+        attention_output = self.post_attention_norm(attention_output)
+        if self.config.shared_attention_norm:
+            x_normed_2 = x_normed
+        elif x_normed_2 is None:
+            x_normed_2 = self.norm_2(x)
+        x = attention_output + x
+        return self.post_mlp_norm(self.mlp(x_normed_2)) + x
 
 
 #: tests set this to bucket CPU runs too (on a CPU there are no per-shape plans or graphs to save)
@@ -1429,6 +1498,47 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
     return report
 
 
+def _block_why(block: nn.Module, cfg: LigerConfig) -> str | None:
+    """Why LitGPT's Block keeps its own forward (None: it is swapped for :class:`_BlockMixin`). Decided from the
+    ``Config`` flags and the Block's norm classes, before they are swapped."""
+    c = block.config
+    if not cfg.fused_residual:
+        return "fused_residual switched off"
+    n2 = block.norm_2
+    if c.parallel_residual or isinstance(n2, nn.Identity):
+        return None  # (parallel residual; OLMo-2's Identity norm_2)
+    if isinstance(n2, lm.RMSNorm) and n2.dim == -1:
+        return None if cfg.rms_norm else "rms_norm switched off: norm_2 is LitGPT's RMSNorm"
+    if isinstance(n2, nn.LayerNorm) and len(n2.normalized_shape) == 1:
+        return None if cfg.layer_norm else "layer_norm switched off: norm_2 is LitGPT's LayerNorm"
+    return f"norm_2 is {type(n2).__name__}: no residual kernel for it"
+
+
+def _block_what(block: nn.Module, cfg: LigerConfig) -> str:
+    """The report's line for a swapped Block: what its forward fuses (its norms, attention and MLP are reported on
+    their own lines)."""
+    c = block.config
+    if c.parallel_residual:
+        if block._liger_dual_norm():
+            return "parallel residual: norm_1 and norm_2 of x in one kernel (layer_norm_dual); LitGPT's adds"
+        if c.shared_attention_norm:
+            return "parallel residual, norm_1 shared with the MLP: LitGPT's adds, nothing to fuse"
+        return "parallel residual: norm_1 and norm_2 called one by one (not two LayerNorms of one eps); LitGPT's adds"
+    n2 = block.norm_2
+    if isinstance(n2, _LayerNormMixin):
+        return "residual add + norm_2 fused (layer_norm_residual)"
+    if not isinstance(n2, _RMSNormMixin):
+        return f"no norm_2 ({type(n2).__name__}; post-attention / post-MLP norms): LitGPT's residual adds, nothing to fuse"
+    what = "residual add + norm_2 fused (rms_norm_residual)"
+    recomputed = [n for n, ok in (("norm_1", block._liger_fuse_norm_1(structure_only=True)),
+                                  ("norm_2", block._liger_fuse_norm_2(structure_only=True))) if ok]
+    if recomputed:
+        what += f"; {' and '.join(recomputed)} outputs recomputed in backward"
+    if cfg.recompute_mlp and "norm_2" in recomputed and type(block.mlp.proj) is nn.Linear:
+        what += "; fc_1 and fc_2 outputs recomputed in backward (recompute_mlp)"
+    return what
+
+
 def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                prior: dict[int, tuple] | None = None) -> None:
     c = gpt.config
@@ -1500,7 +1610,12 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                 report.add(path, m, f"LoRA r={m.r}" + (f" on {parts}" if parts else "")
                            + " in one autograd function of GEMMs (no conv1d / zero pad)")
         elif isinstance(m, lm.GptNeoxMLP):
-            report.skip(path, m, "GELU is one elementwise kernel between two GEMMs already: nothing to fuse")
+            if not cfg.gelu:
+                report.skip(path, m, "gelu switched off")
+            else:
+                _swap_class(m, _GeluMLPMixin)
+                report.add(path, m, f"gelu (approximate={c.gelu_approximate!r}), fp32 math; with a plain proj, "
+                                    "gelu + proj keep only fc's output (gelu_linear)")
         elif isinstance(m, lm.LLaMAMoE):
             report.skip(path, m, "router/dispatch stays LitGPT's (each expert MLP is swapped)")
         elif isinstance(m, lm.MultiheadLatentAttention):
@@ -1527,21 +1642,13 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                                          triton=cfg.softcap_attention
                                                          and supported_head_size(c.head_size)))
         elif isinstance(m, lm.Block):
-            fusable = (
-                cfg.fused_residual and cfg.rms_norm and not c.parallel_residual
-                and isinstance(m.norm_2, lm.RMSNorm) and m.norm_2.dim == -1
-            )
-            if fusable:
+            why = _block_why(m, cfg)
+            if why is None:
                 _swap_class(m, _BlockMixin)
                 m._liger_recompute_norm = cfg.recompute_norm
                 m._liger_recompute_mlp = cfg.recompute_mlp
                 blocks.append((path, m))  # reported below, once its norms, attention and MLP are swapped
             else:
-                why = (
-                    "fused_residual switched off" if not (cfg.fused_residual and cfg.rms_norm)
-                    else "parallel residual: no add before norm_2" if c.parallel_residual
-                    else f"norm_2 is {type(m.norm_2).__name__}, fused residual needs RMSNorm"
-                )
                 report.skip(path, m, why)
     if sdpa:
         report.skip(prefix, gpt, f"causal attention layers: SDPA backend {cfg.sdpa_backend!r} in eager mode on CUDA"
@@ -1559,14 +1666,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                  "attention and MLP code (host-bound sizes; compile_min_tokens)"
                                  + ("; softcap / sliding-window layers keep RoPE + FlexAttention" if flex else ""))
     for path, m in blocks:
-        what = "residual add + norm_2 fused (rms_norm_residual)"
-        recomputed = [n for n, ok in (("norm_1", m._liger_fuse_norm_1(structure_only=True)),
-                                      ("norm_2", m._liger_fuse_norm_2(structure_only=True))) if ok]
-        if recomputed:
-            what += f"; {' and '.join(recomputed)} outputs recomputed in backward"
-        if cfg.recompute_mlp and "norm_2" in recomputed and type(m.mlp.proj) is nn.Linear:
-            what += "; fc_1 and fc_2 outputs recomputed in backward (recompute_mlp)"
-        report.add(path, m, what)
+        report.add(path, m, _block_what(m, cfg))
     # the fused loss
     if not cfg.fused_linear_cross_entropy:
         report.skip(prefix, gpt, "fused_linear_cross_entropy switched off: training returns logits "

@@ -38,6 +38,8 @@ class LigerConfig:
             A -> grouped conv1d -> zero pad -> scale -> add chain (host-bound at fine-tuning sizes).
         swiglu: ``LLaMAMLP`` (and each ``LLaMAMoE`` expert) -> ``silu(fc_1) * fc_2`` kernel.
         geglu: ``GemmaMLP`` -> ``gelu(fc_1) * fc_2`` kernel (tanh or exact GELU per config).
+        gelu: ``GptNeoxMLP`` (Pythia, Falcon, phi, StableLM-alpha, ...) -> GELU kernel; with a plain ``proj``
+            Linear, GELU + ``proj`` keep only ``fc``'s output for backward (one ``(B, T, I)`` tensor per layer less).
         fused_residual: residual add + norm_2 fused in the Block where the structure allows.
         recompute_norm: in those Blocks, the RMSNorm outputs read by plain Linears (``attn.qkv``;
             ``mlp.fc_1``/``fc_2``) are recomputed in backward instead of kept for their weight
@@ -267,6 +269,7 @@ class LigerConfig:
     lora: bool = True
     swiglu: bool = True
     geglu: bool = True
+    gelu: bool = True
     fused_residual: bool = True
     recompute_norm: bool = True
     fused_linear_cross_entropy: bool = True

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     from lit_liger.kernels import (
         fused_linear_cross_entropy,
         geglu,
+        gelu_linear,
         layer_norm,
+        layer_norm_dual,
+        layer_norm_residual,
         rms_norm,
         rms_norm_linear,
         rope,
@@ -94,7 +97,16 @@ def main(argv: list[str] | None = None) -> int:
 
     check("rms_norm_linear (+residual)", norm_linear, norm_linear_ref, [x, r, w, W1, W2])
     check("layer_norm", lambda x, w, b: layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (H,), w, b, 1e-5), [x, w, b])
+    w2, b2 = torch.randn(H, device=dev, dtype=dtype), torch.randn(H, device=dev, dtype=dtype)
+    check("layer_norm_residual", lambda x, r, w, b: layer_norm_residual(x, r, w, b, 1e-5),
+          lambda x, r, w, b: (x + r, F.layer_norm(x + r, (H,), w, b, 1e-5)), [x, r, w, b])
+    check("layer_norm_dual", lambda x, w, b, w2, b2: layer_norm_dual(x, w, b, w2, b2, 1e-5),
+          lambda x, w, b, w2, b2: (F.layer_norm(x, (H,), w, b, 1e-5), F.layer_norm(x, (H,), w2, b2, 1e-5)),
+          [x, w, b, w2, b2])
     a, g = torch.randn(N, I, device=dev, dtype=dtype), torch.randn(N, I, device=dev, dtype=dtype)
+    Wp = torch.randn(H, I, device=dev, dtype=dtype) * I**-0.5
+    check("gelu_linear (exact)", lambda a, W: gelu_linear(a, W, None, "none"), lambda a, W: F.linear(F.gelu(a), W),
+          [a, Wp])
     check("swiglu", swiglu, lambda a, g: F.silu(a) * g, [a, g])
     check("geglu (tanh)", lambda a, g: geglu(a, g, approximate="tanh"), lambda a, g: F.gelu(a, approximate="tanh") * g, [a, g])
     B, T, nh, ng, hs = (2, 1024, 32, 8, 64) if cuda else (2, 8, 4, 2, 16)

@@ -113,7 +113,8 @@ def test_family_parity(name):
     if cfg.mlp_class_name == "GemmaMLP":
         assert any(k.startswith("geglu") for _, _, k in report.swapped)
     if cfg.mlp_class_name == "GptNeoxMLP":
-        assert any("GptNeoxMLP" == c for _, c, _ in report.skipped)
+        assert sum(1 for _, c, k in report.swapped if c == "GptNeoxMLP" and k.startswith("gelu")) == cfg.n_layer
+    assert sum(1 for _, c, _ in report.swapped if c == "Block") == cfg.n_layer  # every Block's layout is swapped
     assert sum(1 for _, _, k in report.swapped if k.startswith("rope")) == cfg.n_layer
     if cfg.parallel_residual or not cfg.norm_2:
         assert not any(k.startswith("residual") for _, _, k in report.swapped)

@@ -2,7 +2,7 @@ import pytest
 import torch
 from helpers import TOL, rel_err
 
-from lit_liger.kernels.layer_norm import layer_norm, layer_norm_reference
+from lit_liger.kernels.layer_norm import layer_norm, layer_norm_dual, layer_norm_reference, layer_norm_residual
 
 
 def _torch_norm(H, affine, bias, device, dtype):
@@ -138,33 +138,43 @@ def test_layer_norm_bad_inputs(device):
             layer_norm(x, torch.ones(16), torch.zeros(16, device="meta"))
 
 
-def test_layer_norm_eager_path_equals_custom_op(device):
+@pytest.mark.parametrize("form", ["plain", "residual", "dual"])
+def test_layer_norm_eager_path_equals_custom_op(form, device):
     # eager layer_norm runs the autograd.Function fast path; torch.compile traces the custom op
     from lit_liger.kernels.layer_norm import _fwd
 
     torch.manual_seed(9)
     m = _torch_norm(40, True, True, device, torch.float32)
     x = torch.randn(3, 5, 40, device=device, requires_grad=True)
-    dy = torch.randn(3, 5, 40, device=device)
-    outs = _fwd(x, m.weight, m.bias, 1e-5)
+    r = torch.randn(3, 5, 40, device=device, requires_grad=True) if form == "residual" else None
+    w2, b2 = ((torch.randn(40, device=device, requires_grad=True), None) if form == "dual" else (None, None))
+    args = (x, r, m.weight, m.bias, w2, b2, 1e-5, form == "dual")
+    outs = _fwd(*args)
     assert "LayerNormFn" in type(outs[0].grad_fn).__name__
-    assert not outs[1].requires_grad and not outs[2].requires_grad  # mean, rstd
-    outs_op = torch.ops.lit_liger.layer_norm_fwd(x, m.weight, m.bias, 1e-5)
-    g = torch.autograd.grad(outs[0], (x, m.weight, m.bias), dy)
-    g_op = torch.autograd.grad(outs_op[0], (x, m.weight, m.bias), dy)
+    assert not outs[3].requires_grad and not outs[4].requires_grad  # mean, rstd
+    outs_op = torch.ops.lit_liger.layer_norm_fwd(*args)
+    leaves = [t for t in (x, r, m.weight, m.bias, w2) if t is not None]
+    used = [0] + ([1] if form == "residual" else []) + ([2] if form == "dual" else [])
+    dys = [torch.randn(3, 5, 40, device=device) for _ in used]
+    g = torch.autograd.grad([outs[i] for i in used], leaves, dys)
+    g_op = torch.autograd.grad([outs_op[i] for i in used], leaves, dys)
     for a, b in zip((*outs, *g), (*outs_op, *g_op)):
         assert torch.equal(a, b)
-    assert torch.equal(layer_norm(x, m.weight, m.bias), outs_op[0])
+    assert torch.equal(layer_norm(x, m.weight, m.bias), outs_op[0]) or form == "residual"
 
 
 def test_layer_norm_meta_device():
     x = torch.randn(2, 5, 32, device="meta")
     w, b = torch.ones(32, device="meta"), torch.zeros(32, device="meta")
     assert layer_norm(x, w, b).shape == x.shape and layer_norm(x).device.type == "meta"
-    y, mean, rstd = torch.ops.lit_liger.layer_norm_fwd(x, w, None, 1e-5)
-    assert y.shape == x.shape and mean.shape == rstd.shape == (10,) and rstd.dtype == torch.float32
-    dx, dw, db = torch.ops.lit_liger.layer_norm_bwd(y, x, w, mean, rstd, True, False)
-    assert dx.shape == x.shape and dw.shape == (32,) and db.numel() == 0
+    y, s, y2, mean, rstd = torch.ops.lit_liger.layer_norm_fwd(x, x, w, None, w, b, 1e-5, True)
+    assert y.shape == s.shape == y2.shape == x.shape and mean.shape == rstd.shape == (10,)
+    assert rstd.dtype == torch.float32
+    dx, dw, db, dw2, db2 = torch.ops.lit_liger.layer_norm_bwd(y, y2, s, x, w, w, mean, rstd, [True, False, True, True])
+    assert dx.shape == x.shape and dw.shape == dw2.shape == db2.shape == (32,) and db.numel() == 0
+    s, n = layer_norm_residual(x, x, w, b)
+    n1, n2 = layer_norm_dual(x, w, b, None, None)
+    assert s.shape == n.shape == n1.shape == n2.shape == x.shape
 
 
 def test_layer_norm_reference_path_without_interpreter(monkeypatch):
@@ -177,6 +187,120 @@ def test_layer_norm_reference_path_without_interpreter(monkeypatch):
     assert "lit_liger" not in type(out.grad_fn).__name__
     assert rel_err(out, m(x)) <= 1e-6
     assert rel_err(layer_norm(x), layer_norm_reference(x)) == 0.0
+
+
+def _params(H, affine, bias, device, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(H, generator=g) * 0.5 + 1.0).to(device, dtype).requires_grad_() if affine else None
+    b = (torch.randn(H, generator=g) * 0.5).to(device, dtype).requires_grad_() if bias else None
+    return w, b
+
+
+def _grads_close(outs, refs, leaves, ref_leaves, dtype):
+    """Forward outputs, then the gradients of every leaf for random output gradients; parameter gradients (sums
+    over rows) against fp64."""
+    for o, r in zip(outs, refs):
+        assert o.dtype == dtype and o.shape == r.shape
+        assert rel_err(o, r) <= TOL[dtype]
+    dys = [torch.randn_like(r) for r in refs]
+    g = torch.autograd.grad(outs, leaves, dys)
+    g_ref = torch.autograd.grad(refs, ref_leaves, [d.to(r.dtype) for d, r in zip(dys, refs)])
+    for name_i, (a, b) in enumerate(zip(g, g_ref)):
+        assert a.dtype == leaves[name_i].dtype and a.shape == leaves[name_i].shape
+        assert rel_err(a, b) <= max(TOL[dtype], 1e-5), name_i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 7, 96), (1, 1, 40), (5, 130)])
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_layer_norm_residual_matches_torch(shape, dtype, affine, bias, device):
+    """``(s, norm(s))`` with ``s = x + residual``: both outputs used downstream (the sum is the Block's next
+    residual), gradients of x, residual, weight and bias against fp64 PyTorch."""
+    torch.manual_seed(2)
+    H = shape[-1]
+    x = (torch.randn(shape, device=device) * 2 + 0.7).to(dtype).requires_grad_()
+    r = torch.randn(shape, device=device).to(dtype).requires_grad_()
+    w, b = _params(H, affine, bias, device, dtype, 3)
+    leaves = [t for t in (x, r, w, b) if t is not None]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rl = dict(zip([n for n, t in zip("xrwb", (x, r, w, b)) if t is not None], ref_leaves))
+    s_ref = rl["x"] + rl["r"]
+    n_ref = torch.nn.functional.layer_norm(s_ref, (H,), rl.get("w"), rl.get("b"), 1e-5)
+    s, n = layer_norm_residual(x, r, w, b, 1e-5)
+    # the sum rounded to x's dtype, as LitGPT's add (bit for bit in fp32; the interpreter's bf16 rounding may differ)
+    assert rel_err(s, x + r) == 0.0 if dtype == torch.float32 else rel_err(s, x + r) <= TOL[dtype]
+    _grads_close([s, n], [s_ref, n_ref], leaves, ref_leaves, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 7, 96), (1, 1, 40), (5, 130)])
+@pytest.mark.parametrize("affine", [(True, True, True, True), (True, False, False, True), (False, False, False, False)])
+def test_layer_norm_dual_matches_torch(shape, dtype, affine, device):
+    """Two LayerNorms of one x (a parallel-residual Block's norm_1 and norm_2), each with its own weight / bias or
+    none: outputs and the gradients of x and every parameter against fp64 PyTorch."""
+    torch.manual_seed(4)
+    H = shape[-1]
+    x = (torch.randn(shape, device=device) * 2 - 0.3).to(dtype).requires_grad_()
+    w1, b1 = _params(H, affine[0], affine[1], device, dtype, 5)
+    w2, b2 = _params(H, affine[2], affine[3], device, dtype, 6)
+    leaves = [t for t in (x, w1, b1, w2, b2) if t is not None]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    it = iter(ref_leaves)
+    x64, w1_, b1_, w2_, b2_ = (next(it) if t is not None else None for t in (x, w1, b1, w2, b2))
+    F = torch.nn.functional
+    refs = [F.layer_norm(x64, (H,), w1_, b1_, 1e-5), F.layer_norm(x64, (H,), w2_, b2_, 1e-5)]
+    outs = layer_norm_dual(x, w1, b1, w2, b2, 1e-5)
+    _grads_close(list(outs), refs, leaves, ref_leaves, dtype)
+
+
+def test_layer_norm_residual_and_dual_non_contiguous_and_partly_used(device):
+    """Row-strided and transposed views; only one output used (the other gets no gradient); frozen parameters."""
+    torch.manual_seed(8)
+    base = torch.randn(4, 6, 2 * 72, device=device) + 0.5
+    x = base[..., ::2].clone().requires_grad_()
+    xv = x[:, ::2]  # row-strided view of a leaf
+    r_leaf = torch.randn(3, 4, 100, device=device, requires_grad=True)
+    r = r_leaf.transpose(0, 1)[..., :72]  # (4, 3, 72): last dim contiguous, not viewable as rows
+    w, b = torch.randn(72, device=device), torch.randn(72, device=device, requires_grad=True)
+    s, n = layer_norm_residual(xv, r, w, b)
+    s_ref = xv + r
+    n_ref = torch.nn.functional.layer_norm(s_ref, (72,), w, b)
+    assert rel_err(n, n_ref) <= 1e-5
+    dy = torch.randn_like(n)
+    g = torch.autograd.grad(n, (x, r_leaf, b), dy)  # the sum unused downstream
+    g_ref = torch.autograd.grad(n_ref, (x, r_leaf, b), dy)
+    for a, c in zip(g, g_ref):
+        assert rel_err(a, c) <= 1e-5
+    xt = base.transpose(0, 1)[..., :72].detach().requires_grad_()  # last-dim contiguous, not viewable as rows
+    w2 = torch.randn(72, device=device, requires_grad=True)
+    y1, y2 = layer_norm_dual(xt, None, b, w2, None)
+    ref2 = torch.nn.functional.layer_norm(xt, (72,), w2, None)
+    assert rel_err(y1, torch.nn.functional.layer_norm(xt, (72,), None, b)) <= 1e-5
+    dy = torch.randn_like(y2)
+    g = torch.autograd.grad(y2, (xt, w2), dy)  # only the second output used
+    g_ref = torch.autograd.grad(ref2, (xt, w2), dy)
+    for a, c in zip(g, g_ref):
+        assert rel_err(a, c) <= 1e-5
+
+
+def test_layer_norm_residual_and_dual_bad_inputs(device):
+    x = torch.randn(4, 16, device=device)
+    with pytest.raises(ValueError, match="residual shape"):
+        layer_norm_residual(x, torch.randn(4, 8, device=device))
+    with pytest.raises(TypeError, match="residual"):
+        layer_norm_residual(x, x.double())
+    with pytest.raises(ValueError, match="weight2"):
+        layer_norm_dual(x, None, None, torch.ones(8, device=device), None)
+
+
+def test_layer_norm_residual_and_dual_reference_path_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch.manual_seed(5)
+    x, r, w, b = torch.randn(3, 24), torch.randn(3, 24), torch.randn(24), torch.randn(24)
+    s, n = layer_norm_residual(x, r, w, b)
+    assert torch.equal(s, x + r) and rel_err(n, torch.nn.functional.layer_norm(x + r, (24,), w, b)) <= 1e-6
+    y1, y2 = layer_norm_dual(x, w, b, None, b)
+    assert rel_err(y2, torch.nn.functional.layer_norm(x, (24,), None, b)) <= 1e-6
 
 
 # ----------------------------------------------------------------------------------------------
