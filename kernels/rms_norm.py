@@ -373,11 +373,8 @@ class _RMSNormLinearFn(torch.autograd.Function):
         out = _rms_norm_linear_impl(x, residual, weight, eps, offset, w0, b0, w1, b1)
         ctx.set_materialize_grads(False)
         _rnl_setup_context(ctx, (x, residual, weight, eps, offset, w0, b0, w1, b1), out)
-        ctx.mark_non_differentiable(out[1])
-        if residual is None:
-            ctx.mark_non_differentiable(out[0])  # empty placeholder: no residual sum
-        if w1 is None:
-            ctx.mark_non_differentiable(out[3])
+        # rstd; the empty placeholders of an absent residual sum / second output (one call: each replaces the last)
+        ctx.mark_non_differentiable(out[1], *([out[0]] if residual is None else []), *([out[3]] if w1 is None else []))
         return out
 
     @staticmethod

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import DEVICE
 from helpers import rel_err
 from litgpt import GPT, Config
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
@@ -35,6 +36,14 @@ BLOCK_WHAT = {
     "stablelm-3b-4e1t": "layer_norm_residual",
     "OLMo-2-1124-7B": "no norm_2",
 }
+
+
+@pytest.fixture(autouse=True)
+def _on_the_device():
+    """Models and batches made on the test device: a CUDA GPU runs the Triton kernels at these sizes (CPU tensors there
+    would take the reference path); without one, CPU tensors run them through the interpreter."""
+    with torch.device(DEVICE):
+        yield
 
 
 def tiny(name: str, config_cls=Config, **extra) -> Config:
