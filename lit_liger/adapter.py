@@ -424,14 +424,29 @@ class _AttentionMixin:
         )
 
     def _liger_packable(self) -> str | None:
-        """Why this layer cannot attend inside packed samples (``LigerConfig.packing``), or None: no attention logit
-        softcapping (flash attention has none), LitGPT's own ``scaled_dot_product_attention`` (an adapter's prefix
-        attention has its own)."""
+        """Why this layer cannot attend inside packed samples (``LigerConfig.packing``), or None: attention logit
+        softcapping only through lit-liger's softcap kernel (its variable-length form; flash attention has no
+        softcap), LitGPT's own ``scaled_dot_product_attention`` (an adapter's prefix attention has its own)."""
         if self.config.attention_logit_softcapping is not None:
-            return "attention logit softcapping (no variable-length kernel with a softcap here)"
+            if not getattr(self, "_liger_softcap_kernel", True):
+                return "attention logit softcapping with softcap_attention switched off (no variable-length kernel)"
+            if not supported_head_size(self.config.head_size):
+                return (f"attention logit softcapping with head size {self.config.head_size} (lit-liger's softcap "
+                        "kernel takes powers of two from 16 to 256)")
         if type(self).scaled_dot_product_attention is not lm.CausalSelfAttention.scaled_dot_product_attention:
             return f"{getattr(self, '_liger_orig_class', type(self)).__module__}'s own scaled_dot_product_attention"
         return None
+
+    def _liger_packed_softcap_here(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether this softcap layer attends packed samples through lit-liger's softcap kernel with sample starts
+        (``kernels/attention.py``; a sliding window folded into the starts): 16-bit NVIDIA CUDA tensors, or CPU ones
+        under Triton's interpreter (any float dtype). Elsewhere (CPU tensors without the interpreter) LitGPT's math
+        runs per sample."""
+        if self.config.attention_logit_softcapping is None or self._liger_packable() is not None:
+            return False
+        if device.type == "cuda":
+            return dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None
+        return device.type == "cpu" and use_triton(torch.empty(0, device=device, dtype=dtype))
 
     def _liger_attend_packed(self, q, k, v, pack: _packing.Pack, scale: float) -> torch.Tensor:
         """Attention inside each sample of a packed sequence: q ``(1, nh, N, hs)``, k/v ``(1, ng, N, hs)`` ->
@@ -449,7 +464,9 @@ class _AttentionMixin:
                 vs = vs.repeat_interleave(n_head // n_groups, dim=1)
             return self.scaled_dot_product_attention(qs, ks, vs, mask)  # (1, T, nh, hs)
 
-        return _packing.attend(q, k, v, pack, scale, window, per_sample)
+        softcap = self.config.attention_logit_softcapping
+        kernel = softcap is not None and self._liger_packed_softcap_here(q.device, q.dtype)
+        return _packing.attend(q, k, v, pack, scale, window, per_sample, softcap=softcap, softcap_kernel=kernel)
 
     def _liger_proj(self, y: torch.Tensor) -> torch.Tensor:
         """``self.proj(y)``; a plain Linear whose weight gradient ``lit_liger.graphs`` adds straight into ``.grad``
@@ -805,7 +822,7 @@ class _GPTMixin:
         if getattr(self, "_liger_pack_why", None) is not None or sharded_processes():
             return None
         if idx.is_cuda:
-            if not _packing.flash_varlen_ok(idx.device, self.transformer.wte.weight.dtype, self.config.head_size):
+            if not _packing_device_ok(self, idx.device, self.transformer.wte.weight.dtype):
                 return None
         elif not _PACK_ON_CPU:
             return None
@@ -947,6 +964,23 @@ class _GPTMixin:
 def _segment_ready(gpt: nn.Module, segment: int, grad: torch.Tensor) -> None:
     """A gradient hook: the trainable parameters of ``segment`` have their gradients (``_dist.GRADS_READY``)."""
     _dist.grads_ready(gpt, segment)
+
+
+def _packing_device_ok(gpt: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every layer attends packed samples on this CUDA device and dtype: softcap layers through lit-liger's
+    softcap kernel with sample starts, the others through flash attention over cumulative lengths."""
+    flash = None
+    for block in gpt.transformer.h:
+        attn = block.attn
+        if attn.config.attention_logit_softcapping is not None:
+            if not attn._liger_packed_softcap_here(device, dtype):
+                return False
+        else:
+            if flash is None:
+                flash = _packing.flash_varlen_ok(device, dtype, gpt.config.head_size)
+            if not flash:
+                return False
+    return True
 
 
 def _packing_why(gpt: nn.Module) -> str | None:
@@ -1651,7 +1685,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
             else:
                 report.skip(path, m, why)
     if sdpa:
-        report.skip(prefix, gpt, f"causal attention layers: SDPA backend {cfg.sdpa_backend!r} in eager mode on CUDA"
+        report.add(prefix, gpt, f"causal attention layers: SDPA backend {cfg.sdpa_backend!r} in eager mode on CUDA"
                                  + (" (uncaptured steps: flash attention on NVIDIA sm80+, no per-shape plans; CUDA-graph "
                                     "captured steps and other devices: PyTorch's choice)"
                                     if cfg.sdpa_backend == "auto" else "") + " (sdpa_backend)")
@@ -1662,7 +1696,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
         for m in gpt.modules():
             if m is not gpt and is_swapped(m):
                 m._liger_compile_min_elems = min_tokens * c.n_embd
-        report.skip(prefix, gpt, f"under torch.compile, micro-batches of < {min_tokens} tokens run LitGPT's norm, "
+        report.add(prefix, gpt, f"under torch.compile, micro-batches of < {min_tokens} tokens run LitGPT's norm, "
                                  "attention and MLP code (host-bound sizes; compile_min_tokens)"
                                  + ("; softcap / sliding-window layers keep RoPE + FlexAttention" if flex else ""))
     for path, m in blocks:
@@ -1705,7 +1739,9 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
     if cfg.packing and gpt._liger_pack_why is None:
         report.add(prefix, gpt, "training batches packed: samples end to end without their right padding, attention "
                                 "inside each sample, RoPE positions restarting (one process or a DDP replica; CUDA: "
-                                "flash attention over cumulative lengths, 16-bit; packing)")
+                                "flash attention over cumulative lengths, 16-bit"
+                                + ("; softcap layers: lit-liger's softcap kernel over the samples' starts"
+                                   if gpt.config.attention_logit_softcapping is not None else "") + "; packing)")
     elif cfg.packing:
         report.skip(prefix, gpt, f"packing off: {gpt._liger_pack_why}; batches run padded")
     if cfg.cuda_graphs is not False:

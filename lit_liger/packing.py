@@ -20,8 +20,9 @@ silently different.
 Attention (:func:`attend`): on CUDA, PyTorch's flash attention over cumulative sequence lengths
 (``aten::_flash_attention_forward``/``_backward``: GQA without copies, a sliding window as its left window,
 capturable in CUDA graphs); on CPU (tests, Triton's interpreter) LitGPT's own attention per sample. Layers with
-attention logit softcapping (Gemma-2) are not packed (flash attention has no softcap here): such models run
-padded, as before, and the report says so.
+attention logit softcapping (Gemma-2) attend through lit-liger's Triton softcap kernel
+(``kernels/attention.py``) given each position's sample start (:func:`sample_starts`, a sliding window folded in):
+query ``i`` sees keys ``starts[i] <= j <= i``, whole key blocks of earlier samples skipped.
 """
 
 from __future__ import annotations
@@ -268,12 +269,28 @@ class _FlashVarlen(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def sample_starts(pack: Pack, n: int, window: int | None) -> torch.Tensor:
+    """Each packed position's first key (its sample's start; with a sliding window ``W`` at least ``i - W + 1``),
+    int32 ``(n,)`` on the device: the softcap kernel's ``starts``. Computed per call from ``cu_seqlens`` (device ops,
+    no sync), not kept: a captured step copies new boundaries into the same ``pack`` before each replay."""
+    from .kernels.attention import sample_starts as _starts
+
+    return _starts(pack.cu_seqlens, n, window)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float, window: int | None,
-           per_sample: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+           per_sample: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+           softcap: float | None = None, softcap_kernel: bool = False) -> torch.Tensor:
     """Causal attention inside each packed sample: q ``(1, nh, N, hs)``, k/v ``(1, ng, N, hs)`` -> ``(1, N, nh, hs)``.
     ``per_sample(q, k, v, T)``: the layer's own attention of one ``(1, heads, T, hs)`` sample (LitGPT's math: the
-    reference path), returning ``(1, T, nh, hs)``."""
-    if flash_varlen_ok(q.device, q.dtype, q.shape[-1]):
+    reference path), returning ``(1, T, nh, hs)``. ``softcap``: the layer's attention logit softcap, attended through
+    lit-liger's softcap kernel with each position's sample start where ``softcap_kernel`` (else per sample)."""
+    if softcap is not None and softcap_kernel:
+        from .kernels.attention import softcap_attention
+
+        starts = sample_starts(pack, q.shape[2], window)
+        return softcap_attention(q, k, v, scale, softcap, starts=starts).transpose(1, 2)  # (1, N, nh, hs)
+    if softcap is None and flash_varlen_ok(q.device, q.dtype, q.shape[-1]):
         y = _FlashVarlen.apply(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
                                pack.cu_seqlens, pack.max_len, scale, window)  # (N, nh, hs)
         return y.unsqueeze(0)
