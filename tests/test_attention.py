@@ -347,7 +347,7 @@ def test_report_names_each_layers_attention():
     assert off.paths(f"attention: LitGPT's math (softcap {cap}, sliding window 5; flex_attention switched off)") \
         == ["transformer.h.0.attn", "transformer.h.2.attn"]
     keep = "softcap / sliding-window layers keep RoPE + FlexAttention"  # the compile_min_tokens line says so
-    assert any(keep in why for _, _, why in report.skipped) and not any(keep in why for _, _, why in off.skipped)
+    assert any(keep in why for _, _, why in report.swapped) and not any(keep in why for _, _, why in off.swapped)
     g3 = apply_liger(_pair(window_config("gemma-3-1b-it"))[1])
     assert g3.paths("attention: SDPA (causal)") == ["transformer.h.1.attn"]  # Gemma-3's global layer
     assert g3.count("attention: flex attention (sliding window 4) on CUDA; LitGPT's math on CPU") == 2

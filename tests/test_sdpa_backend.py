@@ -81,7 +81,7 @@ def test_adapter_reads_the_setting_and_leaves_cpu_alone():
     rep = apply_liger(m, LigerConfig(sdpa_backend="efficient"))
     attn = m.transformer.h[0].attn
     assert attn._liger_sdpa == "efficient"
-    assert any("SDPA backend 'efficient'" in why for _, _, why in rep.skipped)
+    assert any("SDPA backend 'efficient'" in why for _, _, why in rep.swapped)
     assert attn._liger_sdpa_flags(torch.zeros(1, 4, 2, 16)) is None  # CPU tensors: PyTorch's flags untouched
 
 
