@@ -1510,7 +1510,29 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
     both work (only classes change). Calling it again first restores the original classes, then
     applies ``config``; ``apply_liger(model, False)`` undoes everything.
     """
-    cfg = LigerConfig.from_value(config)
+    with _real_linear_class():
+        return _apply(model, LigerConfig.from_value(config))
+
+
+@contextlib.contextmanager
+def _real_linear_class() -> Iterator[None]:
+    """``torch.nn.Linear`` as PyTorch defines it while the swap runs. Inside Fabric's ``init_module`` under a
+    bitsandbytes precision (litgpt's ``--quantize bnb.*``, where the ``lit-liger`` command swaps the model it builds),
+    Lightning replaces the ``torch.nn.Linear`` attribute by its 4-bit class, and every ``nn.Linear`` check here would
+    read that class: the 4-bit layers would not be recognized (none swapped) and plain ones would look quantized."""
+    real = torch.nn.modules.linear.Linear
+    patched = torch.nn.Linear
+    if patched is real:
+        yield
+        return
+    torch.nn.Linear = real
+    try:
+        yield
+    finally:
+        torch.nn.Linear = patched
+
+
+def _apply(model: nn.Module, cfg: LigerConfig) -> LigerReport:
     prior = _fp8_decisions(model)
     remove_liger(model)
     report = LigerReport()

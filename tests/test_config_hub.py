@@ -147,20 +147,18 @@ class ReportViolation(AssertionError):
     """apply_liger's report lists something left to LitGPT outside ``ALLOWED_LEFT_ALONE`` (or misses a swap)."""
 
 
-# What the reports say today that breaks the rule (measured 2026-12-01 at da0fe48; the owners of lit_liger/adapter.py
-# have it). Each is a phrase of report_violations' line. (Before 96fc018 / da0fe48 every recipe's report also listed the
-# SDPA backend choice and compile_min_tokens as "left alone", and Gemma-2's "packing off: attention logit softcapping".)
-NO_4BIT = "4-bit (bitsandbytes) Linear of the"  # QLoRA: none of the quantized Linear layers swapped
-_REASONS = {
-    NO_4BIT: "no 4-bit Linear swapped under `litgpt finetune_lora --quantize bnb.nf4`: lit-liger's CLI runs "
-    "apply_liger inside fabric.init_module, where Lightning's BitsandbytesPrecision has replaced torch.nn.Linear by "
-    "its own class, so the adapter's `type(m) is not nn.Linear` test is false for every quantized layer",
-}
+# What the reports say today that breaks the rule: nothing. (Measured while the suite was written, 2026-12-01: every
+# recipe's report listed the SDPA backend choice and compile_min_tokens as "left alone" (now reported as what lit-liger
+# does), Gemma-2's "packing off: attention logit softcapping" (packed since 96fc018), and under `--quantize bnb.*` no
+# 4-bit Linear was swapped: the CLI swaps inside fabric.init_module, where Lightning's BitsandbytesPrecision had
+# replaced torch.nn.Linear (fixed: apply_liger runs with PyTorch's own class).) A phrase of report_violations' line
+# with its reason goes here when a known violation must be tolerated; the recipe is then xfail(strict=True).
+_REASONS: dict[str, str] = {}
 
 
 def known_violations(recipe: str) -> list[str]:
     """The phrases of the report lines that break the rule for ``recipe`` today (see ``_REASONS``)."""
-    return [NO_4BIT] if recipe.endswith("qlora.yaml") else []
+    return []
 
 
 #: recipe -> what breaks the rule in its report today. Such a recipe is xfail(strict=True) on ReportViolation only: a
@@ -185,11 +183,11 @@ def _params() -> list:
 # ----------------------------------------------------------------------------------------------
 def _console(command: str) -> list[str]:
     """The console script that runs ``command`` with ``--liger``: stock ``litgpt`` with lit-liger's plugin
-    (tests/conftest.py installs it for the session); ``lit-liger`` where the plugin is not installed."""
+    (tests/conftest.py installs it for the session)."""
     from lit_liger import litgpt_plugin
 
-    script = "litgpt" if litgpt_plugin.status() == "installed" else "lit-liger"
-    return [str(Path(sys.executable).parent / script), command]
+    assert litgpt_plugin.status() == "installed", "tests/conftest.py installs lit-liger's litgpt plugin for the session"
+    return [str(Path(sys.executable).parent / "litgpt"), command]
 
 
 def recipe_config(recipe: str) -> dict:
