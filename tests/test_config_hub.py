@@ -30,7 +30,7 @@ has none; README.md there says where they come from). Each recipe found there is
   ``tests/litgpt_config_hub/cpu_qlora/sitecustomize.py`` (on ``PYTHONPATH``; its docstring says what it changes).
   The layers are Lightning's own nf4 layers, quantized by its own hooks. Stock bitsandbytes decodes the 4-bit
   weight to float16 before its fp32 matmul, lit-liger's LoRA layers decode their base weight straight to fp32: the
-  runs differ by that rounding (~5e-6 relative in the loss, ~1e-4 in the trained LoRA B), inside the tolerances.
+  runs differ by that rounding (~5e-6 relative in the loss, up to ~1.3e-3 in a trained LoRA B: ``QLORA_WEIGHT_TOL``).
 
 What each test checks:
 
@@ -104,6 +104,11 @@ COMMANDS = {"lora.yaml": "finetune_lora", "qlora.yaml": "finetune_lora", "full.y
 SEQ, MICRO_BATCH, STEPS = 32, 1, 2
 LOSS_TOL = 1e-4  # fp32 whole-model parity (lit_liger.doctor.TOLERANCE explains the number; tests/test_cli.py)
 WEIGHT_TOL = 1e-3  # one AdamW update after two steps' gradients (see the module docstring)
+#: QLoRA: stock decodes every 4-bit weight to float16 before its fp32 matmul (a rounding of ~2^-11 per weight), lit-liger
+#: decodes the LoRA layers' bases and the other 4-bit Linears straight to fp32, so the two runs' gradients differ by
+#: that rounding through every layer; measured up to 1.3e-3 in a LoRA B after the update (llama-3-8b, CI 2026-12-01),
+#: where a wrong gradient moves it by O(1)
+QLORA_WEIGHT_TOL = 5e-3
 
 #: the tiny model: widths every family accepts. MLP width 192 and n_embd 64: bitsandbytes' CPU 4-bit layers need
 #: rows in multiples of 32 and columns in multiples of its 64-wide blocks
@@ -377,7 +382,8 @@ def test_recipe(recipe, hub_root, tmp_path):
     assert w_on.keys() == w_off.keys() and w_on
     errs = {k: rel(w_on[k], w_off[k]) for k in w_off}
     worst = sorted(errs.items(), key=lambda kv: -kv[1])[:3]
-    assert worst[0][1] <= WEIGHT_TOL, f"{recipe}: trained weights differ, worst {worst} (tolerance {WEIGHT_TOL})"
+    tol = QLORA_WEIGHT_TOL if cfg.get("quantize") else WEIGHT_TOL
+    assert worst[0][1] <= tol, f"{recipe}: trained weights differ, worst {worst} (tolerance {tol})"
 
     violations = report_violations(parse_report(out_on), recipe)
     known = KNOWN_VIOLATIONS.get(recipe, [])

@@ -439,7 +439,7 @@ def test_child_turns_off_cudnn_attention_for_its_variant(monkeypatch):
     from benchmarks.recipe import VARIANT_ENV
 
     seen = []
-    monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv, **kw: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
     on = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
