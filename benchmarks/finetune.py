@@ -134,7 +134,7 @@ def command(method: str, ckpt: Path, data_path: Path, run_dir: Path, precision: 
 # One run (a child process)
 # ----------------------------------------------------------------------------------------------
 def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = False,
-            env: dict[str, str] | None = None) -> dict[str, Any]:
+            env: dict[str, str] | None = None, via_litgpt: bool = False) -> dict[str, Any]:
     """``lit-liger *args`` in a fresh process; its numbers (``lit_liger.demo._summarize`` of its logs).
 
     ``in_process`` runs it in this process instead (tests: no second interpreter start-up; peak memory
@@ -163,7 +163,8 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(C.REPO_ROOT), env.get("PYTHONPATH")) if p)
             cwd = C.REPO_ROOT
         with log.open("w", encoding="utf-8") as out:  # (streamed: a run stopped from outside leaves its log)
-            proc = subprocess.run([sys.executable, "-m", f"{C.PACKAGE}.finetune", "--child", str(stats), *args],
+            child = "--child-litgpt" if via_litgpt else "--child"  # (litgpt's console script + lit-liger's plugin)
+            proc = subprocess.run([sys.executable, "-m", f"{C.PACKAGE}.finetune", child, str(stats), *args],
                                   cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, check=False)
         if proc.returncode != 0:
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [""]
@@ -209,9 +210,10 @@ def _count_syncs(path: str) -> None:
     atexit.register(dump)
 
 
-def _child(stats_path: str, argv: list[str]) -> None:
+def _child(stats_path: str, argv: list[str], via_litgpt: bool = False) -> None:
     """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory of the training steps and of
-    the whole run, wall time; the peak counter is reset after each validation pass)."""
+    the whole run, wall time; the peak counter is reset after each validation pass); ``via_litgpt``: the run through
+    the ``litgpt`` console script and lit-liger's plugin (the recipe's ``liger-via-litgpt`` variant)."""
     from lit_liger.demo import _run_and_record
 
     if os.environ.get("LIT_LIGER_BENCH_NO_CUDNN_SDPA") == "1":  # the recipe's stock-no-cudnn variant
@@ -290,8 +292,7 @@ def _child(stats_path: str, argv: list[str]) -> None:
                     os.environ.get("LIT_LIGER_BENCH_CPROFILE_DIR") or str(Path(stats_path).parent))
     if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
         _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
-    # the recipe's *-via-litgpt variants: the run through the `litgpt` console script and lit-liger's plugin
-    _run_and_record(stats_path, argv, via_litgpt=os.environ.get("LIT_LIGER_BENCH_VIA_LITGPT") == "1")
+    _run_and_record(stats_path, argv, via_litgpt=via_litgpt)
 
 
 def _time_calls(spec: str, least_s: float = 0.05, profile_dir: str | None = None) -> None:
@@ -503,9 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:  # python -m benchmarks.finetune --child STATS_JSON <lit-liger args...>
+    if argv[:1] in (["--child"], ["--child-litgpt"]):  # python -m benchmarks.finetune --child STATS_JSON <args...>
         os.environ[_STATS_ENV] = argv[1]
-        _child(argv[1], argv[2:])
+        _child(argv[1], argv[2:], via_litgpt=argv[0] == "--child-litgpt")
         return {}
     if os.environ.get(_STATS_ENV) and argv[:1] and not argv[0].startswith("-"):
         # Lightning's launcher re-runs this module with the lit-liger arguments in ranks > 0

@@ -60,7 +60,7 @@ VARIANTS = {
     "liger-mt": ["--liger.caller_thread_backward", "false"],
     "liger-no-graphs-mt": ["--liger.cuda_graphs", "false", "--liger.caller_thread_backward", "false"],
     "stock-no-dropout": ["--liger", "false", "--lora_dropout", "0"],
-    # issue 66: the same run through stock litgpt's console script, lit-liger's plugin routing it (VARIANT_ENV)
+    # issue 66: the same run through stock litgpt's console script, lit-liger's plugin routing it (VIA_LITGPT)
     "liger-via-litgpt": ["--liger", "true"],
     # run-to-run spread of stock itself, and stock with cuDNN attention off (SDPA then picks flash, the kernel
     # lit-liger's uncaptured steps use): both compare with the first "stock" row, not become the reference
@@ -137,7 +137,7 @@ VARIANTS = {
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
 _DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
 _NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
-VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-via-litgpt": {"LIT_LIGER_BENCH_VIA_LITGPT": "1"}, "liger-direct": _DIRECT,
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
                "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
                "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
                "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"},
@@ -156,6 +156,8 @@ VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-
                                "LIT_LIGER_BENCH_BY_VALUE": "0"},
                "liger-serial-lengths": {"LIT_LIGER_BENCH_LENGTH_WORKERS": "0"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
+# variants run through the `litgpt` console script and lit-liger's plugin (benchmarks.finetune.run_one's via_litgpt)
+VIA_LITGPT = ("liger-via-litgpt",)
 # stock variants that are not a new reference for the rows after them
 NOT_REFERENCE = ("stock-again", "stock-no-cudnn")
 # issue 16's targets (H100, Llama-3.2-1B, LoRA): tokens/s vs stock, memory vs stock
@@ -395,9 +397,10 @@ def main(argv: list[str] | None = None) -> dict:
                     args += shlex.split(opts.litgpt_args)
                     row: dict[str, Any] = {"model": model, "method": method + (f" ({opts.quantize})" if q else ""),
                                            "B": mb, "devices": n_dev, "variant": variant,
-                                           "command": ("litgpt " if variant == "liger-via-litgpt" else "lit-liger ") + " ".join(args)}
+                                           "command": ("litgpt " if variant in VIA_LITGPT else "lit-liger ") + " ".join(args)}
                     try:
-                        res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant))
+                        res = F.run_one(args, run_dir, warmup=warmup, env=VARIANT_ENV.get(variant),
+                                        via_litgpt=variant in VIA_LITGPT)
                         # litgpt logs rank 0's tokens; its own "total_tokens" is that times the world size
                         res["tokens_per_s"] *= n_dev
                         from lit_liger.demo import read_metrics

@@ -258,31 +258,27 @@ def _attn_dkdv_kernel(
         row_base = (b * NH + h).to(tl.int64) * T
         # query blocks from the one holding this key block's first row; those that start after its last
         # row need no causal mask
+        # VARLEN: the query loop ends at the last query whose sample holds these keys (q_end), and only the blocks
+        # from full_end on can hold queries of a later sample (masked again); otherwise both are T
         if VARLEN:
             q_full = tl.load(QEND + 2 * tl.program_id(0))
             q_end = tl.load(QEND + 2 * tl.program_id(0) + 1)
             full_end = masked_end + tl.maximum(q_full - masked_end, 0) // BLOCK_M * BLOCK_M
-            for qs in range(lo, tl.minimum(masked_end, q_end), BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                     LSE, DELTA, scale2, cap_c1, cap2, STARTS, True, HAS_CAP, PREC, UPCAST,
-                                     HS_MAJOR, True)
-            for qs in range(masked_end, full_end, BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                     LSE, DELTA, scale2, cap_c1, cap2, STARTS, False, HAS_CAP, PREC, UPCAST,
-                                     HS_MAJOR, True)
-            for qs in range(full_end, q_end, BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                     LSE, DELTA, scale2, cap_c1, cap2, STARTS, True, HAS_CAP, PREC, UPCAST,
-                                     HS_MAJOR, True)
         else:
-            for qs in range(lo, tl.minimum(masked_end, T), BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                     LSE, DELTA, scale2, cap_c1, cap2, STARTS, True, HAS_CAP, PREC, UPCAST,
-                                     HS_MAJOR, False)
-            for qs in range(masked_end, T, BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
-                                     LSE, DELTA, scale2, cap_c1, cap2, STARTS, False, HAS_CAP, PREC, UPCAST,
-                                     HS_MAJOR, False)
+            q_end = T
+            full_end = T
+        for qs in range(lo, tl.minimum(masked_end, q_end), BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
+                                 LSE, DELTA, scale2, cap_c1, cap2, STARTS, True, HAS_CAP, PREC, UPCAST,
+                                 HS_MAJOR, VARLEN)
+        for qs in range(masked_end, full_end, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
+                                 LSE, DELTA, scale2, cap_c1, cap2, STARTS, False, HAS_CAP, PREC, UPCAST,
+                                 HS_MAJOR, VARLEN)
+        for qs in range(full_end, q_end, BLOCK_M):  # (empty without VARLEN)
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, row_base, qs, offs_m, offs_n, sqt, sdt, T,
+                                 LSE, DELTA, scale2, cap_c1, cap2, STARTS, True, HAS_CAP, PREC, UPCAST,
+                                 HS_MAJOR, VARLEN)
     dk = dk * scale
     dk_ptr = DK + b.to(tl.int64) * sdkb + g * sdkh
     dv_ptr = DV + b.to(tl.int64) * sdvb + g * sdvh

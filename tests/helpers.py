@@ -15,6 +15,20 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
+def assert_same_grads(ref: torch.nn.Module, ours: torch.nn.Module, tol: float) -> None:
+    """Every parameter of ``ours`` has a gradient exactly where the same-named parameter of ``ref`` has one, each within
+    ``tol`` (``rel_err``) of it; at least one gradient is compared."""
+    ref_params = dict(ref.named_parameters())
+    n = 0
+    for name, p in ours.named_parameters():
+        g_ref = ref_params[name].grad
+        assert (p.grad is None) == (g_ref is None), name
+        if g_ref is not None:
+            assert rel_err(p.grad, g_ref) <= tol, (name, rel_err(p.grad, g_ref))
+            n += 1
+    assert n > 0
+
+
 def saved_bytes(fn, exclude=()):
     """``(fn(), bytes)``: the bytes of the distinct storages autograd keeps for backward while ``fn()``
     runs its forward (what a model holds as activations, parameters included unless they are in ``exclude``:

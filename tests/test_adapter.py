@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import rel_err, saved_bytes
+from helpers import assert_same_grads, rel_err, saved_bytes
 from litgpt import GPT, Config
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
@@ -71,17 +71,7 @@ def _check_parity(ref, ours, cfg, tol_loss=1e-5, tol_grad=1e-4):
     assert rel_err(loss, loss_ref) <= tol_loss, (loss.item(), loss_ref.item())
     loss_ref.backward()
     loss.backward()
-    ref_params = dict(ref.named_parameters())
-    n = 0
-    for name, p in ours.named_parameters():
-        g_ref = ref_params[name].grad
-        if g_ref is None:
-            assert p.grad is None, name
-            continue
-        assert p.grad is not None, name
-        assert rel_err(p.grad, g_ref) <= tol_grad, (name, rel_err(p.grad, g_ref))
-        n += 1
-    assert n > 0
+    assert_same_grads(ref, ours, tol_grad)
     # no-grad (validation) path gives real logits equal to LitGPT's
     with torch.no_grad():
         assert rel_err(ours(x), ref(x)) <= 1e-5
