@@ -245,6 +245,13 @@ class _LoRAMixin:
     scaling op). LitGPT's forward runs when merged, under ``torch.compile`` (inductor fuses LitGPT's ops itself),
     under autocast, for a quantized or hooked base Linear, or for sharded (DTensor / ZeRO-3) LoRA weights."""
 
+    #: merge() gives a base weight shared with the embedding (``LigerConfig.tied_weights``) its own copy first
+    _liger_merge_owns = True
+
+    def merge(self) -> None:
+        _tied.own_copy(self.linear.weight)  # merging writes into the base weight in place
+        super().merge()
+
     def _liger_lora_here(self, x: torch.Tensor) -> bool:
         a = self.lora_A
         return (

@@ -239,7 +239,9 @@ class LigerConfig:
             well, so such a run held two equal ``(V, C)`` matrices: 501 MiB of Llama-3.2-1B's 2,928 MiB of bf16
             weights. Checked at the swapped model's forward (eager mode; the comparison runs once per state of the
             two weights), undone when either starts to train and before a ``load_state_dict``
-            (``lit_liger.tied``). One process (or lit-liger's replica plan), unsharded weights, a plain Linear head (no LoRA on it).
+            (``lit_liger.tied``); a LoRA head's frozen base shares too (its ``merge`` gives it its own copy first:
+            1,125 MiB of gemma-2-2b's recipe with ``lora_head: true``). One process (or lit-liger's replica plan),
+            unsharded weights, a plain (not quantized) base Linear.
         fused_optimizer: the ``lit-liger`` command and ``LigerCallback`` switch a ``torch.optim.Adam`` / ``AdamW``
             built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to PyTorch's fused kernel
             (``lit_liger.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one

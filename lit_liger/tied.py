@@ -27,7 +27,7 @@ from ._dist import whole_model
 from .kernels._checks import owns_storage
 from .loss import _unwrap_linear
 
-__all__ = ["head_weight", "install", "share_if_tied", "unshare"]
+__all__ = ["head_weight", "install", "own_copy", "share_if_tied", "unshare"]
 
 #: called once per model when its head starts sharing the embedding's storage, with a one-line message (the CLI
 #: prints it on rank 0)
@@ -36,14 +36,16 @@ ON_SHARE: list[Callable[[str], None]] = []
 
 def head_weight(gpt: nn.Module) -> nn.Parameter | None:
     """The output head's weight parameter (the fused loss's :func:`lit_liger.loss._unwrap_linear`), where it belongs to
-    a plain ``nn.Linear``: the head itself, or the base of LitGPT's ``LoRALinear`` without a LoRA update (r = 0; with
-    one, merging it writes into the base weight in place). None for anything else (a LoRA update, an adapter's
-    per-output scale, a quantized or other Linear subclass)."""
+    a plain ``nn.Linear``: the head itself, or the frozen base of LitGPT's ``LoRALinear``. With a LoRA update
+    (``lora_head: true``, litgpt's gemma, gemma-2, phi and tiny-llama recipes) only where lit-liger swapped the layer
+    and its update is not merged: the swapped layer's ``merge`` gives the base its own copy first
+    (:func:`own_copy`; merging writes into the base weight in place). None for anything else (a merged or
+    unswapped LoRA head, an adapter's per-output scale, a quantized or other Linear subclass)."""
     head = gpt.lm_head
     if type(getattr(head, "linear", head)) is not nn.Linear:
         return None  # (checked first: a quantized head's weight would be dequantized to be read)
-    if getattr(head, "r", 0) > 0:
-        return None  # a LoRA update (merged or to be merged: merging writes into the base weight in place)
+    if getattr(head, "r", 0) > 0 and (getattr(head, "merged", False) or not getattr(head, "_liger_merge_owns", False)):
+        return None  # a merged update, or a merge that would write into the shared storage
     try:
         weight, _, scale = _unwrap_linear(head)
     except NotImplementedError:
@@ -90,6 +92,12 @@ def _untie(p: nn.Parameter) -> None:
     if tie is not None:
         p.data = p.data.clone()
         tie.active = False
+
+
+def own_copy(p: nn.Parameter) -> None:
+    """``p`` gets its own storage back if it shares the other's (before anything writes into it in place: LoRA's
+    ``merge``); nothing otherwise."""
+    _untie(p)
 
 
 #: bytes of one block of rows compared at a time by _bit_equal (tests lower it)

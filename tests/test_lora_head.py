@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TOL, rel_err
+from helpers import TOL, assert_same_grads, rel_err
 
 from lit_liger.kernels import fused_linear_cross_entropy
 
@@ -405,15 +405,38 @@ def test_int8_lora_head_stays_stock_without_a_crash():
     assert not any(k.startswith("fused linear cross-entropy") for _, _, k in report.swapped)
 
 
-def test_tied_checkpoint_with_a_lora_head_keeps_its_own_copy():
-    # a tied checkpoint (head == embedding) with a LoRA update on the head: the fused loss is on, the head is not
-    # shared with the embedding (merging the update would write into the shared storage)
-    from lit_liger import apply_liger, tied
+def test_tied_checkpoint_with_a_lora_head_shares_the_embedding_and_merges_into_its_own_copy():
+    # a tied checkpoint (head == embedding, as litgpt converts gemma / gemma-2) with a LoRA update on the head: the
+    # head's frozen base shares the embedding's storage, the step equals stock's, and merging the update gives the
+    # head its own copy first (the embedding keeps its values)
+    from litgpt.lora import merge_lora_weights
+    from litgpt.utils import chunked_cross_entropy as litgpt_ce
+
+    from lit_liger import apply_liger, chunked_cross_entropy, tied
 
     cfg, stock, ours = _gpt_pair()
     with torch.no_grad():
-        ours.lm_head.linear.weight.copy_(ours.transformer.wte.weight)
-    assert tied.head_weight(ours) is None
+        for m in (stock, ours):
+            m.lm_head.linear.weight.copy_(m.transformer.wte.weight)
     report = apply_liger(ours)
     _fused_on(report)
-    assert "tied_weights" not in str(report)
+    assert "tied_weights" in str(report) and tied.head_weight(ours) is ours.lm_head.linear.weight
+    x, y = _batch(cfg)
+    _, loss, _ = _step(ours, x, y, chunked_cross_entropy)
+    head, emb = ours.lm_head.linear.weight, ours.transformer.wte.weight
+    assert head.data_ptr() == emb.data_ptr()  # one copy
+    _, loss_ref, _ = _step(stock, x, y, lambda o, t: litgpt_ce(o, t, chunk_size=0))
+    assert rel_err(loss, loss_ref) <= 1e-5
+    assert_same_grads(stock, ours, 1e-4)
+    emb_before = emb.detach().clone()
+    merge_lora_weights(ours)  # LoRALinear.merge writes W += s·B·A into the head's base in place
+    merge_lora_weights(stock)
+    assert ours.lm_head.merged and head.data_ptr() != emb.data_ptr()
+    assert torch.equal(emb, emb_before)  # the embedding is not touched
+    assert rel_err(head, stock.lm_head.linear.weight) <= 1e-6 and not torch.equal(head, emb)
+    assert tied.head_weight(ours) is None  # a merged head shares no more
+    with torch.no_grad():
+        out, ref = ours(x), stock(x)
+    assert rel_err(out, ref) <= 1e-5
+
+

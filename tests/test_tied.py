@@ -111,9 +111,11 @@ def test_different_trained_or_switched_off_heads_stay_separate():
     apply_liger(ours)
     _step(ours, x)
     assert not _shared(ours)
-    # a LoRA update on the head (merging would write into its weight in place): not a candidate, not reported
+    # a LoRA update on the head: LitGPT's own layer (its merge would write into the shared weight in place) and a
+    # merged one are not candidates; the swapped layer is (tests/test_lora_head.py: its merge takes its own copy first)
     cfg, _, ours = _lora_pair(lora_head=True)
     assert tied.head_weight(ours) is None
+    ours.lm_head.merge()
     assert "tied_weights" not in str(apply_liger(ours))
     _step(ours, x)
     assert not _shared(ours)
