@@ -275,8 +275,14 @@ class _LoRAMixin:
         if not self._liger_lora_here(x):
             return super().forward(x)
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
-        xd = drop(x) if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else None  # (B, T, C)
+        p = drop.p if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else 0.0
         lin = self.linear
+        if p and type(drop) is nn.Dropout and not drop.inplace and p < 1 and x.is_contiguous() \
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and _called_plainly(drop):
+            # the dropout drawn inside the LoRA function, its mask kept inside its output (2 bytes an element, not 3)
+            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
+                               fp8=is_float8_linear(lin), dropout=p)
+        xd = drop(x) if p else None  # (B, T, C)
         return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
                            fp8=is_float8_linear(lin))
 

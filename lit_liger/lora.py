@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels.dropout import dropout_grad_add_, encode_dropped_
 from .quant import dequantize, is_quantized
 
 __all__ = ["lora_linear", "lora_parts"]
@@ -52,10 +53,18 @@ class _LoRAFn(torch.autograd.Function):
     ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself."""
 
     @staticmethod
-    def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool):
+    def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool,
+                p: float = 0.0):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
-        xd2 = x2 if xd is None else xd.reshape(-1, C)
+        ctx.p = p
+        if p > 0:  # the LoRA branch's dropout drawn here, its mask kept inside xd (kernels.dropout)
+            xd2, mask = torch.native_dropout(x2, p, True)  # nn.Dropout's call: the same random draws
+            encode_dropped_(xd2, mask)
+            del mask
+            xd = xd2
+        else:
+            xd2 = x2 if xd is None else xd.reshape(-1, C)
         ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
         ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.fp8)
         w_scale = None
@@ -110,7 +119,9 @@ class _LoRAFn(torch.autograd.Function):
                 dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
-        if need_xd and not ctx.same_input:
+            elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
+                dropout_grad_add_(dx, dh @ lora_a, xd2, 1.0 / (1.0 - ctx.p))
+        if need_xd and not ctx.same_input and ctx.p == 0:
             dxd = (dh @ lora_a).view(ctx.x_shape)
         if need_a:
             if xd2 is None:
@@ -126,18 +137,22 @@ class _LoRAFn(torch.autograd.Function):
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:
             db = dy2.sum(0)
-        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None)
+        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None, None)
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
                 lora_b: torch.Tensor, scaling: float, parts: tuple[tuple[int, int], ...],
-                xd: torch.Tensor | None = None, fp8: bool = False) -> torch.Tensor:
+                xd: torch.Tensor | None = None, fp8: bool = False, dropout: float = 0.0) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
     for the forward's GEMM and again for the backward's, as bitsandbytes' own layer does. ``fp8``: the frozen
     ``weight`` is a float8 tensorwise Linear's (``LigerConfig.fp8``); its forward and input-gradient GEMMs run in
-    float8 on lit-liger's casts (:func:`lit_liger.fp8.frozen_base_fp8`), the LoRA update in 16 bits."""
+    float8 on lit-liger's casts (:func:`lit_liger.fp8.frozen_base_fp8`), the LoRA update in 16 bits. ``dropout``
+    (``p`` > 0, ``xd`` None): the LoRA branch's input is ``dropout(x)``, drawn here as ``nn.Dropout`` draws it
+    (``torch.native_dropout``: the same mask for the same random state) and kept for backward as one tensor with
+    its mask inside (:mod:`lit_liger.kernels.dropout`): 2 bytes per element of ``x`` where an ``xd =
+    dropout(x)`` given by the caller keeps 3 (``xd`` and PyTorch's ``bool`` mask)."""
     n = len(parts)
     if n == 0 or lora_a.shape[0] % n:
         raise ValueError(f"lora_A has {lora_a.shape[0]} rows, not a multiple of its {n} LoRA parts")
@@ -151,4 +166,6 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     dtypes |= set() if is_quantized(weight) else {weight.dtype}
     if len(dtypes) != 1:
         raise TypeError(f"lit-liger LoRA: x, the weight and lora_A/lora_B must share one dtype, got {sorted(map(str, dtypes))}")
-    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8))
+    if dropout and (xd is not None or not 0.0 < dropout < 1.0):
+        raise ValueError(f"lit-liger LoRA: dropout={dropout} needs 0 < p < 1 and no xd")
+    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout))
