@@ -120,6 +120,7 @@ class _LoRAFn(torch.autograd.Function):
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
+                dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dh @ lora_a, xd2, 1.0 / (1.0 - ctx.p))
         if need_xd and not ctx.same_input and ctx.p == 0:
             dxd = (dh @ lora_a).view(ctx.x_shape)
