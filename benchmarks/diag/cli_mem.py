@@ -8,8 +8,10 @@ point (weights included), the phase around it, and the blocks live then grouped 
 torch frames that allocated them (a CUDA graph's replays allocate nothing: its blocks show where its capture or its
 warm-up allocated them). Keep the run short (``--train.max_steps``): every allocation of the run is kept, with its
 Python stack, until the end. Also printed: ``torch.cuda.max_memory_allocated`` (litgpt's "Memory Used").
+``LIT_LIGER_BENCH_DEVICE_GIB``: run as on a card of that many GiB (``benchmarks.finetune._cap_device``).
 """
 import json
+import os
 import sys
 
 import torch
@@ -27,6 +29,10 @@ def main(argv: list[str]) -> None:
     top = int(opts[opts.index("--top") + 1]) if "--top" in opts else 40
     from lit_liger.cli import main as cli_main
 
+    if os.environ.get("LIT_LIGER_BENCH_DEVICE_GIB"):  # a smaller card's memory on a larger one, as the recipe's runs
+        from ..finetune import _cap_device
+
+        _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
     torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
     status = None
     try:
