@@ -1,6 +1,6 @@
 # Issue 68's first measurement: what is live at the memory peak of one Llama-3.1-8B LoRA iteration on a document of
 # LEN tokens (micro-batch 1, litgpt's LoRA defaults, an 80 GB card emulated: LIT_LIGER_BENCH_DEVICE_GIB=79.19), by the
-# code that allocated it (`benchmarks diag cli-mem`), with the host's peak memory (max RSS) and the plan's log line.
+# code that allocated it (`benchmarks diag cli-mem`), with the host's peak memory (the process's max RSS) and the plan's log line.
 # Two calls while the machine stays warm (its /tmp is kept ~30 s after a call):
 #   run: BUILD=1 CALL=l0 bash benchmarks/calls/issue68-long-mem.sh             (carry .whl; the checkpoint and data)
 #   run: LEN=262144 CALL=l1 bash benchmarks/calls/issue68-long-mem.sh          (carry .whl; one iteration)
@@ -22,9 +22,9 @@ print(shlex.join(args))
 PY
 echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints"
 if [ "${BUILD:-0}" = 1 ]; then exit 0; fi
-LIT_LIGER_BENCH_DEVICE_GIB=79.19 /usr/bin/time -v -o "/tmp/o/$NAME-time.txt" timeout ${RUN_S:-480} \
+LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout ${RUN_S:-480} \
   bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt)" \
   > "/tmp/o/$NAME-mem.log" 2>&1
 echo "mem rc=$?"; grep -E "memory plan|Memory Used|iter 1 |Training time" "/tmp/o/$NAME-mem.log" | cut -c1-300
-grep -A42 '"peak_live_GiB"' "/tmp/o/$NAME-mem.log" | cut -c1-220; grep "Maximum resident" "/tmp/o/$NAME-time.txt"
+grep -A42 '"peak_live_GiB"' "/tmp/o/$NAME-mem.log" | cut -c1-220
 pack

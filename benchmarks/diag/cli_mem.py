@@ -7,11 +7,13 @@ history recorded from before the checkpoint loads, then replays the history: the
 point (weights included), the phase around it, and the blocks live then grouped by the first lit-liger / litgpt /
 torch frames that allocated them (a CUDA graph's replays allocate nothing: its blocks show where its capture or its
 warm-up allocated them). Keep the run short (``--train.max_steps``): every allocation of the run is kept, with its
-Python stack, until the end. Also printed: ``torch.cuda.max_memory_allocated`` (litgpt's "Memory Used").
+Python stack, until the end. Also printed: ``torch.cuda.max_memory_allocated`` (litgpt's "Memory Used") and this process's peak host
+memory (max RSS, pinned host copies included).
 ``LIT_LIGER_BENCH_DEVICE_GIB``: run as on a card of that many GiB (``benchmarks.finetune._cap_device``).
 """
 import json
 import os
+import resource
 import sys
 
 import torch
@@ -48,7 +50,9 @@ def main(argv: list[str]) -> None:
                                      "torch/autograd", "torch/cuda/graphs", "lightning"), depth=3, top=top)
     res = {"args": args, "exit": status, "max_memory_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
            "trace_events": len(trace), "trace_dropped_events": len(trace) >= 4_000_000,
-           "peak_live_GiB": round(best / GiB, 3), "live_at_peak": groups}
+           "peak_live_GiB": round(best / GiB, 3),
+           "host_max_rss_GiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB, 2),
+           "live_at_peak": groups}
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "live_at_peak"}))
