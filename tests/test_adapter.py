@@ -312,8 +312,11 @@ def test_lora_model_parity():
     assert ours.lm_head.linear.weight.grad is None  # frozen lm_head: no weight gradient
 
 
-def test_deferred_logits_act_as_logits():
+def test_deferred_logits_act_as_logits(monkeypatch):
     """What is not a loss pattern gets the real logits (tests/test_stock_code.py covers each pattern)."""
+    from lit_liger import loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])  # (warned once a process: whichever test ran first)
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
     apply_liger(ours)
