@@ -32,6 +32,20 @@ leftovers() {
 
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
+# row_cmd RECIPE_JSON VARIANT STEPS OUT_DIR [LIGER]: that row's `lit-liger` arguments (shell-quoted) with
+# --train.max_steps STEPS, --out_dir OUT_DIR and, given LIGER, --liger LIGER (e.g. false: the same run stock)
+row_cmd() {
+  python3 - "$@" <<'PY'
+import json, shlex, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+cmd = shlex.split([r for r in rows if r["variant"] == sys.argv[2]][0]["command"])[1:]
+for flag, value in (("--train.max_steps", sys.argv[3]), ("--out_dir", sys.argv[4]))
+                   + ((("--liger", sys.argv[5]),) if len(sys.argv) > 5 else ()):
+    cmd[cmd.index(flag) + 1] = value
+print(shlex.join(cmd))
+PY
+}
+
 # rec N MODELS METHOD DEVICES VARIANTS ITERS WARMUP TIMEOUT [ENV=VALUE ...]: one `benchmarks recipe` run (micro-batch
 # 4; RECIPE_ARGS: more of its options, e.g. "--config configs/llama-3.2-1B/lora.yaml --n_samples 2000") into
 # /tmp/o/$NAME-N/ (N: the first argument), each run's stdout kept as /tmp/o/$NAME-run-N-*.txt (lit-liger's

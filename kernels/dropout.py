@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, elementwise_plan, fast_launch, use_triton
+from ._launch import elementwise_plan, fast_launch, use_triton
 
 __all__ = ["dropout_grad_add_", "encode_dropped_", "kept"]
 
@@ -99,8 +99,8 @@ def encode_dropped_(xd: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return xd
     n = xd.numel()
     plan = elementwise_plan(n, xd.device)
-    _encode_kernel[(cdiv(n, plan.block),)](bits, mask.contiguous().view(torch.uint8), n, NEG0=neg0,
-                                           BLOCK=plan.block, num_warps=plan.num_warps)
+    _encode_kernel[plan.grid](bits, mask.contiguous().view(torch.uint8), n, NEG0=neg0, BLOCK=plan.block,
+                              num_warps=plan.num_warps)
     return xd
 
 
@@ -116,6 +116,6 @@ def dropout_grad_add_(dx: torch.Tensor, dxd: torch.Tensor, xd: torch.Tensor, sca
         return dx
     n = xd.numel()
     plan = elementwise_plan(n, xd.device)
-    _grad_add_kernel[(cdiv(n, plan.block),)](dx, dxd, bits, n, float(scale), NEG0=neg0, BLOCK=plan.block,
-                                             num_warps=plan.num_warps)
+    _grad_add_kernel[plan.grid](dx, dxd, bits, n, float(scale), NEG0=neg0, BLOCK=plan.block,
+                                num_warps=plan.num_warps)
     return dx

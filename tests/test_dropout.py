@@ -7,7 +7,7 @@ import pytest
 import torch
 from litgpt.lora import LoRALinear
 
-from helpers import TOL, rel_err
+from helpers import TOL, rel_err, saved_bytes
 from lit_liger.adapter import _LoRAMixin, _swap_class
 from lit_liger.kernels import dropout as D
 
@@ -71,28 +71,15 @@ def _pair(dtype, device, p=0.25):
     return stock, ours
 
 
-def _saved(fn):
-    """Run ``fn()`` and return the (dtype, numel) of every tensor autograd saved during it."""
-    saved = []
-
-    def pack(t):
-        saved.append((t.dtype, t.numel()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, saved
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lora_layer_with_dropout_matches_litgpt_and_keeps_one_tensor(device, dtype):
     stock, ours = _pair(dtype, device)
     x0 = _x_with_zeros((3, 11, 96), dtype, device, seed=2)
     xs, xo = x0.clone().requires_grad_(), x0.clone().requires_grad_()
     torch.manual_seed(1)
-    ys, saved_s = _saved(lambda: stock(xs))
+    ys, bytes_s = saved_bytes(lambda: stock(xs))
     torch.manual_seed(1)  # the same dropout mask: both draw it with the same call
-    yo, saved_o = _saved(lambda: ours(xo))
+    yo, bytes_o = saved_bytes(lambda: ours(xo))
     g = torch.randn_like(ys)
     ys.backward(g)
     yo.backward(g)
@@ -104,13 +91,9 @@ def test_lora_layer_with_dropout_matches_litgpt_and_keeps_one_tensor(device, dty
     zero = x0 == 0
     assert rel_err(xo.grad[zero], xs.grad[zero]) < tol
     # LitGPT keeps the dropout's output and its mask (bool on CUDA, the scaled noise in x's dtype on CPU); the
-    # swapped layer one (N, C) tensor for the branch
-    n_in = x0.numel()
-    assert sum(n == n_in for _, n in saved_s) == 2 and sum(n == n_in for _, n in saved_o) == 1
-    assert not any(dt == torch.bool for dt, _ in saved_o)
-    bytes_s = sum(torch.empty((), dtype=dt).element_size() * n for dt, n in saved_s)
-    bytes_o = sum(torch.empty((), dtype=dt).element_size() * n for dt, n in saved_o)
-    assert bytes_s - bytes_o >= n_in  # at least the mask's bytes less
+    # swapped layer keeps the output alone: at least one byte an element less (keeping x beside the output, or
+    # anything else of x's size, would not be)
+    assert bytes_s - bytes_o >= x0.numel()
 
 
 def test_eval_mode_and_fallbacks_draw_nothing(device):

@@ -10,15 +10,7 @@ LIT_LIGER_PROFILE=/tmp/o/prof,120,20 timeout 200 python3 -m benchmarks recipe --
 echo "recipe rc=$?"; grep -E "^gemma" "/tmp/o/$NAME-recipe.log"; grep -h "busy\|wall_ms" /tmp/work/recipe-runs/*/stdout.txt | cut -c1-2000
 cp /tmp/work/recipe-runs/*/stdout.txt "/tmp/o/$NAME-run-stdout.txt" 2>/dev/null; rm -f /tmp/o/prof/*trace.json
 for v in ${MEM_VARIANTS:-liger stock}; do
-  python3 - "/tmp/o/$NAME-recipe/recipe.json" $v > /tmp/args.txt <<'PY'
-import json, shlex, sys
-cmd = shlex.split(json.load(open(sys.argv[1]))["rows"][0]["command"])[1:]
-i = cmd.index("--train.max_steps"); cmd[i + 1] = "20"
-i = cmd.index("--out_dir"); cmd[i + 1] = "/tmp/work/mem-" + sys.argv[2]
-if sys.argv[2] == "stock":
-    cmd[cmd.index("--liger") + 1] = "false"
-print(shlex.join(cmd))
-PY
+  row_cmd "/tmp/o/$NAME-recipe/recipe.json" liger 20 "/tmp/work/mem-$v" $([ "$v" = stock ] && echo false) > /tmp/args.txt
   eval "timeout 240 python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem-$v.json --top 40 -- $(cat /tmp/args.txt)" \
     > "/tmp/o/$NAME-mem-$v.log" 2>&1
   echo "mem $v rc=$?"; grep -A45 '"peak_live_GiB"' "/tmp/o/$NAME-mem-$v.log" | cut -c1-330

@@ -10,14 +10,7 @@ timeout 300 python3 -m benchmarks recipe --models gemma-2-2b --methods lora --mi
 echo "recipe rc=$?"; grep -E "^gemma" "/tmp/o/$NAME-recipe.log"
 for f in /tmp/work/recipe-runs/*/stdout.txt; do cp "$f" "/tmp/o/$NAME-run-$(basename "$(dirname "$f")").txt"; done
 grep -h "one copy kept\|memory plan" /tmp/o/$NAME-run-*.txt | cut -c1-300
-python3 - "/tmp/o/$NAME-recipe/recipe.json" > /tmp/args.txt <<'PY'
-import json, shlex, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-cmd = shlex.split([r for r in rows if r["variant"] == "liger"][0]["command"])[1:]
-i = cmd.index("--train.max_steps"); cmd[i + 1] = "20"
-i = cmd.index("--out_dir"); cmd[i + 1] = "/tmp/work/mem-liger"
-print(shlex.join(cmd))
-PY
+row_cmd "/tmp/o/$NAME-recipe/recipe.json" liger 20 /tmp/work/mem-liger > /tmp/args.txt
 eval "timeout 200 python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem-liger.json --top 30 -- $(cat /tmp/args.txt)" \
   > "/tmp/o/$NAME-mem-liger.log" 2>&1
 echo "mem rc=$?"; grep -A16 '"peak_live_GiB"' "/tmp/o/$NAME-mem-liger.log" | cut -c1-200 | grep -v '^{'
