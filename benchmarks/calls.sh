@@ -39,8 +39,8 @@ row_cmd() {
 import json, shlex, sys
 rows = json.load(open(sys.argv[1]))["rows"]
 cmd = shlex.split([r for r in rows if r["variant"] == sys.argv[2]][0]["command"])[1:]
-for flag, value in (("--train.max_steps", sys.argv[3]), ("--out_dir", sys.argv[4]))
-                   + ((("--liger", sys.argv[5]),) if len(sys.argv) > 5 else ()):
+changes = [("--train.max_steps", sys.argv[3]), ("--out_dir", sys.argv[4])] + [("--liger", v) for v in sys.argv[5:6]]
+for flag, value in changes:
     cmd[cmd.index(flag) + 1] = value
 print(shlex.join(cmd))
 PY
