@@ -222,67 +222,68 @@ def _child(stats_path: str, argv: list[str], via_litgpt: bool = False) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
     direct = os.environ.get("LIT_LIGER_BENCH_DIRECT_GRADS")  # the recipe's *-direct / *-no-direct variants (issue 32)
     if direct in ("0", "1"):
-        from lit_liger import graphs
+        from lit_liger.runtime import graphs
 
         graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = direct == "1"
     if os.environ.get("LIT_LIGER_BENCH_SYNC_DEBUG"):  # a file: every device sync's Python stack, counted (diagnosis)
         _count_syncs(os.environ["LIT_LIGER_BENCH_SYNC_DEBUG"])
     if os.environ.get("LIT_LIGER_BENCH_GEMM_INTO_GRAD") == "0":  # the recipe's liger-grads-after-gemm variant
-        from lit_liger import graphs
+        from lit_liger.runtime import graphs
 
         graphs.GEMM_INTO_GRAD = False
     if os.environ.get("LIT_LIGER_BENCH_DEVICE_GIB"):  # a smaller card's memory on a larger one (the recipe's *-80gb)
         _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
     if os.environ.get("LIT_LIGER_BENCH_MEMORY_FRACTION"):  # the memory plan's share of the device (a sweep)
-        from lit_liger import memplan
+        from lit_liger.runtime import memplan
 
         memplan.MEMORY_FRACTION = float(os.environ["LIT_LIGER_BENCH_MEMORY_FRACTION"])
     if os.environ.get("LIT_LIGER_BENCH_STEP_OVERLAP") == "0":  # the recipe's liger-step-after-reduce variant
-        from lit_liger import dataparallel
+        from lit_liger.parallel import dataparallel
 
         dataparallel.OVERLAP_STEP = False
     if os.environ.get("LIT_LIGER_BENCH_WARMUP_ONCE") == "0":  # the recipe's liger-warmup-each variant
-        from lit_liger import graphs
+        from lit_liger.runtime import graphs
 
         graphs.WARMUP_ONCE = False
     if os.environ.get("LIT_LIGER_BENCH_EMBEDDING_INTO") in ("0", "1"):  # the recipe's liger-embedding-* variants
-        from lit_liger import adapter
+        from lit_liger.swap import adapter
 
         adapter.EMBEDDING_GRAD_INTO = os.environ["LIT_LIGER_BENCH_EMBEDDING_INTO"] == "1"
     if os.environ.get("LIT_LIGER_BENCH_GC_FREEZE") == "0":  # the recipe's liger-gc variant
-        from lit_liger import hostgc
+        from lit_liger.runtime import hostgc
 
         hostgc.FREEZE = False
     if os.environ.get("LIT_LIGER_BENCH_PRECAPTURE_ALL") == "1":  # the recipe's liger-precapture-all variant
-        from lit_liger import cli, graphs
+        from lit_liger import cli
+        from lit_liger.runtime import graphs
 
         cli.EXPECT_ROUNDS, graphs.CAPTURE_AFTER = 0, 1
     if os.environ.get("LIT_LIGER_BENCH_STEP_BESIDE") == "1":  # the recipe's liger-step-beside-backward variant
-        from lit_liger import dataparallel
+        from lit_liger.parallel import dataparallel
 
         dataparallel.STEP_BESIDE_BACKWARD = True
     if os.environ.get("LIT_LIGER_BENCH_SYNC_CAPTURE") == "1":  # the recipe's liger-synced-captures, -prior variants
-        from lit_liger import graphs
+        from lit_liger.runtime import graphs
 
         graphs.SYNC_BEFORE_CAPTURE = True
     if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-lag8 variant
-        from lit_liger import lazylog
+        from lit_liger.runtime import lazylog
 
         lazylog.LAG = int(os.environ["LIT_LIGER_BENCH_LOG_LAG"])
     if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
-        from lit_liger import packing
+        from lit_liger.swap import packing
 
         packing.PACK_FULL = False
     if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
-        from lit_liger import dataparallel
+        from lit_liger.parallel import dataparallel
 
         dataparallel.ZERO1_P2P = False
     if os.environ.get("LIT_LIGER_BENCH_BY_VALUE") == "0":  # the recipe's liger-shared-batches and liger-prior variants
-        from lit_liger import batches
+        from lit_liger.runtime import batches
 
         batches.BY_VALUE_BYTES = 0
     if os.environ.get("LIT_LIGER_BENCH_LENGTH_WORKERS"):  # the recipe's liger-serial-lengths variant (0)
-        from lit_liger import lengths
+        from lit_liger.runtime import lengths
 
         lengths.MAX_WORKERS = int(os.environ["LIT_LIGER_BENCH_LENGTH_WORKERS"])
     if os.environ.get("LIT_LIGER_BENCH_TIME_CALLS"):  # "module:function,...": each call's wall time printed (diagnosis)
@@ -331,12 +332,12 @@ def _time_calls(spec: str, least_s: float = 0.05, profile_dir: str | None = None
 
 
 def _profile_fit(path: str) -> None:
-    """``cProfile`` on during the training loop of a ``lit-liger`` command (what ``lit_liger.profiling.iterations``
+    """``cProfile`` on during the training loop of a ``lit-liger`` command (what ``lit_liger.runtime.profiling.iterations``
     wraps: litgpt's ``fit``), its stats written to ``path`` (one process)."""
     import contextlib
     import cProfile
 
-    from lit_liger import profiling
+    from lit_liger.runtime import profiling
 
     real = profiling.iterations
 
@@ -362,11 +363,11 @@ OUTSIDE_ALLOCATOR_GIB = 2.0
 def _cap_device(gib: float) -> None:
     """Run this process as on a card of ``gib`` GiB (memory only; the speed stays the real card's): PyTorch's
     allocator capped at ``gib`` less :data:`OUTSIDE_ALLOCATOR_GIB` (an allocation past it raises out of memory, as on
-    that card), and lit-liger's memory plans (``lit_liger.memplan``, the data-parallel plan's choice) told the card has
+    that card), and lit-liger's memory plans (``lit_liger.runtime.memplan``, the data-parallel plan's choice) told the card has
     ``gib``. An H100 80GB reports 79.19 GiB. The process's device is ``LOCAL_RANK``'s (every rank of a run runs this)."""
     import torch
 
-    from lit_liger import memplan
+    from lit_liger.runtime import memplan
 
     index = int(os.environ.get("LOCAL_RANK", "0"))
     total = torch.cuda.get_device_properties(index).total_memory

@@ -1,6 +1,6 @@
 """Scaling run (issue 8): ``lit-liger finetune_full`` with FSDP on 2, 4 and 8 GPUs, ``--liger`` off vs on (lit-liger's
 runs take its automatic data-parallel plan since issue 46: a replica per GPU where the model fits one, else litgpt's
-FSDP; ``lit_liger.dataparallel``).
+FSDP; ``lit_liger.parallel.dataparallel``).
 
     python -m benchmarks scaling [--devices 2,4,8] [--model Llama-3.1-8B] [--seq 4096] [--steps 8]
                                  [--batches 1,2,4,8,16,32] [--contexts 4096,8192,16384,32768,65536,131072]

@@ -60,7 +60,7 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
             self.tokens, self.t0, self.t1, self.start = 0, None, None, time.perf_counter()
             # LIT_LIGER_PROFILE=DIR,FIRST,COUNT: a per-rank profile of those batches (counted here: a hook on the GPT
             # would turn its CUDA graphs off)
-            from lit_liger import profiling
+            from lit_liger.runtime import profiling
 
             self.profile = profiling.window_from_env(int(os.environ.get("LOCAL_RANK", "0")))
             # LIT_LIGER_BENCH_CPROFILE=DIR,FIRST,COUNT: the host's Python (cProfile) over those batches, per rank:
@@ -136,7 +136,7 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
            "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
            "fused_opt": trainer.optimizers[0].param_groups[0].get("fused"), "device": torch.cuda.get_device_name()}
     if variant != "stock":
-        from lit_liger.graphs import CAPTURE_STATS
+        from lit_liger.runtime.graphs import CAPTURE_STATS
 
         row.update({f"graphs_{k}": CAPTURE_STATS[k] for k in ("captures", "precaptured", "replays")})
     print("ROW " + json.dumps(row), flush=True)

@@ -3,10 +3,10 @@
     from lit_liger import LigerCallback, LigerConfig, apply_liger, chunked_cross_entropy
 """
 
-from .adapter import LigerReport, apply_liger, remove_liger
+from .swap.adapter import LigerReport, apply_liger, remove_liger
 from .callback import LigerCallback
 from .config import LigerConfig
-from .loss import LigerLogits, chunked_cross_entropy
+from .swap.loss import LigerLogits, chunked_cross_entropy
 
 __version__ = "0.1.0"
 __all__ = [

@@ -12,7 +12,7 @@ import torch
 
 __all__ = ["GRADS_READY", "REPLICA", "grads_ready", "liger_replica", "segment_cuts", "segment_of", "one_host", "rank_zero", "replicated", "several_processes", "sharded_processes", "whole_model"]
 
-#: set by ``lit_liger.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
+#: set by ``lit_liger.parallel.dataparallel.ReplicaStrategy`` when it sets a model up: this process holds the whole model,
 #: which no DDP wrapper holds, and the strategy all-reduces the gradients after each synchronizing backward (so
 #: nothing hooks the parameters' gradient accumulators: the CUDA graphs may add gradients straight into ``.grad``)
 REPLICA = [False]
@@ -30,7 +30,7 @@ def several_processes() -> bool:
 #: segment). The lowest Blocks, the embedding and the parameters outside the Blocks (the lm_head) have none: backward
 #: ends there. (The lm_head's gradient was seen to arrive after the final hidden states' gradient on CUDA: an early
 #: all-reduce there reduced a zero gradient, on 2 GPUs.)
-#: ``lit_liger.dataparallel.ReplicaStrategy`` starts each segment's all-reduce there, under the backward that follows.
+#: ``lit_liger.parallel.dataparallel.ReplicaStrategy`` starts each segment's all-reduce there, under the backward that follows.
 #: Empty (one process): no hook, one backward graph.
 GRADS_READY: list = []
 #: the number of segments a GPT's Blocks are split into for :data:`GRADS_READY`
@@ -65,7 +65,7 @@ def grads_ready(gpt: torch.nn.Module, segment: int) -> None:
 
 
 def liger_replica() -> bool:
-    """Several processes, each holding the whole model under ``lit_liger.dataparallel.ReplicaStrategy``."""
+    """Several processes, each holding the whole model under ``lit_liger.parallel.dataparallel.ReplicaStrategy``."""
     return REPLICA[0] and several_processes()
 
 

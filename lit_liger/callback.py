@@ -12,7 +12,7 @@ report is logged once, on rank zero. Under ``ModelParallelStrategy`` a model swa
 gets FSDP2's float8 all-gather with ``LigerConfig(fp8="tensorwise")`` (``fp8_all_gather``), and the callback computes
 the float8 weights' scales once after each optimizer step. In one process (or each of DDP's), with litgpt's SFT
 collate in the training DataLoader, each batch is laid out packed and its token counts kept on the host in the module's
-``on_before_batch_transfer`` (``lit_liger.batches``), so a packed step reads nothing back from the GPU; the module's own
+``on_before_batch_transfer`` (``lit_liger.runtime.batches``), so a packed step reads nothing back from the GPU; the module's own
 hook runs first and is put back after fitting. At ``on_fit_start`` a plain Adam / AdamW is switched to PyTorch's fused
 kernel (``LigerConfig.fused_optimizer``). In several processes Lightning's per-batch broadcast of the SIGTERM flag
 is read two batches later (``LigerConfig.defer_loss_sync``), so no batch waits for the GPU. Optional metrics: tokens/s
@@ -33,12 +33,12 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from .adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
-from .batches import HostPrep, after_move, prep_for
+from .swap.adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
+from .runtime.batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode
-from . import hostgc
-from . import optim as _optim
+from .runtime import hostgc
+from .runtime import optim as _optim
 
 __all__ = ["LigerCallback"]
 
@@ -55,11 +55,11 @@ class LigerCallback(Callback):
         self._tokens = 0
         self._samples = 0
         self._backward_thread: Any = None
-        self._gc: Any = None  # (lit_liger.hostgc.quiet, entered for the training loop) and its watch
+        self._gc: Any = None  # (lit_liger.runtime.hostgc.quiet, entered for the training loop) and its watch
         self._gc_watch: Any = None
-        self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.batches.install)
-        self._ahead: list = []  # the optimizers' state still to come, in lit_liger.memplan.STATE_AHEAD for the loop
-        self._expected = False  # lit_liger.graphs.EXPECTED_LENGTHS set for the loop (DDP's replicas)
+        self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.runtime.batches.install)
+        self._ahead: list = []  # the optimizers' state still to come, in lit_liger.runtime.memplan.STATE_AHEAD for the loop
+        self._expected = False  # lit_liger.runtime.graphs.EXPECTED_LENGTHS set for the loop (DDP's replicas)
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
@@ -122,7 +122,7 @@ class LigerCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
         # one process or DDP's replicas, litgpt's SFT collate in the training DataLoader: each batch is laid out packed
-        # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.batches; the
+        # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.runtime.batches; the
         # loader's iterator, and with it its collate, exists by now); on_train_batch_start unboxes each batch on the
         # device
         loader = getattr(trainer, "train_dataloader", None)
@@ -142,8 +142,8 @@ class LigerCallback(Callback):
             _LaggedSigtermCheck.install(trainer)
         if not self._ahead and (getattr(trainer, "world_size", 1) == 1 or _replicates(trainer.strategy)):
             # the state the optimizers make at their first step, left free by the first steps' memory plans and CUDA
-            # graphs (lit_liger.memplan.STATE_AHEAD; sharded parameters are the strategy's to plan)
-            from .memplan import STATE_AHEAD, optimizer_state_ahead
+            # graphs (lit_liger.runtime.memplan.STATE_AHEAD; sharded parameters are the strategy's to plan)
+            from .runtime.memplan import STATE_AHEAD, optimizer_state_ahead
 
             for opt in getattr(trainer, "optimizers", None) or []:
                 inner = getattr(opt, "optimizer", opt)
@@ -153,7 +153,7 @@ class LigerCallback(Callback):
         if self.report is not None and self.config.enabled and not self._expected:
             self._expected = _expect_lengths(trainer, loader)
         if self.report is not None and self.config.enabled and self._gc is None:
-            # the objects alive now frozen for the loop (lit_liger.hostgc): a full collection would walk them all
+            # the objects alive now frozen for the loop (lit_liger.runtime.hostgc): a full collection would walk them all
             self._gc = hostgc.quiet()
             self._gc_watch = self._gc.__enter__()
         if not self.log_metrics:
@@ -190,9 +190,9 @@ class LigerCallback(Callback):
 
     @staticmethod
     def _release_graphs(trainer: Trainer, pl_module: LightningModule) -> None:
-        """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.graphs.release``):
+        """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.runtime.graphs.release``):
         what follows (``trainer.test``, saving, generation) gets that memory."""
-        from .graphs import release
+        from .runtime.graphs import release
 
         if not isinstance(pl_module, torch.nn.Module):
             return
@@ -216,14 +216,14 @@ class LigerCallback(Callback):
             self._fp8_weights, self._fp8_step = 0, -1
 
     def _forget_state_ahead(self) -> None:
-        from .memplan import STATE_AHEAD
+        from .runtime.memplan import STATE_AHEAD
 
         for f in self._ahead:
             if f in STATE_AHEAD:
                 STATE_AHEAD.remove(f)
         self._ahead = []
         if self._expected:  # (and the replicas' expected lengths: this loop's only)
-            from . import graphs
+            from .runtime import graphs
 
             graphs.EXPECTED_LENGTHS, self._expected = None, False
 
@@ -295,7 +295,7 @@ def _prepare_before_transfer(pl_module: LightningModule, prep: HostPrep) -> Call
 
 
 class _BoxedCounts:
-    """Under ``DistributedDataParallel`` a training batch's token counts stay boxed (:class:`lit_liger.batches.HostPrep`)
+    """Under ``DistributedDataParallel`` a training batch's token counts stay boxed (:class:`lit_liger.runtime.batches.HostPrep`)
     past its forward's move of the inputs (``_to_kwargs``: every CPU tensor copied to the device from pageable
     memory, which waits for the GPU's queued work, at every micro-batch); a forward pre-hook on the LightningModule,
     which runs inside DDP's forward after that move, unboxes them in the arguments the step receives and in the batch
@@ -306,7 +306,7 @@ class _BoxedCounts:
         self.handle = pl_module.register_forward_pre_hook(self._unbox, with_kwargs=True)
 
     def _unbox(self, _module: Any, args: tuple, kwargs: dict) -> None:
-        from .batches import unbox
+        from .runtime.batches import unbox
 
         for value in (*args, *kwargs.values(), self.batch):
             unbox(value)
@@ -332,13 +332,13 @@ def _count(batch: Any) -> tuple[int, int]:
 
 
 def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
-    """Under DDP (several replicas), ``lit_liger.graphs.EXPECTED_LENGTHS`` for this fit from the training loader: every
-    rank's micro-batches rebuilt from Lightning's ``DistributedSampler`` (``lit_liger.balance.ReplicaBatches``), counted
+    """Under DDP (several replicas), ``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for this fit from the training loader: every
+    rank's micro-batches rebuilt from Lightning's ``DistributedSampler`` (``lit_liger.parallel.balance.ReplicaBatches``), counted
     per packed length over the loop's micro-batches per rank (``max_steps`` x ``accumulate_grad_batches``, or its
     epochs), so that the first step pre-captures only the lengths expected at least ``graphs.PRECAPTURE_MIN_COUNT``
     times, as the command's replicas do. True where it was set (cleared at the loop's end)."""
     from . import cli
-    from .balance import ReplicaBatches, expect_lengths
+    from .parallel.balance import ReplicaBatches, expect_lengths
 
     world = getattr(trainer, "world_size", 1)
     if world < 2 or not _replicates(trainer.strategy) or cli.EXPECT_ROUNDS <= 0:
@@ -353,7 +353,7 @@ def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
     if (getattr(trainer, "max_epochs", -1) or -1) > 0:
         runs.append(trainer.max_epochs * per_epoch)
     expect_lengths(batches, min(runs) if runs else per_epoch, cli.EXPECT_ROUNDS)
-    from . import graphs
+    from .runtime import graphs
 
     return graphs.EXPECTED_LENGTHS is not None
 

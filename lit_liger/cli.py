@@ -154,11 +154,11 @@ class _RunState:
 
 
 def _data_parallel_plan(module: Any, sig: inspect.Signature, args: tuple, kwargs: dict, config: LigerConfig) -> Any:
-    """The data-parallel plan of this run (``lit_liger.dataparallel.choose``), or None: one device, ``--liger false``,
+    """The data-parallel plan of this run (``lit_liger.parallel.dataparallel.choose``), or None: one device, ``--liger false``,
     or arguments that do not bind (litgpt's own call reports them)."""
     if not config.enabled:
         return None
-    from . import dataparallel
+    from .parallel import dataparallel
 
     try:
         bound = sig.bind(*args, **kwargs)
@@ -186,18 +186,18 @@ def _patched(module: Any, config: LigerConfig, plan: Any = None) -> Iterator[Non
         patches["chunked_cross_entropy"] = chunked_cross_entropy
     missing = [name for name in patches if name not in vars(module)]
     if plan is not None and plan.name != "litgpt":
-        from .dataparallel import STRATEGY_NAMES, strategy_factory
+        from .parallel.dataparallel import STRATEGY_NAMES, strategy_factory
 
         name = STRATEGY_NAMES[module.__name__]
         patches[name] = strategy_factory(module.__name__, vars(module)[name], plan)
     if config.enabled and callable(vars(module).get("fit")):
         patches["fit"] = _fit_freezing_unoptimized(vars(module)["fit"], config)
     if config.enabled and config.defer_loss_sync and callable(vars(module).get("RunningMean")):
-        from .lazylog import running_mean_factory
+        from .runtime.lazylog import running_mean_factory
 
         patches["RunningMean"] = running_mean_factory(vars(module)["RunningMean"])
     if config.enabled and callable(vars(module).get("get_longest_seq_length")):
-        from .lengths import longest_seq_length
+        from .runtime.lengths import longest_seq_length
 
         patches["get_longest_seq_length"] = longest_seq_length(vars(module)["get_longest_seq_length"])
     if config.enabled and callable(vars(module).get("validate")):
@@ -221,8 +221,8 @@ def _patched(module: Any, config: LigerConfig, plan: Any = None) -> Iterator[Non
 
 def _fusing_optimizer(make: Callable) -> Callable:
     """litgpt's ``instantiate_torch_optimizer``, its Adam / AdamW then switched to PyTorch's fused kernel
-    (``LigerConfig.fused_optimizer``, :func:`lit_liger.optim.fuse_optimizer`; said on rank 0)."""
-    from . import optim
+    (``LigerConfig.fused_optimizer``, :func:`lit_liger.runtime.optim.fuse_optimizer`; said on rank 0)."""
+    from .runtime import optim
 
     @functools.wraps(make)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -282,9 +282,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
         from ._dist import liger_replica, several_processes, whole_model
-        from .adapter import TRAINING_TOKENS
-        from . import hostgc, loaders, profiling
-        from .graphs import CAPTURE_STATS, capture_report
+        from .swap.adapter import TRAINING_TOKENS
+        from .runtime import hostgc
+        from .runtime import loaders
+        from .runtime import profiling
+        from .runtime.graphs import CAPTURE_STATS, capture_report
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
         if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
@@ -301,19 +303,19 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
         try:
             # (the loaders' workers stopped as fit returns: litgpt's fit leaves its frame in a reference cycle, whose
-            # collection would cost each running worker 5 s; lit_liger.loaders)
+            # collection would cost each running worker 5 s; lit_liger.runtime.loaders)
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch, \
                     loaders.stop_workers(bound.get("train_dataloader"), bound.get("val_dataloader")):
                 out = fit(*args, **kwargs)
         finally:
             if ahead is not None:
-                from .memplan import STATE_AHEAD
+                from .runtime.memplan import STATE_AHEAD
 
                 STATE_AHEAD.remove(ahead)
             if restore is not None:
                 restore()
             if balanced is not None:
-                from . import graphs
+                from .runtime import graphs
 
                 graphs.EXPECTED_LENGTHS = None
                 loader._dataloader = balanced[1]
@@ -321,7 +323,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 if line and rank0:
                     print(line, flush=True)
             if isinstance(model, torch.nn.Module):
-                from .graphs import release
+                from .runtime.graphs import release
 
                 line = release(model)  # (before litgpt validates, saves, merges or generates)
                 if line and rank0:
@@ -354,10 +356,10 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
 
 @contextlib.contextmanager
 def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
-    """During litgpt's ``fit``: ``fabric.print`` / ``fabric.log_dict`` through ``lit_liger.lazylog.DeferredLog``, which
+    """During litgpt's ``fit``: ``fabric.print`` / ``fabric.log_dict`` through ``lit_liger.runtime.lazylog.DeferredLog``, which
     the recipe's ``RunningMean`` (``lazylog.running_mean_factory``) feeds: the loop's per-iteration loss, token counts
     and their log line read one iteration later, without a device sync (said in the log)."""
-    from . import lazylog
+    from .runtime import lazylog
 
     if fabric is None or not callable(getattr(fabric, "print", None)) or not callable(getattr(fabric, "log_dict", None)):
         yield
@@ -388,11 +390,11 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
 
 def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -> tuple[Any, Any] | None:
     """Under lit-liger's replica plan: Fabric's training ``loader`` draws every device's micro-batches and deals them
-    by length (``lit_liger.balance``; said in the log), from litgpt's ``fit`` arguments ``bound`` (its ``train``
+    by length (``lit_liger.parallel.balance``; said in the log), from litgpt's ``fit`` arguments ``bound`` (its ``train``
     arguments' gradient accumulation; a resumed run's loop reads the data from its start again, so the optimizer
     steps' rounds count from the first); ``packed``: the batches are laid out packed. As ``(the batch sampler, the
     DataLoader it replaced)``; None where it does not apply (said why)."""
-    from .balance import balanced_loader
+    from .parallel.balance import balanced_loader
 
     inner = getattr(loader, "_dataloader", None)
     train = bound.get("train")
@@ -415,10 +417,10 @@ def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -
 
 
 def _state_ahead(fabric: Any, optimizer: Any) -> Any:
-    """The optimizer state litgpt's ``fit`` will make at its first step, in ``lit_liger.memplan.STATE_AHEAD`` (returned,
+    """The optimizer state litgpt's ``fit`` will make at its first step, in ``lit_liger.runtime.memplan.STATE_AHEAD`` (returned,
     for the caller to remove after ``fit``): the first micro-batches' memory plans and CUDA graphs leave it free.
     Under lit-liger's zero1, only this process's share. None without an optimizer."""
-    from .memplan import STATE_AHEAD, optimizer_state_ahead
+    from .runtime.memplan import STATE_AHEAD, optimizer_state_ahead
 
     inner = getattr(optimizer, "optimizer", optimizer)
     if inner is None or not hasattr(inner, "param_groups") or not hasattr(inner, "state"):
@@ -436,10 +438,10 @@ EXPECT_ROUNDS = 4096
 
 
 def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
-    """``lit_liger.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
+    """``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
     sampler's first pass is expected to give each process, scaled to the run's iterations per process (litgpt's
     ``train.max_steps`` times ``accumulation``, or its epochs)."""
-    from .balance import expect_lengths
+    from .parallel.balance import expect_lengths
 
     per_epoch = len(dealt)
     runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
@@ -449,10 +451,10 @@ def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:
-    """The training data loader with ``lit_liger.batches.LigerCollate`` in its DataLoader and ``AfterMove`` around it,
+    """The training data loader with ``lit_liger.runtime.batches.LigerCollate`` in its DataLoader and ``AfterMove`` around it,
     for a swapped model in one process (said in the log), what puts litgpt's collate back (after ``fit``) and whether
-    the batches are laid out packed; None where it does not apply (see ``lit_liger.batches.install``)."""
-    from .batches import AfterMove, install
+    the batches are laid out packed; None where it does not apply (see ``lit_liger.runtime.batches.install``)."""
+    from .runtime.batches import AfterMove, install
 
     installed = install(model, loader)
     if installed is None:
@@ -492,13 +494,13 @@ def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
 def _validate_with_fused_loss(validate: Callable) -> Callable:
     """litgpt's ``validate`` (model forward, then ``chunked_cross_entropy``, under ``no_grad``) with the swapped
     model's deferred logits, so its loss is the fused one and the ``(B, T, V)`` logits are never held
-    (:func:`lit_liger.adapter.fused_loss_without_grad`). One process or lit-liger's replica plan: in a sharded run,
+    (:func:`lit_liger.swap.adapter.fused_loss_without_grad`). One process or lit-liger's replica plan: in a sharded run,
     validation keeps LitGPT's path."""
 
     @functools.wraps(validate)
     def run(*args: Any, **kwargs: Any) -> Any:
         from ._dist import whole_model
-        from .adapter import fused_loss_without_grad
+        from .swap.adapter import fused_loss_without_grad
 
         if not whole_model():
             return validate(*args, **kwargs)
@@ -533,7 +535,7 @@ def _liger_gpt_class(base: type, state: _RunState) -> type:
         if not state.reported:
             state.reported = True
             _print_rank_zero(str(report))
-            from . import tied
+            from .swap import tied
 
             if _print_rank_zero not in tied.ON_SHARE:
                 tied.ON_SHARE.append(_print_rank_zero)  # "lm_head.weight equals ...: one copy kept" when it happens

@@ -34,7 +34,7 @@ class LigerConfig:
             softcap, forward and backward) instead of FlexAttention; measured faster on an H100 at gemma-2's
             shape. Off: FlexAttention there too. Needs ``flex_attention``.
         lora: LitGPT's LoRA layers (``LoRALinear``, ``LoRAQKVLinear`` with r > 0): the frozen projection and the
-            LoRA update in one autograd function of GEMMs (``lit_liger.lora``) instead of LitGPT's dropout ->
+            LoRA update in one autograd function of GEMMs (``lit_liger.swap.lora``) instead of LitGPT's dropout ->
             A -> grouped conv1d -> zero pad -> scale -> add chain (host-bound at fine-tuning sizes).
         swiglu: ``LLaMAMLP`` (and each ``LLaMAMoE`` expert) -> ``silu(fc_1) * fc_2`` kernel.
         geglu: ``GemmaMLP`` -> ``gelu(fc_1) * fc_2`` kernel (tanh or exact GELU per config).
@@ -51,7 +51,7 @@ class LigerConfig:
             256k vocabulary: 1.96 ms per step against 0.68). Eager mode runs ``nn.Embedding`` as before.
         quantized_linear: bitsandbytes 4-bit Linears (QLoRA, ``--quantize bnb.nf4|nf4-dq|fp4|fp4-dq``): forward
             and backward as one autograd function whose frozen weight is decoded straight into the compute dtype
-            (``lit_liger.quant``), one kernel where bitsandbytes decodes to float16 and casts. The LoRA function
+            (``lit_liger.swap.quant``), one kernel where bitsandbytes decodes to float16 and casts. The LoRA function
             and the fused loss read quantized weights the same way whatever this says.
         flce_mode: ``"fast"`` (3 GEMMs, fp32 weight-gradient buffer) or ``"lean"`` (least memory).
         compile_min_tokens: under ``torch.compile``, a micro-batch of fewer tokens (B x T) than this
@@ -79,15 +79,15 @@ class LigerConfig:
             packed length; CPU tensors only in the tests. Not for models with attention logit softcapping (Gemma-2)
             or adapter attention: they run padded (the report says why). With litgpt's SFT collate (the ``lit-liger``
             command line: in the data loader's workers; ``LigerCallback``: in ``on_before_batch_transfer``) each batch
-            is laid out on the host (``lit_liger.batches``), so a packed step reads nothing back from the GPU; elsewhere
+            is laid out on the host (``lit_liger.runtime.batches``), so a packed step reads nothing back from the GPU; elsewhere
             the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets (another);
             while every batch read has filled its length (pretraining), only the 1st, 4th, 16th, ... batch's lengths are
-            read and the others run unpacked (``lit_liger.adapter.LENGTH_READS``). On by default: measured on an H200
+            read and the others run unpacked (``lit_liger.swap.adapter.LENGTH_READS``). On by default: measured on an H200
             (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4, 39% of the positions padding, 9% packed), 300
             iterations: 1.16x the padded run's tokens/s; 100 iterations: 0.91x, because packed lengths spread wider and
             their captures (~0.13 s each) land later in a run; it reserves 0.8 GB more there
             (``benchmarks/results/h200-2026-11-26``). ``False``: padded batches.
-        data_parallel: the ``lit-liger`` command line with ``--devices`` > 1 (``lit_liger.dataparallel``):
+        data_parallel: the ``lit-liger`` command line with ``--devices`` > 1 (``lit_liger.parallel.dataparallel``):
             ``"auto"`` (default) estimates, from the recipe's model, trainable parameters, precision, micro-batch
             and ``--train.max_seq_length``, whether one device holds the whole training state with margin (80% of
             its memory); if so every device runs a replica (``"replicate"``: no wrapper, lit-liger's single-device
@@ -106,7 +106,7 @@ class LigerConfig:
             device's index lists (litgpt's ``DistributedSampler`` per rank), estimates each micro-batch's positions
             from its samples' text (litgpt's ``SFTDataset``; other data keeps litgpt's order, said in the log) and
             deals each optimizer step's rounds so that its positions spread evenly over the devices
-            (``lit_liger.balance``): the first micro-batch of each step on each device is litgpt's, each later one
+            (``lit_liger.parallel.balance``): the first micro-batch of each step on each device is litgpt's, each later one
             goes, longest first, to the device with the fewest positions in the step so far. Each step trains on the
             micro-batches litgpt's order gives it (the same gradient, summed in another order); what a device logs is
             the loss of the micro-batches it ran. The log says how much the busiest device ran over the mean, dealt
@@ -121,7 +121,7 @@ class LigerConfig:
             they are. ``"off"`` (default). Where a GPU has no float8 tensor cores (below sm_89) or torchao is
             missing, the report says why and the model stays in 16 bits. The converted projections are torchao's
             ``Float8Linear`` modules: lit-liger's norm, RoPE, GLU and loss kernels run around them, and its fused
-            norm->Linear and GLU-product recompute call their float8 GEMMs (``lit_liger.fp8``: the normalized tensors
+            norm->Linear and GLU-product recompute call their float8 GEMMs (``lit_liger.swap.fp8``: the normalized tensors
             and GLU products not kept for backward); ``apply_liger(model, False)`` puts the original Linears back.
             ``"tensorwise"`` runs on lit-liger's own casts (``lit_liger.kernels.float8``: the norm and GLU kernels
             write the float8 tensors, bit for bit torchao's numbers, and ``torch._scaled_mm`` is called as torchao
@@ -174,7 +174,7 @@ class LigerConfig:
             an out-of-memory error in a warm-up or capture releases them and runs the step
             uncaptured, with one warning; training's end releases them all (before litgpt validates, saves or merges).
             Not ``False`` also replays generation's one-token KV-cache steps (litgpt's ``generate``, no grad, eval
-            mode) from CUDA graphs, one per key length of each KV cache (``lit_liger.decode``).
+            mode) from CUDA graphs, one per key length of each KV cache (``lit_liger.runtime.decode``).
         cuda_graphs_max_tokens: the most tokens (B x T) of a micro-batch that ``cuda_graphs`` captures. ``None``
             (default): ``graphs.CAPTURE_MAX_WORK`` divided by the parameters of one transformer Block (a step's GPU
             time grows with tokens x parameters, its host time does not), measured on an H100 where capture stops
@@ -201,7 +201,7 @@ class LigerConfig:
             understood). With ``apply_liger`` alone, ``torch.autograd.set_multithreading_enabled(False)`` in the
             training thread does the same.
         activation_checkpointing: ``None`` (default, automatic): planned per training micro-batch from its token count,
-            the model's widths and the device's memory at that moment (``lit_liger.memplan``): every Block's
+            the model's widths and the device's memory at that moment (``lit_liger.runtime.memplan``): every Block's
             activations kept where they fit (within ``memplan.MEMORY_FRACTION``, 75%, of the device); else the mix
             that fits with the fewest added FLOPs of Blocks recomputed as below and Blocks whose GLU MLP keeps
             neither ``(B, T, I)`` input (recomputed in backward: ``glu_mlp`` for a frozen MLP, ``recompute_mlp``'s
@@ -239,12 +239,12 @@ class LigerConfig:
             well, so such a run held two equal ``(V, C)`` matrices: 501 MiB of Llama-3.2-1B's 2,928 MiB of bf16
             weights. Checked at the swapped model's forward (eager mode; the comparison runs once per state of the
             two weights), undone when either starts to train and before a ``load_state_dict``
-            (``lit_liger.tied``); a LoRA head's frozen base shares too (its ``merge`` gives it its own copy first:
+            (``lit_liger.swap.tied``); a LoRA head's frozen base shares too (its ``merge`` gives it its own copy first:
             1,125 MiB of gemma-2-2b's recipe with ``lora_head: true``). One process (or lit-liger's replica plan),
             unsharded weights, a plain (not quantized) base Linear.
         fused_optimizer: the ``lit-liger`` command and ``LigerCallback`` switch a ``torch.optim.Adam`` / ``AdamW``
             built with ``fused`` and ``foreach`` unset (litgpt's recipes build theirs so) to PyTorch's fused kernel
-            (``lit_liger.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one
+            (``lit_liger.runtime.optim.fuse_optimizer``): the same algorithm, class, hyperparameters and ``state_dict`` keys, in one
             pass over each parameter, its gradient and moments per step, computed in fp32, instead of the ``foreach``
             default's dozen passes, each rounded to the parameters' dtype. CUDA parameters, plain or DTensor
             (FSDP2: each rank steps its shards); an optimizer the user configured (``fused``/``foreach`` set,
@@ -253,7 +253,7 @@ class LigerConfig:
             ``state_dict()`` hands it out on the host, as the default implementation keeps it, so checkpoints are
             stock's. ``apply_liger`` alone does not touch optimizers.
         defer_loss_sync: the ``lit-liger`` command, one process: litgpt's loop reads the loss and token counts it logs
-            one iteration later (``lit_liger.lazylog``), so that no iteration waits for the GPU (at
+            one iteration later (``lit_liger.runtime.lazylog``), so that no iteration waits for the GPU (at
             ``--train.log_interval 1`` litgpt's loop waited three times per iteration: its running loss's NaN check,
             ``.item()``, and the CSV logger's reading of the token counts) and the host prepares the next iteration
             while the GPU runs this one. The values printed and logged are the same; each line appears when the next

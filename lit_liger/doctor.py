@@ -410,8 +410,9 @@ def check(
     from litgpt.model import GPT, Config
     from litgpt.utils import chunked_cross_entropy as litgpt_chunked_cross_entropy
 
-    from . import apply_liger, chunked_cross_entropy
-    from .attention import check_window
+    from . import apply_liger
+    from . import chunked_cross_entropy
+    from .swap.attend import check_window
 
     if (model is None) == (checkpoint_dir is None):
         raise ValueError("pass exactly one of --model (a LitGPT config name) and --checkpoint_dir")

@@ -89,7 +89,7 @@ def _capture_from_the_first_micro_batch(request, monkeypatch):
     a run: that micro-batch runs uncaptured, the next ones are captured without a warm-up pass) is off for them and
     tested on its own by the tests marked ``eager_first``."""
     if "eager_first" not in request.keywords:
-        from lit_liger import graphs
+        from lit_liger.runtime import graphs
 
         monkeypatch.setattr(graphs, "EAGER_FIRST", False)
 

@@ -174,7 +174,7 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     view pinning the whole (B, T, qkv) projection are what each part keeps without it."""
     import importlib
 
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     rope_mod = importlib.import_module("lit_liger.kernels.rope")  # (the package exports a function of that name)
 
@@ -314,7 +314,7 @@ def test_lora_model_parity():
 
 def test_deferred_logits_act_as_logits(monkeypatch):
     """What is not a loss pattern gets the real logits (tests/test_stock_code.py covers each pattern)."""
-    from lit_liger import loss as loss_mod
+    from lit_liger.swap import loss as loss_mod
 
     monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])  # (warned once a process: whichever test ran first)
     cfg = tiny_config("Llama-3.2-1B")
@@ -527,7 +527,7 @@ def test_gpu_training_step_has_no_host_sync(name):
 def test_zero3_partitioned_lm_head_returns_logits(monkeypatch):
     """A DeepSpeed ZeRO-3 parameter (marked by its ``ds_id``) can only get its gradient while gathered
     around its own module: the swapped model returns real logits then (LitGPT's loss path), and says so."""
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     monkeypatch.setattr(adapter, "_ZERO3_WARNED", False)
     cfg = tiny_config("Llama-3.2-1B")
@@ -563,7 +563,7 @@ def test_mlp_writes_fc_gradients_over_fc_outputs_only_where_nothing_keeps_them()
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
 
-    from lit_liger.adapter import _fresh_outputs
+    from lit_liger.swap.adapter import _fresh_outputs
 
     # litgpt's LoRA recipe: LoRA on query/value, the MLP's fc_1/fc_2 are LoRALinear with r = 0
     cfg = tiny_config("Llama-3.2-1B", LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True)

@@ -1,4 +1,4 @@
-"""Softcap and sliding-window attention (``lit_liger.attention``): LitGPT's mask semantics, the score_mod
+"""Softcap and sliding-window attention (``lit_liger.swap.attend``): LitGPT's mask semantics, the score_mod
 math, swapped models with sliding windows against stock LitGPT, the report; FlexAttention itself on CPU
 (forward; backward through its unfused reference) and on the GPU (fused kernels, real widths, compile,
 CUDA graphs)."""
@@ -14,7 +14,7 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import _check_parity, _pair
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
-from lit_liger import attention as A
+from lit_liger.swap import attend as A
 
 needs_flex = pytest.mark.skipif(not A.flex_available(), reason="torch without FlexAttention")
 
@@ -198,7 +198,7 @@ def _spy_flex(monkeypatch):
 
 def _spy_softcap_kernel(monkeypatch):
     """Calls of lit-liger's Triton softcap attention from the swapped module."""
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     calls = []
     real = adapter.softcap_attention
@@ -500,7 +500,7 @@ def test_gpu_window_step_no_host_sync_and_cuda_graphs():
         loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    from lit_liger.graphs import runner_for
+    from lit_liger.runtime.graphs import runner_for
 
     for _ in range(2):
         graphed.zero_grad(set_to_none=True)

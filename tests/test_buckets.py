@@ -12,10 +12,10 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import _pair, tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
-from lit_liger import adapter as adapter_mod
-from lit_liger.buckets import MIN_BUCKET, bucket_length
-from lit_liger import graphs
-from lit_liger.graphs import RECAPTURE_ON_GROWTH, runner_for
+from lit_liger.swap import adapter as adapter_mod
+from lit_liger.swap.buckets import MIN_BUCKET, bucket_length
+from lit_liger.runtime import graphs
+from lit_liger.runtime.graphs import RECAPTURE_ON_GROWTH, runner_for
 
 
 def test_bucket_ladder():
@@ -177,7 +177,7 @@ def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, ful
     plan counts as one process),
     it captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured,
     without a warning; cuda_graphs=True captures both."""
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", bool(full))
     if full == "ddp":  # several processes, inside a DDP forward (where capture applies)
@@ -261,7 +261,7 @@ def test_graph_runner_does_not_keep_the_model_alive(monkeypatch, lora):
     import gc
     import weakref
 
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     class Capture:
         def __init__(self, runner, idx, params, plan=None, **kw):
@@ -365,8 +365,8 @@ def test_gpu_graphs_flex_attention_model_across_buckets(monkeypatch):
     with LoRA, captured across four buckets and replayed in mixed order: losses and gradients equal the uncaptured
     model's. Before the block masks were built outside the graphs' pool this failed on an H100 with an illegal
     memory access after the second bucket's capture (h100-2026-11-23e/recipe-gemma2-2L-graphs-crash)."""
-    from lit_liger import graphs as graphs_mod
-    from lit_liger.attention import _BLOCK_MASKS
+    from lit_liger.runtime import graphs as graphs_mod
+    from lit_liger.swap.attend import _BLOCK_MASKS
 
     monkeypatch.setattr(graphs_mod, "CAPTURE_FLEX", True)
 
@@ -501,8 +501,8 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
     go through autograd's accumulation instead (the hook runs on every backward). ``embedding_into``
     (``adapter.EMBEDDING_GRAD_INTO``): the token embedding's gradient is added into its ``.grad`` by its own kernel
     too."""
-    from lit_liger import adapter as adapter_mod
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.swap import adapter as adapter_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     monkeypatch.setattr(adapter_mod, "EMBEDDING_GRAD_INTO", embedding_into)
     monkeypatch.setattr(graphs_mod, "DIRECT_GRADS", True)
@@ -717,7 +717,7 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
             chunked_cross_entropy(model(x), x).backward()
             opt.step()
             opt.zero_grad()
-        from lit_liger.graphs import CAPTURE_FULL_TRAINING
+        from lit_liger.runtime.graphs import CAPTURE_FULL_TRAINING
 
         # buckets 128 and 256; full training uncaptured by default unless CAPTURE_FULL_TRAINING
         assert runner_for(model).captures == (2 if lora or graphs or CAPTURE_FULL_TRAINING else 0)
@@ -735,7 +735,7 @@ def test_graphs_capture_flex_attention_models_unless_switched_off(monkeypatch, n
     """A model with FlexAttention layers is captured like any other; with ``graphs.CAPTURE_FLEX`` off it is
     not, and the runner gives the reason (warned once; the forward runs uncaptured). A plain causal model is
     never refused for it."""
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     _, ours = _pair(tiny_config(name))
@@ -754,7 +754,7 @@ def test_capture_warm_up_runs_without_the_garbage_collector(monkeypatch):
     routed to a pool aborts the process), and puts its state back, on an error too."""
     import gc
 
-    from lit_liger.graphs import _no_gc
+    from lit_liger.runtime.graphs import _no_gc
 
     collected = []
     collect = gc.collect
@@ -781,7 +781,7 @@ def test_capture_warm_up_runs_without_the_garbage_collector(monkeypatch):
 def test_release_drops_graphs_and_pool():
     """``graphs.release`` (run when training ends, by the ``lit-liger`` command and ``LigerCallback``): every swapped
     GPT inside the module loses its captured graphs, buffers and pool, and says so once; nothing captured, no word."""
-    from lit_liger.graphs import release
+    from lit_liger.runtime.graphs import release
 
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
@@ -801,10 +801,10 @@ def test_release_drops_graphs_and_pool():
 
 
 def test_precapture_lengths_are_the_packed_ladder():
-    """A replica's lengths captured at its first packed step (lit_liger.graphs.PRECAPTURE_REPLICAS): every bucket a
+    """A replica's lengths captured at its first packed step (lit_liger.runtime.graphs.PRECAPTURE_REPLICAS): every bucket a
     packed micro-batch of 4 samples of at most 512 tokens can get, within a token bound; each one is its own bucket."""
-    from lit_liger.buckets import packed_bucket_length
-    from lit_liger.graphs import precapture_lengths
+    from lit_liger.swap.buckets import packed_bucket_length
+    from lit_liger.runtime.graphs import precapture_lengths
 
     lengths = precapture_lengths(4, 512)
     assert lengths == [64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]

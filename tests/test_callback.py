@@ -12,7 +12,7 @@ from litgpt.api import LLM
 from test_adapter import _randomize, tiny_config
 
 from lit_liger import LigerCallback, LigerConfig, LigerLogits
-from lit_liger.adapter import is_swapped
+from lit_liger.swap.adapter import is_swapped
 
 
 def _data(vocab=150, n=8, T=12):
@@ -116,7 +116,7 @@ class AdamWModule(LLMModule):
 def test_fit_switches_adamw_to_the_fused_kernel(tmp_path, monkeypatch, fused):
     """LigerConfig.fused_optimizer: the module's AdamW steps fused (CPU parameters let in here, as CUDA ones are); the
     losses are stock's."""
-    from lit_liger import optim
+    from lit_liger.runtime import optim
 
     monkeypatch.setattr(optim, "DEVICES", ("cuda", "cpu"))
     stock, ours = _stock_and_ours(AdamWModule)
@@ -141,7 +141,7 @@ class FreezeCountModule(LLMModule):
 
 
 def test_fit_freezes_the_objects_alive_for_the_training_loop(tmp_path, caplog):
-    """``lit_liger.hostgc`` under the Trainer: the objects alive when training starts are frozen for the loop (a full
+    """``lit_liger.runtime.hostgc`` under the Trainer: the objects alive when training starts are frozen for the loop (a full
     collection skips them), unfrozen when it ends; one line says what the collections cost."""
     import gc
     import logging
@@ -158,7 +158,7 @@ def test_fit_freezes_the_objects_alive_for_the_training_loop(tmp_path, caplog):
 
 class StateAheadModule(LLMModule):
     def training_step(self, batch, batch_idx):
-        from lit_liger import memplan
+        from lit_liger.runtime import memplan
 
         self.ahead = getattr(self, "ahead", []) + [memplan.state_ahead()]
         return super().training_step(batch, batch_idx)
@@ -171,7 +171,7 @@ def test_fit_counts_the_optimizer_state_still_to_come(tmp_path):
     """Under the Trainer the optimizers' state that their first step makes is in ``memplan.STATE_AHEAD`` for the loop
     (the first steps' memory plans and graphs leave it free): AdamW's two moments of every trained parameter before the
     first step, nothing after it, and nothing registered once fitting ends."""
-    from lit_liger import memplan
+    from lit_liger.runtime import memplan
 
     _, ours = _stock_and_ours(StateAheadModule)
     cb = LigerCallback(log_metrics=False)
@@ -281,12 +281,12 @@ def _sft_loader(vocab=150, n=8):
 
 
 def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
-    """With litgpt's SFT collate the callback has the data loader lay each batch out packed (``lit_liger.batches``):
+    """With litgpt's SFT collate the callback has the data loader lay each batch out packed (``lit_liger.runtime.batches``):
     the forward plans nothing, the loss checks nothing on the device, the token counts reach ``training_step`` as
     host tensors with their values, the losses equal stock's, and litgpt's collate is back after ``fit``."""
-    from lit_liger import adapter as adapter_mod
-    from lit_liger import loss as loss_mod
-    from lit_liger import packing
+    from lit_liger.swap import adapter as adapter_mod
+    from lit_liger.swap import loss as loss_mod
+    from lit_liger.swap import packing
 
     monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
     stock, ours = _stock_and_ours(SFTModule)
@@ -359,7 +359,7 @@ def test_ddp_moves_the_batch_without_the_boxed_token_counts():
     batch; the hook goes with ``remove``."""
     from torch.distributed.utils import _to_kwargs
 
-    from lit_liger.batches import HostPrep
+    from lit_liger.runtime.batches import HostPrep
     from lit_liger.callback import _BoxedCounts
 
     seen = []
@@ -405,7 +405,7 @@ def test_host_side_batch_prep_under_ddp_but_not_deepspeed_or_fsdp():
 class _DDPSFTModule(SFTModule):
     """SFTModule that logs, from inside each training step, what rank 0's launcher hands back to the test process
     (``callback_metrics``): whether Lightning's per-batch SIGTERM check is LigerCallback's, and whether the batches
-    are prepared on the host (``lit_liger.batches``)."""
+    are prepared on the host (``lit_liger.runtime.batches``)."""
 
     def training_step(self, batch, batch_idx):
         from lit_liger.callback import _LaggedSigtermCheck
@@ -428,7 +428,7 @@ def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
     """Two processes (Lightning's ``ddp_fork`` on CPU, gloo), litgpt's SFT collate: with LigerCallback the batches are
     packed on the host and Lightning's SIGTERM check is read two batches later; rank 0's weights after 3 steps equal
     stock's under the same strategy."""
-    from lit_liger import adapter as adapter_mod
+    from lit_liger.swap import adapter as adapter_mod
 
     monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
     stock, ours = _stock_and_ours(_DDPSFTModule)

@@ -13,7 +13,7 @@ import torch
 from helpers import rel_err, saved_bytes
 from test_adapter import _pair, tiny_config
 
-import lit_liger.adapter as adapter
+import lit_liger.swap.adapter as adapter
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 
 flce = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")  # (the package's attribute: the function)
@@ -210,7 +210,7 @@ def test_no_grad_and_multi_process_run_the_blocks_plainly(monkeypatch):
 
 
 def test_config_default_and_switch_semantics():
-    assert LigerConfig().activation_checkpointing is None  # automatic (lit_liger.memplan; tests/test_memplan.py)
+    assert LigerConfig().activation_checkpointing is None  # automatic (lit_liger.runtime.memplan; tests/test_memplan.py)
     assert LigerConfig.from_value(True).activation_checkpointing is None  # a setting, not a kernel switch
     assert "activation_checkpointing" not in LigerConfig.switches()
     with pytest.raises(TypeError, match="activation_checkpointing"):
@@ -227,7 +227,7 @@ def test_gpu_lora_with_dropout_same_as_without_and_less_memory(monkeypatch):
     on torch < 2.10) step aside with a warning, and the peak memory of the step is lower."""
     from test_buckets import _gpu_models
 
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     monkeypatch.setattr(graphs_mod, "CAPTURE_CHECKPOINTED", False)
 
@@ -265,7 +265,7 @@ def test_gpu_graphs_capture_checkpointed_steps(monkeypatch):
     there can tell)."""
     from test_buckets import _gpu_models, seeded_replays_match
 
-    from lit_liger import graphs as graphs_mod
+    from lit_liger.runtime import graphs as graphs_mod
 
     if torch.__version__ < "2.10":
         pytest.skip("torch < 2.10 cannot rewind the CUDA generator inside a capture")

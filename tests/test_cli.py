@@ -219,7 +219,7 @@ def stock_generates(monkeypatch, capsys, args: list) -> str:
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_finetune_full_liger_matches_stock_and_loads_in_litgpt(assets, tmp_path, monkeypatch, capsys):
-    from lit_liger import optim
+    from lit_liger.runtime import optim
 
     monkeypatch.setattr(optim, "DEVICES", ("cuda", "cpu"))  # (the fused AdamW on CPU too, as on a GPU)
     made = []
@@ -250,7 +250,7 @@ def test_finetune_full_recompute_mlp_same_losses(assets, tmp_path, monkeypatch, 
     """``--liger.recompute_mlp true`` through litgpt's full fine-tuning script (every weight trains, so the Blocks'
     MLPs recompute fc_1 / fc_2 in backward): the swap report says so, the Blocks call the recomputing function, and
     the logged losses equal the default run's."""
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     calls = []
     real = adapter.rms_norm_glu_mlp
@@ -283,7 +283,7 @@ def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, mo
 def test_finetune_lora_on_a_tied_checkpoint_keeps_one_head_copy(assets, tmp_path, monkeypatch, capsys):
     """A checkpoint whose lm_head equals its embedding (litgpt's conversion of a tied-embedding Hugging Face model):
     the LoRA run says it keeps one copy, and every logged loss equals the run with ``--liger.tied_weights false``."""
-    from lit_liger import tied
+    from lit_liger.swap import tied
 
     ckpt = tmp_path / "tied"
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -319,7 +319,7 @@ def test_validation_computes_the_fused_loss(script_name):
     from test_adapter import tiny_config
 
     from lit_liger import LigerConfig, apply_liger
-    from lit_liger.loss import LigerLogits
+    from lit_liger.swap.loss import LigerLogits
 
     script = importlib.import_module(f"litgpt.{script_name}")
     cfg = tiny_config("Llama-3.2-1B")
@@ -484,7 +484,7 @@ def test_pretrain_flop_count_equals_stock():
     from litgpt.utils import chunked_cross_entropy as litgpt_loss
 
     from lit_liger import LigerConfig
-    from lit_liger.adapter import is_swapped
+    from lit_liger.swap.adapter import is_swapped
 
     cfg = Config.from_name("pythia-14m", n_layer=2)
     with cli._patched(pretrain, LigerConfig()), torch.device("meta"):
@@ -535,7 +535,7 @@ def test_liger_flag_forms(assets, tmp_path, monkeypatch, capsys, built_models):
     from litgpt.utils import chunked_cross_entropy as litgpt_loss
 
     from lit_liger import chunked_cross_entropy as liger_loss
-    from lit_liger.adapter import is_swapped
+    from lit_liger.swap.adapter import is_swapped
 
     def attn_norm_gpt(model):
         blk = model.transformer.h[0]
@@ -878,7 +878,7 @@ def test_data_parallel_replica_two_processes(assets, tmp_path, command):
     """``--devices 2`` with the defaults (``data_parallel`` auto: the tiny model fits, so a replica per device,
     lit-liger's ReplicaStrategy) on 2 CPU processes (gloo), said once in the log. Against the same plan with every
     kernel switched off (LitGPT's own code on replicas) and against a replicated run where Lightning's own DDP
-    reduces (``lit_liger.dataparallel`` off: every kernel off and ``--liger.data_parallel litgpt`` would be litgpt's
+    reduces (``lit_liger.parallel.dataparallel`` off: every kernel off and ``--liger.data_parallel litgpt`` would be litgpt's
     FSDP, so DDP is forced through the strategy's name): the same loss at every iteration and the same weights
     saved. Against stock litgpt's sharded run (LoRA: FSDP2; litgpt's FSDP1 of full fine-tuning needs a GPU,
     ``test_gpu_data_parallel_matches_stock``): the same first losses. The reduction itself against DDP:
@@ -981,7 +981,7 @@ def test_data_parallel_patches_each_recipe(capsys):
     import importlib
 
     from lit_liger import LigerConfig
-    from lit_liger.dataparallel import STRATEGY_NAMES, Plan, replica_class
+    from lit_liger.parallel.dataparallel import STRATEGY_NAMES, Plan, replica_class
 
     for module_name, class_name in STRATEGY_NAMES.items():
         module = importlib.import_module(module_name)
@@ -1032,9 +1032,9 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     (``batches.LigerCollate``), so the forward reads no lengths back from the device and the loss checks the left-out
     targets from the loader's finding; litgpt's token counts stay on the host. Losses equal stock's, and so does
     every token count litgpt reports."""
-    from lit_liger import adapter as adapter_mod
-    from lit_liger import loss as loss_mod
-    from lit_liger import packing
+    from lit_liger.swap import adapter as adapter_mod
+    from lit_liger.swap import loss as loss_mod
+    from lit_liger.swap import packing
 
     monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
     rng = random.Random(0)  # short samples of different lengths: batches with padding to pack
@@ -1069,7 +1069,7 @@ def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(
     """litgpt's ``fit`` that ends by its epochs has started the training loader's workers again (the ``next()`` that
     found the epochs done), and its saves leave its frame in a reference cycle. Collected, such an iterator makes
     PyTorch wait 5 s for each worker and terminate it; the ``lit-liger`` command stops them as ``fit`` returns
-    (``lit_liger.loaders``), so none is terminated and none is left running."""
+    (``lit_liger.runtime.loaders``), so none is terminated and none is left running."""
     import gc
     import multiprocessing
 
@@ -1093,7 +1093,7 @@ def test_batches_off_the_host_puts_litgpt_collate_back():
     from litgpt.data.base import get_sft_collate_fn
     from torch.utils.data import DataLoader
 
-    from lit_liger.batches import AfterMove, LigerCollate
+    from lit_liger.runtime.batches import AfterMove, LigerCollate
     from lit_liger.cli import _batches_off_the_host
 
     gpt = torch.nn.Linear(2, 2)
@@ -1117,8 +1117,8 @@ def test_liger_collate_travels_to_workers_and_back():
     packed layout, and the token counts come back as host tensors after the move (``AfterMove``)."""
     from litgpt.data.base import get_sft_collate_fn
 
-    from lit_liger.batches import AfterMove, LigerCollate
-    from lit_liger.packing import BATCH_KEY, ready_plan
+    from lit_liger.runtime.batches import AfterMove, LigerCollate
+    from lit_liger.swap.packing import BATCH_KEY, ready_plan
 
     samples = [{"input_ids": torch.arange(1, L + 1), "labels": torch.arange(1, L + 1),
                 "token_counts": {"raw": L - 2, "raw_plus_prompt_template": L}} for L in (5, 9, 7)]
@@ -1146,9 +1146,9 @@ def test_liger_collate_batches_reach_the_loop_by_value_from_workers(monkeypatch,
     from litgpt.data.base import get_sft_collate_fn
     from torch.utils.data import DataLoader
 
-    from lit_liger import batches as batches_mod
-    from lit_liger.batches import AfterMove, LigerCollate
-    from lit_liger.packing import BATCH_KEY
+    from lit_liger.runtime import batches as batches_mod
+    from lit_liger.runtime.batches import AfterMove, LigerCollate
+    from lit_liger.swap.packing import BATCH_KEY
 
     monkeypatch.setattr(batches_mod, "BY_VALUE_BYTES", by_value)
     g = torch.Generator().manual_seed(0)
@@ -1181,8 +1181,8 @@ def test_gpu_liger_collate_batches_arrive_pinned():
     from litgpt.data.base import get_sft_collate_fn
     from torch.utils.data import DataLoader
 
-    from lit_liger.batches import LigerCollate
-    from lit_liger.packing import BATCH_KEY
+    from lit_liger.runtime.batches import LigerCollate
+    from lit_liger.swap.packing import BATCH_KEY
 
     torch.zeros(1, device="cuda")  # (CUDA in use in this process)
     samples = [{"input_ids": torch.arange(1, L + 1), "labels": torch.arange(1, L + 1),
@@ -1209,10 +1209,10 @@ _TIMED = re.compile(r"(iter|val) time: [0-9.]+ ms")
 
 @pytest.mark.slow
 def test_deferred_loss_sync_logs_the_same_values(assets, tmp_path, monkeypatch, capsys):
-    """``defer_loss_sync`` (lit_liger.lazylog): litgpt's LoRA loop with gradient accumulation (a running-loss window
+    """``defer_loss_sync`` (lit_liger.runtime.lazylog): litgpt's LoRA loop with gradient accumulation (a running-loss window
     of 2), validation and its log lines in between; every value in metrics.csv and every printed line equal those of
     the run without it, timings aside, in the same order."""
-    from lit_liger import lazylog
+    from lit_liger.runtime import lazylog
 
     made = []
     real = lazylog.RunningMean.__init__

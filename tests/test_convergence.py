@@ -114,7 +114,7 @@ def test_convergence_smoke_fp8_against_the_lit_liger_curve(tmp_path, argv_guard,
     unavailable here (``fp8_why``, what a GPU below sm_89 or a missing torchao gives) and must come out as
     skipped with the reason. Every reported number of the float8 run is recomputed from the JSON's curves."""
     pytest.importorskip("torchao.float8")
-    from lit_liger import adapter
+    from lit_liger.swap import adapter
 
     real_why = adapter.fp8_why
     monkeypatch.setattr(adapter, "fp8_why", lambda r: "no float8 here (test)" if r == "rowwise" else real_why(r))
@@ -179,7 +179,7 @@ def test_fp8_run_without_float8_linears_is_skipped(monkeypatch):
     with apply_liger's reason ("fp8 off: ...") or, where the report says nothing, the module count's."""
     from litgpt import Config
 
-    from lit_liger import adapter
+    from lit_liger.swap import adapter
 
     cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=64, n_head=4, n_query_groups=2, intermediate_size=176,
                            vocab_size=256, padded_vocab_size=256, block_size=64)
@@ -274,7 +274,7 @@ def test_convergence_gpu_fp8_within_one_percent_of_bf16(tmp_path):
     """The issue's bar for float8 training: 300 steps, tensorwise and rowwise, loss within 1% of the bf16 lit-liger
     run after the warm-up (largest and final step). Skipped where float8 cannot run (below sm_89, no torchao)."""
     pytest.importorskip("torchao.float8")
-    from lit_liger.adapter import fp8_why
+    from lit_liger.swap.adapter import fp8_why
 
     if fp8_why("tensorwise"):
         pytest.skip(fp8_why("tensorwise"))

@@ -1,4 +1,4 @@
-"""lit_liger.dataparallel: the plan chosen for ``lit-liger <recipe> --devices N`` from the recipe's arguments, and the
+"""lit_liger.parallel.dataparallel: the plan chosen for ``lit-liger <recipe> --devices N`` from the recipe's arguments, and the
 replica's gradient segments (CPU; the strategy itself on 2 processes: tests/test_distributed.py, test_cli.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_liger import _dist
-from lit_liger import dataparallel as dp
+from lit_liger.parallel import dataparallel as dp
 
 GiB = 2**30
 
@@ -233,10 +233,10 @@ def test_replica_ignores_other_models():
 
 
 # ----------------------------------------------------------------------------------------------
-# lit_liger.balance: the devices' micro-batches dealt by length (the CLI on 2 processes: test_cli.py)
+# lit_liger.parallel.balance: the devices' micro-batches dealt by length (the CLI on 2 processes: test_cli.py)
 # ----------------------------------------------------------------------------------------------
 def test_deal_keeps_litgpts_order_first_then_longest_to_the_least_loaded():
-    from lit_liger.balance import deal
+    from lit_liger.parallel.balance import deal
 
     assert deal([30.0, 10.0], [0.0, 0.0], first=True) == [0, 1]
     assert deal([10.0, 30.0], [100.0, 50.0], first=True) == [0, 1]  # (a step's first round: litgpt's own)
@@ -277,7 +277,7 @@ def _collate(samples: list[dict]) -> dict:  # padded to the longest, as litgpt's
 
 
 def test_sample_cost_estimates_positions_from_the_text():
-    from lit_liger.balance import SampleCost
+    from lit_liger.parallel.balance import SampleCost
 
     data = _Texts()
     packed, padded = SampleCost(data, packed=True), SampleCost(data, packed=False)
@@ -307,7 +307,7 @@ def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accum
     iteration ``k``, one to each device; each step's first round as litgpt's; every device computes the same deal; the
     busiest device's positions per step come out below litgpt's order, by the true lengths too; the second pass follows
     the samplers' next epoch (Fabric's ``set_epoch``) and goes on with the steps' count (a step may straddle it)."""
-    from lit_liger.balance import balanced_loader
+    from lit_liger.parallel.balance import balanced_loader
 
     data = _Texts()
     natural, dealt, reports = [], [], []
@@ -353,9 +353,9 @@ def test_expected_lengths_of_the_dealt_rounds():
     step pre-captures): every process's micro-batches of the pass, by their samples' estimated tokens, each counted
     once per process count at its packed bucket (and its neighbour where the estimate's margin crosses into it); the
     counts come out near the true lengths' buckets."""
-    from lit_liger.balance import balanced_loader
-    from lit_liger.buckets import packed_bucket_length
-    from lit_liger.graphs import expected_lengths
+    from lit_liger.parallel.balance import balanced_loader
+    from lit_liger.swap.buckets import packed_bucket_length
+    from lit_liger.runtime.graphs import expected_lengths
 
     data, world = _Texts(n=200), 2
     sampler, _ = balanced_loader(_fabric_loader(data, 0, world, batch_size=4), 0, world, 2, packed=True)
@@ -385,8 +385,10 @@ def test_the_command_expects_the_runs_lengths_over_its_iterations(monkeypatch):
     ``max_steps`` x accumulation, or its epochs; a pass read once at most ``EXPECT_ROUNDS`` rounds)."""
     from types import SimpleNamespace
 
-    from lit_liger import cli, graphs
-    from lit_liger.balance import balanced_loader
+    from lit_liger import cli
+
+    from lit_liger.runtime import graphs
+    from lit_liger.parallel.balance import balanced_loader
 
     data, world = _Texts(n=200), 2
     sampler, _ = balanced_loader(_fabric_loader(data, 1, world, batch_size=4), 1, world, 2, packed=True)
@@ -406,8 +408,8 @@ def test_the_command_expects_the_runs_lengths_over_its_iterations(monkeypatch):
 
 @pytest.mark.parametrize("pack_full", [True, False])
 def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples(monkeypatch, pack_full):
-    from lit_liger import packing
-    from lit_liger.graphs import expected_lengths
+    from lit_liger.swap import packing
+    from lit_liger.runtime.graphs import expected_lengths
 
     monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     full = [[100.0, 100.0, 100.0], [40.0, 30.0, 20.0]]  # (a full batch of max_seq_length 100, and a short one)
@@ -423,7 +425,7 @@ def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples(
 
 
 def test_balanced_loader_says_why_not():
-    from lit_liger.balance import balanced_loader
+    from lit_liger.parallel.balance import balanced_loader
     from lightning.fabric.wrappers import _FabricDataLoader
 
     data = _Texts()
@@ -449,9 +451,11 @@ def test_the_trainer_replicas_expect_their_lengths_from_lightnings_sampler(monke
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    from lit_liger import LigerCallback, cli, graphs
+    from lit_liger import LigerCallback, cli
+
+    from lit_liger.runtime import graphs
     from lit_liger import callback as callback_mod
-    from lit_liger.balance import ReplicaBatches, SampleCost
+    from lit_liger.parallel.balance import ReplicaBatches, SampleCost
 
     data, world = _Texts(n=200), 2
 

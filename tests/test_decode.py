@@ -1,4 +1,4 @@
-"""Generation's one-token KV-cache steps replayed from one CUDA graph (``lit_liger.decode``): litgpt's logits and
+"""Generation's one-token KV-cache steps replayed from one CUDA graph (``lit_liger.runtime.decode``): litgpt's logits and
 tokens, the graph's life with the KV cache, and litgpt's forward wherever the graph does not apply."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import torch
 from litgpt.generate.base import generate
 from test_adapter import _pair, tiny_config
 
-from lit_liger import LigerConfig, apply_liger, decode
+from lit_liger import LigerConfig, apply_liger
+
+from lit_liger.runtime import decode
 
 
 def _models(name: str = "Llama-3.2-1B", device: str = "cpu", dtype=torch.float32, block_size: int = 64, **cfg):

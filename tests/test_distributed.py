@@ -108,7 +108,7 @@ def _sharded_run(rank: int, mode: str, name: str):
 
     cfg = _sharded_config(name)
     ref, ours = _pair(cfg)
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     kernel_calls = []  # lit-liger's Triton softcap attention, as the swapped (and sharded) layers call it
     real_kernel = adapter.softcap_attention
@@ -241,7 +241,7 @@ def _deepspeed_run(rank: int, stage: int, name: str):
 
     from lit_liger import apply_liger, chunked_cross_entropy
 
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     cfg = _sharded_config(name)  # gemma-2: softcap attention kernel, windowed layers, final softcap
     kernel_calls = [0]  # lit-liger's Triton softcap attention, as the swapped layers call it
@@ -391,7 +391,7 @@ def _ddp_run(rank: int):
     from test_adapter import _pair
     from test_packing import _batch
 
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
     from lit_liger import LigerConfig, apply_liger
     from lit_liger._dist import replicated, sharded_processes
 
@@ -454,7 +454,7 @@ def _ddp_gpu_run(rank: int):
     from test_packing import _batch
 
     from lit_liger import LigerConfig, apply_liger
-    from lit_liger.graphs import runner_for
+    from lit_liger.runtime.graphs import runner_for
 
     cfg, graphed, plain = _gpu_models(lora=True)
     apply_liger(graphed, LigerConfig(cuda_graphs=True, packing=True))
@@ -504,7 +504,7 @@ def test_gpu_ddp_replica_graphs_and_packing_reduce_gradients():
 
 
 # ----------------------------------------------------------------------------------------------
-# lit-liger's replica plan (lit_liger.dataparallel.ReplicaStrategy)
+# lit-liger's replica plan (lit_liger.parallel.dataparallel.ReplicaStrategy)
 # ----------------------------------------------------------------------------------------------
 def _join(rank: int, world: int, port: int, gpu: bool) -> None:
     """A spawned rank's set-up: stacks on a fatal signal, the rendezvous, this test folder importable, its GPU
@@ -535,10 +535,10 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
     from test_adapter import _pair
     from test_packing import _batch
 
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
     from lit_liger import LigerConfig, _dist, apply_liger
-    from lit_liger.dataparallel import replica_class
-    from lit_liger.graphs import runner_for
+    from lit_liger.parallel.dataparallel import replica_class
+    from lit_liger.runtime.graphs import runner_for
 
     device = "cuda" if gpu else "cpu"
     if gpu:
@@ -574,7 +574,7 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
     strategy.finish_gradients()
     result = None
     captures = (runner_for(ours).captures, runner_for(ours).precaptured_n) if gpu else (0, 0)
-    from lit_liger.dataparallel import grad_segments
+    from lit_liger.parallel.dataparallel import grad_segments
 
     segments = grad_segments(ours)
     early = (strategy.early, sum(1 for seg in segments[1:-1] if seg), len(segments))
@@ -635,7 +635,7 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
 # ----------------------------------------------------------------------------------------------
 def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False,
                   beside: bool = False) -> None:
-    from lit_liger import dataparallel
+    from lit_liger.parallel import dataparallel
 
     dataparallel.STEP_BESIDE_BACKWARD = beside  # (the step's chunks on a side stream: CUDA only)
     _join(rank, world, port, gpu)
@@ -660,8 +660,8 @@ def _zero1_run(rank: int, world: int, fused: bool, shard: bool = True, device: s
 
     from lightning.fabric.plugins import Precision
 
-    from lit_liger import dataparallel
-    from lit_liger.dataparallel import replica_class
+    from lit_liger.parallel import dataparallel
+    from lit_liger.parallel.dataparallel import replica_class
 
     dataparallel.SMALL = 30  # (one all-reduce per weight: the step's chunks wait for different work)
     ours = _zero1_model(0 if rank == 0 else 7).to(device)
@@ -812,7 +812,7 @@ def test_gpu_zero1_and_replica_step_over_nccl(shard, beside):
 
 
 # ----------------------------------------------------------------------------------------------
-# lit_liger.optim.fuse_optimizer on FSDP2's DTensor parameters
+# lit_liger.runtime.optim.fuse_optimizer on FSDP2's DTensor parameters
 # ----------------------------------------------------------------------------------------------
 def _fused_dtensor_worker(rank: int, world: int, port: int, queue) -> None:
     _join(rank, world, port, gpu=False)
@@ -825,7 +825,7 @@ def _fused_dtensor_run(rank: int, world: int):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from lit_liger.optim import fuse_optimizer
+    from lit_liger.runtime.optim import fuse_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 5))

@@ -1,5 +1,5 @@
 """A LoRA branch's dropout kept as one tensor with its mask inside (lit_liger/kernels/dropout.py), and the LoRA layers
-that draw it (lit_liger/lora.py): the same masks, outputs and gradients as LitGPT's ``nn.Dropout``, one tensor kept."""
+that draw it (lit_liger/swap/lora.py): the same masks, outputs and gradients as LitGPT's ``nn.Dropout``, one tensor kept."""
 
 import copy
 
@@ -8,7 +8,7 @@ import torch
 from litgpt.lora import LoRALinear
 
 from helpers import TOL, rel_err, saved_bytes
-from lit_liger.adapter import _LoRAMixin, _swap_class
+from lit_liger.swap.adapter import _LoRAMixin, _swap_class
 from lit_liger.kernels import dropout as D
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -100,7 +100,7 @@ def test_adapter_uses_it_only_under_compile(device):
 
     ref = stock_ce(stock(x), y)
     ref.backward()
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
 
     eager_calls = []
     real = adapter.embedding
@@ -187,7 +187,7 @@ def test_swapped_wte_adds_into_grad_where_switched_on(device, monkeypatch, on):
     """``adapter.EMBEDDING_GRAD_INTO``: inside a capture's ``grads_into`` a swapped GPT's ``transformer.wte`` adds its
     gradient into the named tensor (on) or leaves it to autograd (off); the loss and the other gradients are the same
     either way."""
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
     from lit_liger import chunked_cross_entropy
     from lit_liger.kernels._grad_into import grads_into
 
@@ -216,8 +216,8 @@ def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypa
     buffer's values as they were; off, nothing runs."""
     import importlib
 
-    import lit_liger.adapter as adapter
-    import lit_liger.graphs as graphs
+    import lit_liger.swap.adapter as adapter
+    import lit_liger.runtime.graphs as graphs
 
     emb_mod = importlib.import_module("lit_liger.kernels.embedding")  # (the package exports the function's name)
     monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)

@@ -1,6 +1,6 @@
 """kernels.float8: lit-liger's tensorwise float8 casts, fused into the norm and GLU arithmetic, against torchao's
 cast of the 16-bit tensor that lit-liger's own kernels write (bit for bit: the same values, scale and rounding); and the
-tensorwise Linear paths of lit_liger.fp8 against torchao's Float8Linear.
+tensorwise Linear paths of lit_liger.swap.fp8 against torchao's Float8Linear.
 
 On CPU the kernels run under TRITON_INTERPRET=1; a GPU runs them natively (the same assertions)."""
 
@@ -121,7 +121,7 @@ def test_tensorwise_linear_equals_torchao_float8_linear(bias, dtype):
     the same output and gradients, bit for bit (tokens a multiple of 16: torchao's weight-gradient GEMM needs it)."""
     from torchao.float8.float8_linear import Float8Linear
 
-    from lit_liger.fp8 import _LinearTW
+    from lit_liger.swap.fp8 import _LinearTW
 
     torch.manual_seed(4)
     lin = torch.nn.Linear(64, 48, bias=bias, device=DEVICE, dtype=dtype)
@@ -146,7 +146,7 @@ def test_tensorwise_linear_keeps_x_under_compile(monkeypatch, n_tokens):
     """Under torch.compile (``fp8._keep_x``) the Linear keeps its 16-bit input and casts it transposed in backward,
     so that the partitioner can rebuild it from what it keeps anyway: the same output and gradients, bit for bit, as
     keeping the float8 copy, and the input (not a float8 tensor) among what backward keeps."""
-    from lit_liger import fp8
+    from lit_liger.swap import fp8
 
     torch.manual_seed(6)
     w = torch.nn.Parameter(torch.randn(48, 64, device=DEVICE).bfloat16())
@@ -171,7 +171,7 @@ def test_tensorwise_linear_keeps_x_under_compile(monkeypatch, n_tokens):
 def test_tensorwise_linear_pads_odd_token_counts():
     """Tokens not a multiple of 16: the weight gradient's transposed operands get zero columns; the same weight
     gradient as with zero tokens appended (which change no scale)."""
-    from lit_liger.fp8 import _LinearTW
+    from lit_liger.swap.fp8 import _LinearTW
 
     torch.manual_seed(5)
     w = torch.nn.Parameter(torch.randn(32, 64, device=DEVICE).bfloat16())

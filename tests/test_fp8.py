@@ -17,7 +17,7 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import _pair, tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
-from lit_liger import adapter as adapter_mod
+from lit_liger.swap import adapter as adapter_mod
 from torch.utils._python_dispatch import TorchDispatchMode
 
 torchao_float8 = pytest.importorskip("torchao.float8")
@@ -57,7 +57,7 @@ def _step(model, x, y, liger):
 
 class _Float8Gemms(TorchDispatchMode):
     """Counts the float8 matrix products: on torchao's float8 tensors, or ``_scaled_mm`` on float8 tensors (lit-liger's
-    tensorwise path, ``lit_liger.fp8``)."""
+    tensorwise path, ``lit_liger.swap.fp8``)."""
 
     def __init__(self):
         super().__init__()
@@ -167,8 +167,8 @@ def test_lora_function_adds_the_update_to_the_float8_base(bias):
     """``lora_linear(..., fp8=True)``: the frozen base's float8 GEMM (``_LinearTW``, bit for bit torchao's:
     test_float8) plus the LoRA update, output and input gradient, within bf16 rounding of the sum computed in fp32;
     no gradient for the frozen weight."""
-    from lit_liger.fp8 import _LinearTW
-    from lit_liger.lora import lora_linear
+    from lit_liger.swap.fp8 import _LinearTW
+    from lit_liger.swap.lora import lora_linear
 
     if not adapter_mod.use_triton(torch.empty(0)):
         pytest.skip("lit-liger's float8 casts need the Triton path")
@@ -255,7 +255,7 @@ def _saved_bytes_and_step(model, x, y):
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B", "gemma-2-2b"])  # (Qwen2.5: qkv bias)
 def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, monkeypatch):
     """With fp8 the fused norm->Linear (norm_1 -> qkv, norm_2 -> fc_1, fc_2) and the GLU-product recompute
-    (-> proj) run the float8 GEMMs themselves (lit_liger.fp8; tensorwise: with lit-liger's own casts, which compute
+    (-> proj) run the float8 GEMMs themselves (lit_liger.swap.fp8; tensorwise: with lit-liger's own casts, which compute
     the normalized tensor and the GLU product as float8 directly): the same numbers, bit for bit, as the
     Float8Linear modules called behind lit-liger's norm and GLU kernels, and per layer the normalized tensors and
     the product not kept for backward."""

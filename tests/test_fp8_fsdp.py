@@ -27,7 +27,7 @@ from test_distributed import _finish, _free_port, spawn_ranks
 
 from lit_liger import LigerConfig, apply_liger
 from lit_liger import _dist as dist_mod
-from lit_liger import adapter as adapter_mod
+from lit_liger.swap import adapter as adapter_mod
 
 HERE = os.path.dirname(__file__)
 torchao_float8 = pytest.importorskip("torchao.float8")

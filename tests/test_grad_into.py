@@ -1,5 +1,5 @@
-"""Weight gradients added by their GEMM into a named tensor (``kernels._grad_into``, used by lit_liger.graphs' captured
-backward) against PyTorch's own gradients of the same math; and the fused optimizer switch (``lit_liger.optim``)."""
+"""Weight gradients added by their GEMM into a named tensor (``kernels._grad_into``, used by lit_liger.runtime.graphs' captured
+backward) against PyTorch's own gradients of the same math; and the fused optimizer switch (``lit_liger.runtime.optim``)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from lit_liger.kernels import _grad_into
 from lit_liger.kernels.rms_norm import rms_norm_linear
 from lit_liger.kernels.swiglu import glu_linear
-from lit_liger.optim import fuse_optimizer
+from lit_liger.runtime.optim import fuse_optimizer
 
 
 def _ref_rms(x, w, eps=1e-6):
@@ -117,7 +117,7 @@ def test_nested_blocks_restore_the_outer_targets(device):
     assert _grad_into.target_for(w) is None
 
 
-# -- lit_liger.optim.fuse_optimizer ---------------------------------------------------------------------------------
+# -- lit_liger.runtime.optim.fuse_optimizer ---------------------------------------------------------------------------------
 def _params(seed=0):
     torch.manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(16, 8)), torch.nn.Parameter(torch.randn(8))]

@@ -1,4 +1,4 @@
-"""lit_liger.lazylog: the device-side running mean against torchmetrics', and the deferred log's order and values."""
+"""lit_liger.runtime.lazylog: the device-side running mean against torchmetrics', and the deferred log's order and values."""
 
 import math
 import warnings
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torchmetrics import RunningMean as TMRunningMean
 
-from lit_liger import lazylog
+from lit_liger.runtime import lazylog
 
 
 @pytest.mark.parametrize("window", [1, 3, 4])
@@ -153,12 +153,12 @@ def test_cli_deferred_log_restores_fabric_and_keeps_fit_errors(capsys):
 
 
 # ----------------------------------------------------------------------------------------------
-# lit_liger.hostgc: Python's garbage collector during litgpt's loop
+# lit_liger.runtime.hostgc: Python's garbage collector during litgpt's loop
 # ----------------------------------------------------------------------------------------------
 def test_quiet_freezes_for_the_loop_and_times_each_collection():
     import gc
 
-    from lit_liger import hostgc
+    from lit_liger.runtime import hostgc
 
     assert gc.get_freeze_count() == 0
     with hostgc.quiet(freeze=True) as watch:
@@ -184,7 +184,7 @@ def test_quiet_freezes_for_the_loop_and_times_each_collection():
 def test_quiet_unfreezes_after_an_error():
     import gc
 
-    from lit_liger import hostgc
+    from lit_liger.runtime import hostgc
 
     try:
         with hostgc.quiet(freeze=True):

@@ -1,4 +1,4 @@
-"""litgpt's pass over the data for its longest sample, read in worker processes (``lit_liger.lengths``): the same
+"""litgpt's pass over the data for its longest sample, read in worker processes (``lit_liger.runtime.lengths``): the same
 lengths as litgpt's own pass, sample by sample, and litgpt's pass wherever the workers do not apply or fail."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset
 
-from lit_liger import LigerConfig, cli, lengths
+from lit_liger import LigerConfig, cli
+
+from lit_liger.runtime import lengths
 
 
 @pytest.fixture(scope="module")

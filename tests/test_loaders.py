@@ -1,4 +1,4 @@
-"""Data loader workers stopped when a block ends (``lit_liger.loaders``), so that an iterator left in a reference cycle
+"""Data loader workers stopped when a block ends (``lit_liger.runtime.loaders``), so that an iterator left in a reference cycle
 (as litgpt's ``fit`` leaves its training iterator) never reaches PyTorch's shutdown through the garbage collector,
 where each running worker is waited for 5 s and then terminated."""
 
@@ -12,8 +12,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lit_liger import cli, loaders
-from lit_liger.batches import AfterMove
+from lit_liger import cli
+
+from lit_liger.runtime import loaders
+from lit_liger.runtime.batches import AfterMove
 
 pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="forked workers")
 

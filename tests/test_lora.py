@@ -1,4 +1,4 @@
-"""LitGPT's LoRA layers in one autograd function (``lit_liger.lora``) against LitGPT's own LoRA forward."""
+"""LitGPT's LoRA layers in one autograd function (``lit_liger.swap.lora``) against LitGPT's own LoRA forward."""
 
 import copy
 
@@ -8,8 +8,8 @@ from litgpt.lora import GPT, Config, LoRALinear, LoRAQKVLinear, mark_only_lora_a
 
 from helpers import TOL, rel_err
 from lit_liger import LigerConfig, apply_liger
-from lit_liger.adapter import _LoRAMixin, _swap_class, is_swapped
-from lit_liger.lora import lora_linear, lora_parts
+from lit_liger.swap.adapter import _LoRAMixin, _swap_class, is_swapped
+from lit_liger.swap.lora import lora_linear, lora_parts
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

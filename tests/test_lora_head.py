@@ -218,7 +218,7 @@ def test_gpt_lora_head_matches_stock(name, dropout):
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
     from lit_liger import apply_liger, chunked_cross_entropy
-    from lit_liger.loss import LigerLogits
+    from lit_liger.swap.loss import LigerLogits
 
     cfg, stock, ours = _gpt_pair(name, dropout)
     _fused_on(apply_liger(ours))
@@ -271,7 +271,7 @@ def test_gpt_lora_head_per_token_losses_of_row_chunks():
 
 def test_gpt_lora_head_no_grad_kv_cache_and_materialize():
     from lit_liger import apply_liger
-    from lit_liger.loss import LigerLogits
+    from lit_liger.swap.loss import LigerLogits
 
     cfg, stock, ours = _gpt_pair(dropout=0.3)
     apply_liger(ours)
@@ -313,7 +313,9 @@ def test_gpt_lora_head_buckets_and_packing_keep_the_dropout_input_aligned(mode, 
     # padded (seq_buckets) and packed outputs: the loss and the real logits of one output read the same x_lora rows
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
-    from lit_liger import LigerConfig, adapter, apply_liger
+    from lit_liger import LigerConfig, apply_liger
+
+    from lit_liger.swap import adapter
 
     monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", True)
     cfg, stock, ours = _gpt_pair(dropout=0.3)
@@ -367,7 +369,7 @@ def test_qlora_4bit_lora_head_matches_stock(dropout):
     from test_qlora import _qlora_pair
 
     from lit_liger import apply_liger, chunked_cross_entropy
-    from lit_liger.quant import is_4bit
+    from lit_liger.swap.quant import is_4bit
 
     cfg, stock, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True, lora_value=True, lora_head=True,
                                    lora_dropout=dropout)
@@ -390,7 +392,7 @@ def test_int8_lora_head_stays_stock_without_a_crash():
     from test_qlora import _qlora_pair
 
     from lit_liger import apply_liger
-    from lit_liger.adapter import _int8_head, is_swapped
+    from lit_liger.swap.adapter import _int8_head, is_swapped
 
     cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True, lora_head=True)
     old = ours.lm_head.linear
@@ -412,7 +414,9 @@ def test_tied_checkpoint_with_a_lora_head_shares_the_embedding_and_merges_into_i
     from litgpt.lora import merge_lora_weights
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
-    from lit_liger import apply_liger, chunked_cross_entropy, tied
+    from lit_liger import apply_liger, chunked_cross_entropy
+
+    from lit_liger.swap import tied
 
     cfg, stock, ours = _gpt_pair()
     with torch.no_grad():

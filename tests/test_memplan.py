@@ -1,5 +1,5 @@
 """Long documents (issue 47): the activation memory plan (``LigerConfig.activation_checkpointing=None``,
-``lit_liger.memplan``) and the CUDA graphs' governance (``cuda_graphs_max_tokens``, the pool's budget, out-of-memory
+``lit_liger.runtime.memplan``) and the CUDA graphs' governance (``cuda_graphs_max_tokens``, the pool's budget, out-of-memory
 fallback). CPU: the plan's decisions, partial recompute and host offload give the same losses and gradients as
 keeping every Block's activations, the log lines, the graphs' decisions with the capture itself stubbed. GPU: the same
 on a real device, and a run over 30 lengths that keeps the pool under its budget."""
@@ -15,8 +15,10 @@ from test_checkpointing import _data, _lora_pair, _step
 
 import triton.language as tl  # (the GPU test's kernel, _add_one_kernel)
 
-import lit_liger.adapter as adapter
-from lit_liger import LigerConfig, apply_liger, graphs, memplan
+import lit_liger.swap.adapter as adapter
+from lit_liger import LigerConfig, apply_liger
+from lit_liger.runtime import graphs
+from lit_liger.runtime import memplan
 
 GiB = 2**30
 
@@ -150,7 +152,7 @@ def test_planned_mlp_level_same_as_keeping(kind, recompute, mlp, monkeypatch):
 
 
 def test_dataparallel_estimates_with_the_same_per_token_bytes():
-    from lit_liger import dataparallel as dp
+    from lit_liger.parallel import dataparallel as dp
 
     cfg = _config("Llama-3.2-1B")
     est = dp.estimate(cfg, 1_000_000, 0, 2, 4, 512, 80 * GiB, False)
@@ -508,7 +510,7 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
     warmup)`` of each capture asked (``refuse(runner, idx)`` True: refused, as a release for memory returns None), and a
     packed micro-batch of 3 samples: ``(runner, calls, params, idx, plan, before, model)`` (the caller keeps the model:
     the runner holds it weakly)."""
-    from lit_liger.packing import Pack, Plan
+    from lit_liger.swap.packing import Pack, Plan
 
     cfg, model, runner, before = _runner(monkeypatch)
     model.max_seq_length = 24
@@ -542,7 +544,7 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     ``packing.PACK_FULL`` off, then the unpacked ``samples x max_seq_length`` that a batch without padding runs as
     (left out, that batch's capture stalled every 2-GPU recipe run at its iteration 89). On (the default), such a batch
     runs as the ladder's longest packed length: nothing more to capture."""
-    from lit_liger import packing
+    from lit_liger.swap import packing
 
     monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch)
@@ -572,7 +574,7 @@ def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monk
     step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process, and the
     unpacked full batch (``packing.PACK_FULL`` off) only where it is expected as often; the log and the report say how
     many were left out."""
-    from lit_liger import packing
+    from lit_liger.swap import packing
 
     monkeypatch.setattr(packing, "PACK_FULL", False)
     runner, calls, params, idx, plan, before, model = _precapture_setup(monkeypatch)
@@ -674,7 +676,7 @@ def _warmup_stub(monkeypatch, cfg, made, refuse_without=False):
 
 def _packed(cfg, n: int):
     """Token ids (1, n) packed from two samples, with their plan."""
-    from lit_liger.packing import Pack, Plan
+    from lit_liger.swap.packing import Pack, Plan
 
     idx = torch.randint(0, cfg.vocab_size, (1, n))
     bounds = [0, n // 2, n, n]
@@ -1030,7 +1032,7 @@ def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
 def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():
     """``sdpa_backend="auto"``: a sequence of ``attention.SDPA_LONG`` tokens or more is keyed like a captured step
     (PyTorch's choice, cuDNN on an H100) even uncaptured."""
-    from lit_liger import attention
+    from lit_liger.swap import attend as attention
 
     cfg, _, model = _lora_pair(dropout=0.0)
     apply_liger(model)

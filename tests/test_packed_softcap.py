@@ -9,7 +9,7 @@ from test_adapter import _pair, tiny_config
 from test_packing import _batch, _compare, _full_step_loss, _lora_step_loss, pack_on_cpu  # noqa: F401
 
 from lit_liger import LigerConfig, apply_liger
-from lit_liger import adapter as adapter_mod
+from lit_liger.swap import adapter as adapter_mod
 from lit_liger.kernels.attention import reference, sample_starts, softcap_attention
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}

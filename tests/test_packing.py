@@ -14,9 +14,9 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import FAMILIES, _pair, tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
-from lit_liger import adapter as adapter_mod
-from lit_liger import loss as loss_mod
-from lit_liger import packing
+from lit_liger.swap import adapter as adapter_mod
+from lit_liger.swap import loss as loss_mod
+from lit_liger.swap import packing
 
 LENGTHS = (21, 9, 14)  # the longest sets the collated length, as litgpt's collate pads
 
@@ -327,7 +327,7 @@ def test_gpu_packed_steps_equal_padded_steps(name, graphs):
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert rel_err(p.grad, q.grad) <= 3e-2, n
     if graphs:
-        from lit_liger.graphs import runner_for
+        from lit_liger.runtime.graphs import runner_for
 
         assert runner_for(a).captures == 2 and runner_for(a).replays == 3
 
@@ -339,8 +339,8 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
     ``.grad`` tensors become the graphs' gradient buffers; the packed lengths after it are captured with no warm-up
     pass; the accumulated loss and gradients equal the padded uncaptured model's. Each micro-batch's loss is held past
     the next one's forward (a capture failed when the uncaptured micro-batch's autograd graph outlived its backward)."""
-    from lit_liger import graphs
-    from lit_liger.graphs import runner_for
+    from lit_liger.runtime import graphs
+    from lit_liger.runtime.graphs import runner_for
 
     cfg, a, b = _gpu_packed_pair("Llama-3.2-1B", True)
     before = dict(graphs.CAPTURE_STATS)
@@ -371,7 +371,7 @@ def _ready(x, y, bucketed=False, max_position=64):
 
 
 def packing_bucket(n):
-    from lit_liger.buckets import packed_bucket_length
+    from lit_liger.swap.buckets import packed_bucket_length
 
     return packed_bucket_length(n)
 

@@ -13,7 +13,7 @@ from litgpt import GPT, Config
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
 from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy
-from lit_liger import adapter as adapter_mod
+from lit_liger.swap import adapter as adapter_mod
 
 # name -> small widths keeping the family's flags (parallel_residual, shared_attention_norm, norms, MLP, biases)
 CONFIGS = {

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from lit_liger import profiling
+from lit_liger.runtime import profiling
 
 
 def test_window_parses_directory_first_and_count(tmp_path):

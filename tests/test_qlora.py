@@ -14,7 +14,7 @@ from helpers import rel_err
 from test_adapter import _randomize, tiny_config
 
 from lit_liger import apply_liger, chunked_cross_entropy
-from lit_liger.quant import dequantize, is_quantized
+from lit_liger.swap.quant import dequantize, is_quantized
 
 bnb = pytest.importorskip("bitsandbytes", reason="QLoRA needs the optional extra: pip install 'lit-liger[qlora]'")
 
@@ -73,7 +73,7 @@ def _step(model, x, y, loss_fn):
 def test_qlora_matches_stock(name, lora, quant, monkeypatch):
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
-    from lit_liger import adapter
+    from lit_liger.swap import adapter
 
     cfg, ref, ours = _qlora_pair(name, quant, **lora)
     report = apply_liger(ours)
@@ -104,7 +104,7 @@ def test_qlora_matches_stock(name, lora, quant, monkeypatch):
 
 def test_lora_linear_quantized_base_equals_bnb_layer():
     """The LoRA function's dequantized base GEMM against bitsandbytes' own layer: output and input gradient."""
-    from lit_liger.lora import lora_linear
+    from lit_liger.swap.lora import lora_linear
 
     torch.manual_seed(0)
     C, out, r = 48, 80, 4
@@ -128,7 +128,7 @@ def test_lora_linear_quantized_base_equals_bnb_layer():
 
 def test_quantized_lm_head_in_the_fused_loss():
     """The fused loss reads a quantized head's dequantized matrix (the crash of issue 34 read its packed storage)."""
-    from lit_liger.loss import lm_head_weight_bias
+    from lit_liger.swap.loss import lm_head_weight_bias
 
     cfg, ref, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
     w, b = lm_head_weight_bias(ours.lm_head)
@@ -208,7 +208,7 @@ def test_dequantize_straight_into_the_compute_dtype(quant, nested):
 def test_linear_4bit_swap_and_errors():
     """Quantized Linears without LoRA run lit-liger's linear_4bit after apply_liger: output and input gradient equal
     bitsandbytes' layer; bad inputs fail clearly."""
-    from lit_liger.quant import linear_4bit
+    from lit_liger.swap.quant import linear_4bit
 
     cfg, ref, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
     report = apply_liger(ours)
@@ -232,7 +232,7 @@ def test_linear_4bit_swap_and_errors():
 def test_graph_runner_accepts_frozen_4bit_weights():
     """CUDA graphs used to refuse a QLoRA model ("sharded or wrapped parameters"): a frozen 4-bit weight's packed
     storage stays put, so it no longer counts as wrapped; a trainable parameter subclass still does."""
-    from lit_liger.graphs import runner_for
+    from lit_liger.runtime.graphs import runner_for
 
     cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
     apply_liger(ours)
@@ -277,8 +277,8 @@ def test_int8_head_keeps_its_own_forward():
     loss. Quantized before apply_liger: the report says the fused loss is off; quantized after: the swapped model
     takes LitGPT's path (real logits from the head's own forward). (bitsandbytes' CPU backend cannot run an int8
     layer's training forward, so the loss itself is not compared here.)"""
-    from lit_liger.adapter import _int8_head
-    from lit_liger.loss import lm_head_weight_bias
+    from lit_liger.swap.adapter import _int8_head
+    from lit_liger.swap.loss import lm_head_weight_bias
 
     def int8_head(model):
         old = model.lm_head.linear

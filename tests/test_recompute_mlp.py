@@ -113,7 +113,7 @@ def test_adapter_setting(compiled, device):
     from litgpt import Config
     from litgpt.model import GPT
 
-    import lit_liger.adapter as adapter
+    import lit_liger.swap.adapter as adapter
     from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 
     if not use_triton(torch.empty(0, device=device)):

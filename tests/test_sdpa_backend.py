@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from lit_liger import LigerConfig
-from lit_liger import attention as A
-from lit_liger.graphs import _captured_attention
+from lit_liger.swap import attend as A
+from lit_liger.runtime.graphs import _captured_attention
 
 
 def _flags():

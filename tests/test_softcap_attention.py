@@ -175,7 +175,7 @@ def test_custom_ops_fake_and_autograd_registration(device):
 def test_gpu_real_size_bf16_against_fp32(shape):
     """bf16 at gemma-2's head size and others: error against fp32 math no larger than FlexAttention's (both fp32
     inside) plus a small margin, and far below LitGPT's bf16 math."""
-    from lit_liger import attention as A
+    from lit_liger.swap import attend as A
 
     B, nh, ng, T, hs, cap = shape
     q, k, v = _qkv(B, nh, ng, T, hs, torch.bfloat16, "cuda")

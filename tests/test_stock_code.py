@@ -18,7 +18,7 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import _pair, _randomize, tiny_config
 
 from lit_liger import LigerCallback, LigerLogits, apply_liger
-from lit_liger import loss as loss_mod
+from lit_liger.swap import loss as loss_mod
 
 V = 160  # tiny_config's padded vocabulary
 
@@ -135,7 +135,7 @@ def test_other_patterns_compute_the_logits_once(pattern, monkeypatch):
 def test_bucketed_output_patterns(monkeypatch):
     """With seq_buckets the output is padded inside (hidden longer than the caller's T): every pattern still
     sees the caller's (B, T, V) and gives stock's numbers."""
-    from lit_liger import adapter
+    from lit_liger.swap import adapter
 
     monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", True)
     cfg = tiny_config("Llama-3.2-1B")

@@ -1,4 +1,4 @@
-"""LigerConfig.tied_weights: one copy of a frozen lm_head equal to the frozen embedding (lit_liger/tied.py)."""
+"""LigerConfig.tied_weights: one copy of a frozen lm_head equal to the frozen embedding (lit_liger/swap/tied.py)."""
 
 import copy
 import io
@@ -11,7 +11,7 @@ from litgpt.lora import mark_only_lora_as_trainable
 from test_adapter import tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy, remove_liger
-from lit_liger import tied
+from lit_liger.swap import tied
 
 
 def _lora_pair(tie=True, **extra):

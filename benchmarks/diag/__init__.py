@@ -23,18 +23,18 @@ DIAGS = {
     "gaps": ("gaps", "where a training step's GPU sits idle, and every host-synchronizing call (torch.profiler)"),
     "window-mem": ("window_mem", "what is live at a sliding-window step's memory peak, per LigerConfig setting "
                                  "(memory-history replay)"),
-    "replica-step": ("replica_step", "a replica's step on several GPUs (lit_liger.dataparallel): accumulation and "
+    "replica-step": ("replica_step", "a replica's step on several GPUs (lit_liger.parallel.dataparallel): accumulation and "
                                      "synchronizing iterations, optimizer, per count of overlapped backward segments"),
     "graph-gain": ("graph_gain", "where CUDA graphs stop paying (step time captured vs not, per model and tokens) "
-                                 "and what a Block keeps per token (lit_liger.graphs.CAPTURE_MAX_WORK, memplan)"),
+                                 "and what a Block keeps per token (lit_liger.runtime.graphs.CAPTURE_MAX_WORK, memplan)"),
     "ddp-capture": ("ddp_capture", "why a CUDA-graph capture inside torch's DistributedDataParallel forward fails "
                                    "(2 GPUs), per DDP setting, with the first failure's traceback"),
     "recipe-mem": ("recipe_mem", "memory and time of a LoRA loop on recipe-shaped lengths, per CUDA-graph pool "
-                                 "setting (lit_liger/graphs.py) or torch.compile"),
+                                 "setting (lit_liger/runtime/graphs.py) or torch.compile"),
     "data-pass": ("data_pass", "litgpt's pass over the data for its longest sample, in one process against "
-                               "lit_liger.lengths' worker processes (CPU only)"),
+                               "lit_liger.runtime.lengths' worker processes (CPU only)"),
     "loader-cycle": ("loader_cycle", "what a DataLoader iterator with running workers costs when the garbage collector "
-                                     "frees it, with and without lit_liger.loaders.stop_workers (CPU only)"),
+                                     "frees it, with and without lit_liger.runtime.loaders.stop_workers (CPU only)"),
     "decode": ("decode", "litgpt's sample generation (its recipes' evaluations): seconds per new token, the host's "
                          "profile, and the one-token KV-cache step in a CUDA graph"),
     "cli-mem": ("cli_mem", "what is live at a real lit-liger / litgpt training run's memory peak, by the code that "

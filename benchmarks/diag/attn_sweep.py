@@ -2,7 +2,7 @@
 
 For each shape: accuracy of both against an fp32 reference (forward and the three gradients), then times
 (CUDA events, median of N):
-* FlexAttention as lit-liger runs it (``lit_liger.attention.flex_attend``), forward and forward+backward;
+* FlexAttention as lit-liger runs it (``lit_liger.swap.attend.flex_attend``), forward and forward+backward;
 * the Triton kernels with the default plan (``_launch.attention_plan``), forward, backward, forward+backward;
 * each candidate setting of one kernel (forward, key-block backward, query-block backward) with the others
   at the default, timed on that kernel's call alone (candidates that do not fit the GPU are skipped);
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import cuda_median_ms
-from lit_liger import attention as A
+from lit_liger.swap import attend as A
 from lit_liger.kernels import _launch as L
 from lit_liger.kernels import attention as K
 

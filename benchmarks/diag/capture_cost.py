@@ -6,8 +6,8 @@ usage: python -m benchmarks diag capture-cost [OUT.json]   (env: MODEL=Llama-3.2
 One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-batch 4 with Alpaca-shaped lengths
 (lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
 1. captured, as a run would (cold: every kernel's first call in the first warm-up), then replayed: the loop's time
-   with every shape captured; then, after :func:`lit_liger.graphs.release` each, captured again (warm), captured with
-   ``EMPTY_CACHE_BEFORE_CAPTURE`` off, and replayed again. Per pass: :data:`lit_liger.graphs.CAPTURE_STATS` per
+   with every shape captured; then, after :func:`lit_liger.runtime.graphs.release` each, captured again (warm), captured with
+   ``EMPTY_CACHE_BEFORE_CAPTURE`` off, and replayed again. Per pass: :data:`lit_liger.runtime.graphs.CAPTURE_STATS` per
    phase, the CUDA graphs' instantiation (``CUDAGraph.capture_end``) timed apart from the recording, and the wall
    time of the loop; what the captures add to a loop is its time less the replayed pass's;
 2. captured again, with ``cProfile`` on during the recordings only: the functions that take the recordings' host
@@ -16,7 +16,7 @@ One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-
    shapes, the work a capture records (the uncaptured step is host-bound here; the one host sync a packed step makes,
    reading its lengths, falls in it).
 
-``LADDERS=4,8`` instead: per granularity of the packed ladder (:data:`lit_liger.buckets.PACKED_PER_DOUBLING`), the
+``LADDERS=4,8`` instead: per granularity of the packed ladder (:data:`lit_liger.swap.buckets.PACKED_PER_DOUBLING`), the
 padding it computes, then the same micro-batches captured and replayed twice: what finer buckets save per replayed
 micro-batch against the captures they add.
 """
@@ -71,7 +71,8 @@ def _loop(model, opt, batches, host: list | None = None) -> float:
 
 
 def main() -> None:
-    from lit_liger import LigerConfig, apply_liger, graphs
+    from lit_liger import LigerConfig, apply_liger
+    from lit_liger.runtime import graphs
 
     name, n_layer = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("LAYERS", 16))
     lora = os.environ.get("METHOD", "lora") == "lora"
@@ -119,7 +120,7 @@ def main() -> None:
 
     ladders = [int(v) for v in os.environ.get("LADDERS", "").split(",") if v.strip()]
     if ladders:  # the packed ladder's granularity: captures against padding
-        from lit_liger import buckets
+        from lit_liger.swap import buckets
 
         phase("captured")  # (cold: first calls)
         for pd in ladders:

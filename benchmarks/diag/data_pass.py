@@ -1,5 +1,5 @@
 """litgpt's pass over the data for its longest sample: litgpt's own (one process) against lit-liger's
-(``lit_liger.lengths``: worker processes), on Alpaca-shaped JSON instruction data (the recipe benchmark's).
+(``lit_liger.runtime.lengths``: worker processes), on Alpaca-shaped JSON instruction data (the recipe benchmark's).
 
 usage: python -m benchmarks diag data-pass [OUT.json]   (env: SAMPLES=4000,52000, WORKERS=0 (lit-liger's choice),
 MAX_SEQ=512, TOK_DIR: a tokenizer directory, default one trained here like the recipe benchmark's)
@@ -21,7 +21,7 @@ from litgpt.data import JSON
 from litgpt.finetune.lora import get_longest_seq_length
 from torch.utils.data import ConcatDataset
 
-from lit_liger import lengths
+from lit_liger.runtime import lengths
 from lit_liger.demo import source_files, train_tokenizer
 
 from ..recipe import make_alpaca_like

@@ -39,9 +39,9 @@ def _rank(rank: int, variant: str, port: int, queue) -> None:
     from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
     from litgpt.utils import chunked_cross_entropy
 
-    import lit_liger.graphs as graphs
+    import lit_liger.runtime.graphs as graphs
     from lit_liger import LigerConfig, apply_liger
-    from lit_liger.graphs import runner_for
+    from lit_liger.runtime.graphs import runner_for
 
     if variant in ("relaxed", "global"):
         graphs.CAPTURE_ERROR_MODE = variant

@@ -1,6 +1,6 @@
 """litgpt's sample generation (``litgpt.generate.base.generate``, what its fine-tuning recipes' evaluations run): the
 time per new token of stock LitGPT, of lit-liger uncaptured and of lit-liger with its decode graph
-(``lit_liger.decode``), and where the host spends it.
+(``lit_liger.runtime.decode``), and where the host spends it.
 
 usage: python -m benchmarks diag decode [OUT.json]   (env: MODEL=Llama-3.2-1B, BLOCK=512, PROMPT=60, NEW=100, TOP=25,
                                                        MODES=stock,liger-uncaptured,liger[,liger-whole-cache])
@@ -40,7 +40,8 @@ def _generate(model, prompt, new: int) -> float:
 
 
 def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -> dict:
-    from lit_liger import apply_liger, decode
+    from lit_liger import apply_liger
+    from lit_liger.runtime import decode
 
     torch.cuda.reset_peak_memory_stats()
     cfg, model = recipe_model(name, block)

@@ -1,7 +1,7 @@
 """FlexAttention launch settings for the families of issue 15, measured (GPU only).
 
 For each shape (B, heads, groups, T, head size, softcap, window) this times forward+backward of the
-FlexAttention lit-liger runs (lit_liger.attention.flex_attend: torch's default launch settings, or the ones
+FlexAttention lit-liger runs (lit_liger.swap.attend.flex_attend: torch's default launch settings, or the ones
 lit-liger's launch heuristics pick: kernels/_launch.flex_kernel_options), then a few explicit settings
 (CANDIDATES), then lets inductor autotune the same call
 (``mode="max-autotune-no-cudagraphs"``) and times that; inductor prints the configs it tried to stderr
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ._common import cuda_median_ms
-from lit_liger import attention as A
+from lit_liger.swap import attend as A
 
 SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, window, scale)
     "gemma2": (4, 8, 4, 2048, 256, 50.0, None, 256 ** -0.5),

@@ -6,8 +6,8 @@ usage: python -m benchmarks diag graph-gain [OUT.json]   (env: MODELS=Llama-3.2-
 
 Per model and length: the median step time (CUDA events around forward, backward and optimizer) uncaptured and
 captured (``cuda_graphs_max_tokens`` lifted), their ratio, the tokens x Block-parameters product that
-``lit_liger.graphs.CAPTURE_MAX_WORK`` compares; and, uncaptured with ``activation_checkpointing=False``, the step's
-peak allocated memory above the weights per token and layer next to ``lit_liger.memplan.kept_bytes_per_token``.
+``lit_liger.runtime.graphs.CAPTURE_MAX_WORK`` compares; and, uncaptured with ``activation_checkpointing=False``, the step's
+peak allocated memory above the weights per token and layer next to ``lit_liger.runtime.memplan.kept_bytes_per_token``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def _time(model, x, steps: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    from lit_liger import LigerConfig, apply_liger, graphs, memplan
+    from lit_liger import LigerConfig, apply_liger
+    from lit_liger.runtime import graphs
+    from lit_liger.runtime import memplan
 
     steps = int(os.environ.get("STEPS", 8))
     tokens = [int(t) for t in os.environ.get("TOKENS", "1024,2048,4096,8192,16384").split(",")]

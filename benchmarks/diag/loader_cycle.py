@@ -1,5 +1,5 @@
 """What a DataLoader iterator with running workers costs when Python's garbage collector frees it (a reference cycle
-holds it), with and without ``lit_liger.loaders.stop_workers``; and whether litgpt's ``save_hyperparameters`` leaves
+holds it), with and without ``lit_liger.runtime.loaders.stop_workers``; and whether litgpt's ``save_hyperparameters`` leaves
 its caller's frame (litgpt's ``fit``) alive past its return, in such a cycle.
 
 usage: python -m benchmarks diag loader-cycle [OUT.json]   (env: WORKERS=1,2,4)
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from lit_liger import loaders
+from lit_liger.runtime import loaders
 
 
 class _Range(torch.utils.data.Dataset):

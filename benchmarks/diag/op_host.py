@@ -28,7 +28,7 @@ from lit_liger.kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_resid
 from lit_liger.kernels.rope import rope_qkv
 from lit_liger.kernels.swiglu import glu_linear, swiglu
 from lit_liger.kernels._launch import row_plan
-from lit_liger.lora import lora_linear, lora_parts
+from lit_liger.swap.lora import lora_linear, lora_parts
 
 K_rms = sys.modules["lit_liger.kernels.rms_norm"]  # the module (the package exports the function of that name)
 

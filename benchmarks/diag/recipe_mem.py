@@ -26,7 +26,7 @@ out = sys.argv[4] if len(sys.argv) > 4 else None
 from litgpt.utils import chunked_cross_entropy as stock_ce  # noqa: E402
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy  # noqa: E402
-from lit_liger import graphs as G  # noqa: E402
+from lit_liger.runtime import graphs as G  # noqa: E402
 
 from ._common import alpaca_length, lora_llama_1b  # noqa: E402
 

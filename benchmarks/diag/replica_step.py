@@ -6,7 +6,7 @@ usage: python -m benchmarks diag replica-step [OUT.json]   (env: MODEL=Llama-3.2
                                                             SEGMENTS=1,4, LORA=0)
 
 Each of the GPUs (``torch.cuda.device_count()``) runs a process (NCCL) holding the whole model, swapped by lit-liger
-(bf16, CUDA graphs, packing off, fixed shape ``B x T``), under ``lit_liger.dataparallel.ReplicaStrategy``'s
+(bf16, CUDA graphs, packing off, fixed shape ``B x T``), under ``lit_liger.parallel.dataparallel.ReplicaStrategy``'s
 ``setup_module`` / ``backward`` / ``no_backward_sync``, AdamW fused, ``ACCUM`` micro-batches per step. Times are CUDA
 events on rank 0 around each phase, medians over ``STEPS`` steps after 3 warm-up steps; one process alone (no
 reduction) is the reference for the phases' own cost.
@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, port: int, segments: int, queue) -> None:
     from litgpt.model import GPT, Config
 
     from lit_liger import LigerConfig, _dist, apply_liger, chunked_cross_entropy
-    from lit_liger.dataparallel import replica_class
+    from lit_liger.parallel.dataparallel import replica_class
 
     _dist.SEGMENTS = segments
     name, B, T = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("B", 4)), int(os.environ.get("T", 512))

@@ -17,7 +17,7 @@ device's memory now (what is allocated, and the gradients the backward will allo
   as the forward passes each Block, back when its backward needs it. A Block's compute at such lengths (seconds)
   hides the copy (a ``(T, C)`` bf16 tensor: 1 GiB at 128k tokens of width 4096, ~40 ms over PCIe 4).
 
-:func:`kept_bytes_per_token` is the one estimate of a Block's activations (``lit_liger.dataparallel``'s plans use it
+:func:`kept_bytes_per_token` is the one estimate of a Block's activations (``lit_liger.parallel.dataparallel``'s plans use it
 too). The estimate is calibrated on what lit-liger's Blocks keep (the residual stream, q/k/v, the attention output,
 the GLU's two inputs; the norms' outputs and the GLU product are recomputed, see ``recompute_norm``); on an
 H100 it was 4-5% under the measured bytes at 16k tokens (``benchmarks/results/h100-2026-11-26f``; ``python -m
@@ -236,7 +236,7 @@ def available_bytes(gpt: Any, device: Any, fraction: float | None = None) -> flo
 
 def grads_to_come(gpt: Any) -> int:
     """The bytes of the gradients the backward will still allocate: trainable parameters without a ``.grad``, less
-    those whose gradient buffer the CUDA graphs made at a capture (``lit_liger.graphs``: allocated already, the
+    those whose gradient buffer the CUDA graphs made at a capture (``lit_liger.runtime.graphs``: allocated already, the
     parameter's ``.grad`` from the first replay on). Counted twice at the first step, the buffers of Llama-3.1-8B
     full fine-tuning (15 GiB) released every pre-captured graph as short of room on an 80 GB card
     (``benchmarks/results/h200x2-2026-11-27i``)."""

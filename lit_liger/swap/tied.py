@@ -23,8 +23,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._dist import whole_model
-from .kernels._checks import owns_storage
+from .._dist import whole_model
+from ..kernels._checks import owns_storage
 from .loss import _unwrap_linear
 
 __all__ = ["head_weight", "install", "own_copy", "share_if_tied", "unshare"]
@@ -35,7 +35,7 @@ ON_SHARE: list[Callable[[str], None]] = []
 
 
 def head_weight(gpt: nn.Module) -> nn.Parameter | None:
-    """The output head's weight parameter (the fused loss's :func:`lit_liger.loss._unwrap_linear`), where it belongs to
+    """The output head's weight parameter (the fused loss's :func:`lit_liger.swap.loss._unwrap_linear`), where it belongs to
     a plain ``nn.Linear``: the head itself, or the frozen base of LitGPT's ``LoRALinear``. With a LoRA update
     (``lora_head: true``, litgpt's gemma, gemma-2, phi and tiny-llama recipes) only where lit-liger swapped the layer
     and its update is not merged: the swapped layer's ``merge`` gives the base its own copy first

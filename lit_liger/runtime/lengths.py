@@ -90,7 +90,7 @@ def longest_seq_length(fallback: Callable[[Any], tuple[int, int]]) -> Callable[[
     """litgpt's ``get_longest_seq_length(data) -> (longest, index of its first sample)`` with the samples read by
     :func:`sample_lengths` (said by the first process); ``fallback`` (litgpt's own) where that does not apply or
     fails."""
-    from ._dist import rank_zero
+    from .._dist import rank_zero
 
     def run(data: Any) -> tuple[int, int]:
         t0, n_workers = time.perf_counter(), workers()

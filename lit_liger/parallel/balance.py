@@ -171,7 +171,7 @@ class DealtBatches:
     def estimated_sizes(self, rounds: int) -> Iterator[list[list[float]]]:
         """Every device's micro-batch of each of the first ``rounds`` rounds of this pass over the data, as its samples'
         estimated tokens (:meth:`SampleCost.tokens`); nothing is dealt or counted (the samplers' order depends on
-        their seed and epoch only). For ``lit_liger.graphs.expected_lengths``."""
+        their seed and epoch only). For ``lit_liger.runtime.graphs.expected_lengths``."""
         for k, row in enumerate(zip(*self._batches())):
             if k >= rounds:
                 return
@@ -233,10 +233,10 @@ class ReplicaBatches:
 
 
 def expect_lengths(batches: Any, rounds: float, limit: int) -> None:
-    """``lit_liger.graphs.EXPECTED_LENGTHS`` for a run of ``rounds`` micro-batches per process: the packed lengths that
+    """``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for a run of ``rounds`` micro-batches per process: the packed lengths that
     ``batches`` (:class:`DealtBatches` or :class:`ReplicaBatches`) give each process in their first pass, read for at
     most ``limit`` rounds and scaled to ``rounds``; left unset where nothing is read (``limit`` 0)."""
-    from . import graphs
+    from ..runtime import graphs
 
     rounds = int(rounds)
     sampled = min(rounds, len(batches), limit)

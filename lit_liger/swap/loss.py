@@ -265,7 +265,7 @@ class LigerLogits:
     # the padded batch, LitGPT's computation) for what needs logits at those positions. None: not packed.
     rows: torch.Tensor | None = None
     unpacked: Any = None
-    # what the data loader found on the host about the left-out positions' targets (``lit_liger.packing.LeftOut``):
+    # what the data loader found on the host about the left-out positions' targets (``lit_liger.swap.packing.LeftOut``):
     # where it answers, the loss needs no host sync to check them
     left_out: Any = None
     # A LoRA lm_head with active dropout: the LoRA branch's input, ``lora_dropout(hidden)`` drawn in the forward as
@@ -500,7 +500,7 @@ class LigerLogits:
             padded = targets.new_full(self.hidden.shape[:-1], ignore_index)  # (B, T_bucket)
             padded[..., self.t0 : self.t1] = targets
             targets = padded
-        from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
+        from ..kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
         if self.head is not None:
             weight, bias, lora = self.head.weight, self.head.bias, self.head.lora

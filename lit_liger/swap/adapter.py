@@ -8,7 +8,7 @@ Parameter objects, names and ``state_dict`` keys stay, and ``isinstance(m, Block
 wrap / activation-checkpointing policies) still holds. LitGPT's LoRA and adapter subclasses are
 covered because the swap subclasses whatever class the module has.
 
-Attention with logit softcapping or a sliding window runs on FlexAttention (``lit_liger.attention``).
+Attention with logit softcapping or a sliding window runs on FlexAttention (``lit_liger.swap.attend``).
 What is left alone (and why) is reported: latent attention (MLA), the KV-cache ``input_pos``
 path (LitGPT's attention code runs for those calls).
 """
@@ -32,39 +32,32 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.checkpoint import checkpoint as _checkpoint
 from torch.utils.checkpoint import set_checkpoint_early_stop as _checkpoint_early_stop
 
-from . import attention as _attention
+from . import attend as _attention
 from . import packing as _packing
-from . import _dist
-from ._dist import sharded_processes
+from .. import _dist
+from .._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
-from .config import LigerConfig
-from . import decode as _decode
-from . import graphs as _graphs
-from . import memplan as _memplan
+from ..config import LigerConfig
+from ..runtime import decode as _decode
+from ..runtime import graphs as _graphs
+from ..runtime import memplan as _memplan
 from . import tied as _tied
-from .graphs import runner_for
-from .kernels import _grad_into
-from .kernels._launch import use_triton
-from .kernels.attention import softcap_attention, supported_head_size
-from .kernels.embedding import embedding
-from .kernels.gelu import gelu, gelu_linear
-from .kernels.layer_norm import layer_norm, layer_norm_dual, layer_norm_residual
-from .kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
-from .kernels.rope import rope, rope_qkv
-from .kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
+from ..runtime.graphs import runner_for
+from ..kernels import _grad_into
+from ..kernels._launch import use_triton
+from ..kernels.attention import softcap_attention, supported_head_size
+from ..kernels.embedding import embedding
+from ..kernels.gelu import gelu, gelu_linear
+from ..kernels.layer_norm import layer_norm, layer_norm_dual, layer_norm_residual
+from ..kernels.rms_norm import rms_norm, rms_norm_linear, rms_norm_residual
+from ..kernels.rope import rope, rope_qkv
+from ..kernels.swiglu import geglu, glu_linear, glu_mlp, rms_norm_glu_mlp, swiglu
 from .fp8 import (glu_linear_fp8, is_float8_linear, is_tensorwise, liger_float8_linear_class, norm_linear_fp8,
                   norm_mlp_fp8, tensorwise_fusable)
 from .lora import lora_linear, lora_parts
 from .quant import is_4bit, is_quantized, linear_4bit
-from .loss import (
-    GatheredHead,
-    LigerLogits,
-    _unwrap_linear,
-    chunked_cross_entropy,
-    head_lora_input,
-    lm_head_lora,
-    lm_head_weight_bias,
-)
+from .loss import (GatheredHead, LigerLogits, _unwrap_linear, chunked_cross_entropy, head_lora_input, lm_head_lora,
+                   lm_head_weight_bias)
 
 __all__ = ["LigerReport", "apply_liger", "fused_loss_without_grad", "is_swapped", "remove_liger"]
 
@@ -130,7 +123,7 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
 
 #: > 0 while a Block runs under LigerConfig.activation_checkpointing (its forward and its recompute in backward)
 _IN_CHECKPOINTED_BLOCK = [0]
-#: > 0 while a Block runs whose MLP inputs the memory plan has recomputed in backward (``lit_liger.memplan.MemPlan.mlp``):
+#: > 0 while a Block runs whose MLP inputs the memory plan has recomputed in backward (``lit_liger.runtime.memplan.MemPlan.mlp``):
 #: a frozen MLP runs as ``glu_mlp``, a trained one as ``recompute_mlp`` does
 _MLP_RECOMPUTED = [0]
 
@@ -196,7 +189,7 @@ def _is_lora_linear(m: nn.Module) -> bool:
 
 def _fp8_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
     """lit-liger's fused norm->Linear / GLU-product paths may call these float8 Linears' GEMMs themselves
-    (``lit_liger.fp8``): the Triton path, no autocast, weights in ``x``'s dtype, no hooks on the modules."""
+    (``lit_liger.swap.fp8``): the Triton path, no autocast, weights in ``x``'s dtype, no hooks on the modules."""
     return (use_triton(x) and not torch.is_autocast_enabled(x.device.type)
             and all(m.weight.dtype == x.dtype for m in linears) and _called_plainly(*linears))
 
@@ -241,7 +234,7 @@ def _called_plainly(*modules: nn.Module) -> bool:
 
 class _LoRAMixin:
     """LitGPT's ``LoRALinear`` / ``LoRAQKVLinear`` (r > 0): the frozen projection and the LoRA update in one
-    autograd function of GEMMs (:func:`lit_liger.lora.lora_linear`: no grouped conv1d, zero-padded update, cat or
+    autograd function of GEMMs (:func:`lit_liger.swap.lora.lora_linear`: no grouped conv1d, zero-padded update, cat or
     scaling op). LitGPT's forward runs when merged, under ``torch.compile`` (inductor fuses LitGPT's ops itself),
     under autocast, for a quantized or hooked base Linear, or for sharded (DTensor / ZeRO-3) LoRA weights."""
 
@@ -310,7 +303,7 @@ class _EmbeddingMixin:
 
 class _Linear4bitMixin:
     """A bitsandbytes 4-bit Linear (QLoRA's frozen projections without a LoRA update, the lm_head where the loss
-    needs logits): :func:`lit_liger.quant.linear_4bit`, the weight decoded straight into the compute dtype (one
+    needs logits): :func:`lit_liger.swap.quant.linear_4bit`, the weight decoded straight into the compute dtype (one
     kernel where bitsandbytes' forward decodes to float16 and casts); bitsandbytes' own forward where that does not
     apply (a single row, which bitsandbytes multiplies without decoding; autocast; a hook; a compute dtype other
     than the input's)."""
@@ -390,7 +383,7 @@ class _AttentionMixin:
     Qwen3, Gemma-3) the norm runs in that same launch; LayerNorm qk-norms and OLMo-2's norm over
     the whole q/k projection keep their modules. Layers with attention logit softcapping (Gemma-2) or
     a sliding window (``apply_sliding_window_attention``) attend through FlexAttention on CUDA tensors
-    (``lit_liger.attention``; LitGPT's math elsewhere); the others through SDPA. The KV-cache
+    (``lit_liger.swap.attend``; LitGPT's math elsewhere); the others through SDPA. The KV-cache
     (``input_pos``) calls run LitGPT's forward unchanged.
     """
 
@@ -482,7 +475,7 @@ class _AttentionMixin:
         return _packing.attend(q, k, v, pack, scale, window, per_sample, softcap=softcap, softcap_kernel=kernel)
 
     def _liger_proj(self, y: torch.Tensor) -> torch.Tensor:
-        """``self.proj(y)``; a plain Linear whose weight gradient ``lit_liger.graphs`` adds straight into ``.grad``
+        """``self.proj(y)``; a plain Linear whose weight gradient ``lit_liger.runtime.graphs`` adds straight into ``.grad``
         (``kernels._grad_into``, while a backward is captured) runs as the op that does."""
         proj = self.proj
         if type(proj) is nn.Linear and _grad_into.target_for(proj.weight) is not None:
@@ -605,7 +598,7 @@ class _BlockMixin:
         """Whether ``norm_1 -> attn.qkv`` runs as :func:`rms_norm_linear` (``structure_only``: the
         modules allow it, ignoring the call's state, for the report). The same under ``torch.compile``,
         which traces these checks (guarding on them) and the fused op as an opaque custom op. With
-        ``LigerConfig.fp8`` the Linear is torchao's float8 one, whose GEMMs :mod:`lit_liger.fp8` calls."""
+        ``LigerConfig.fp8`` the Linear is torchao's float8 one, whose GEMMs :mod:`lit_liger.swap.fp8` calls."""
         attn = self.attn
         ok = (
             getattr(self, "_liger_recompute_norm", False) and not self.config.parallel_residual
@@ -748,7 +741,7 @@ TRAINING_TOKENS = {"collated": 0, "processed": 0, "packed": 0}
 #: tests set this to pack CPU batches too (reference attention per sample)
 _PACK_ON_CPU = False
 
-#: where no data loader laid a batch out on the host (``lit_liger.batches``: a training loop of the user's own, litgpt's
+#: where no data loader laid a batch out on the host (``lit_liger.runtime.batches``: a training loop of the user's own, litgpt's
 #: pretraining), packing reads the batch's lengths from the device, a host sync that empties the GPU's queue. While
 #: every batch read so far filled its length (no padding: pretraining, where such a batch runs unpacked anyway), a model
 #: reads them only at these batches of its run, then at every multiple of the last; the others run unpacked, unread.
@@ -789,13 +782,13 @@ class _GPTMixin:
 
     With ``seq_buckets`` the token ids are right-padded to a bucket length first (the LigerLogits keeps
     the caller's rows as its window, the padded rows' targets are ignored); with ``cuda_graphs`` the
-    body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.graphs``)."""
+    body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.runtime.graphs``)."""
 
     def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
         if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
-        if input_pos is not None and not grad:  # (generation's one-token steps: CUDA graphs, lit_liger.decode)
+        if input_pos is not None and not grad:  # (generation's one-token steps: CUDA graphs, lit_liger.runtime.decode)
             out = _decode.step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
             if out is not None:
                 return out
@@ -935,7 +928,7 @@ class _GPTMixin:
         ri = self.config.rope_indices
         # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
         # with `offload`) and rerun in backward, the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
-        # lit_liger.memplan)
+        # lit_liger.runtime.memplan)
         recompute, offload, mlp = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
                                    else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
@@ -1014,7 +1007,7 @@ _CHECKPOINT_WARNED = False
 def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int]:
     """``(Blocks recomputed, their inputs offloaded, Blocks above them whose MLP inputs are recomputed)`` for this
     forward of ``idx``: ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None`` (automatic)
-    :func:`lit_liger.memplan.decide` from the micro-batch's tokens and the device's memory now (a CUDA device, eager
+    :func:`lit_liger.runtime.memplan.decide` from the micro-batch's tokens and the device's memory now (a CUDA device, eager
     mode; the log says each plan that recomputes more than any before it)."""
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not _checkpoint_blocks_here(gpt):
@@ -1158,7 +1151,7 @@ def _zero3_returns_logits(gpt: nn.Module) -> bool:
 
 def _int8_head(gpt: nn.Module) -> bool:
     """The lm_head is a bitsandbytes int8 layer (quantized after ``apply_liger`` ran): its own forward, real logits
-    (see ``lit_liger.loss._linear_weight``)."""
+    (see ``lit_liger.swap.loss._linear_weight``)."""
     w = getattr(getattr(gpt.lm_head, "linear", gpt.lm_head), "weight", None)
     return w is not None and is_quantized(w) and not is_4bit(w)
 
@@ -1276,7 +1269,7 @@ def fp8_all_gather_why(recipe: str, setting: bool | None, weight: torch.Tensor) 
                        "them in 16 bits, the GEMMs cast after")
     if setting:
         return True, "fp8_all_gather true"
-    from ._dist import one_host, several_processes
+    from .._dist import one_host, several_processes
 
     if not several_processes():
         return False, "one process"
@@ -1363,13 +1356,13 @@ def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_ga
         for m in [m for _, m in targets if m is not None] + kept:
             m.__dict__["_liger_fp8_ag"] = (ag, ag_why, all_gather)  # (read by the next apply_liger: _fp8_decisions)
         # eager is slow where torchao casts (the rowwise recipes); tensorwise runs on lit-liger's casts: FSDP2's
-        # float8-gathered weights (lit_liger.fp8._gathered8) and DeepSpeed ZeRO-3 partitions (each projection's own
+        # float8-gathered weights (lit_liger.swap.fp8._gathered8) and DeepSpeed ZeRO-3 partitions (each projection's own
         # forward, its weight gathered by DeepSpeed's module hook) included: on 2 GPUs none of their GEMMs is torchao's
         gpt._liger_fp8_eager_warning = recipe != "tensorwise"
         gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
         fed = ("each in its own forward (DeepSpeed ZeRO-3 partitions, gathered in their modules' hooks: the fused "
                "norm->Linear and GLU paths do not take them)" if first is not None and hasattr(first.weight, "ds_id")
-               else "fed by lit-liger's fused norm->Linear and GLU-product recompute (lit_liger.fp8)")
+               else "fed by lit-liger's fused norm->Linear and GLU-product recompute (lit_liger.swap.fp8)")
         report.swapped.append((
             _abbrev([p for p, _ in targets]), "Linear",
             f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, {fed}; FSDP2 float8 "
@@ -1805,4 +1798,4 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
     if cfg.cuda_graphs is not False and _decode.DECODE_GRAPHS:
         report.add(prefix, gpt, "generation's one-token KV-cache steps replayed from CUDA graphs, one per key length "
                                 "(the cache's filled length rounded up to a power of two, masked; one CUDA process; "
-                                "lit_liger.decode)")
+                                "lit_liger.runtime.decode)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .adapter import _is_dtensor
+from ..swap.adapter import _is_dtensor
 
 __all__ = ["DEVICES", "fuse_and_report", "fuse_optimizer"]
 

@@ -2,7 +2,7 @@
 
 Two things a training step would otherwise ask of the GPU are known on the host while a batch is still a CPU tensor:
 
-* the packed layout of the batch (``LigerConfig.packing``; :func:`lit_liger.packing.host_plan`): the rows' lengths, and
+* the packed layout of the batch (``LigerConfig.packing``; :func:`lit_liger.swap.packing.host_plan`): the rows' lengths, and
   whether a trained target sits where packing leaves positions out. The forward then reads nothing back from the
   device and the loss checks nothing there;
 * litgpt's per-sample token counts, which its training loops sum with ``.item()`` twice per iteration: kept on the
@@ -13,7 +13,7 @@ Two things a training step would otherwise ask of the GPU are known on the host 
 ``LigerCallback`` runs it in the LightningModule's ``on_before_batch_transfer`` (the Trainer's loader iterator exists
 before any callback hook could change its collate). After the batch reaches the device :func:`after_move` unboxes the
 token counts and hands the packed layout to the forward of that batch's ``input_ids``
-(:func:`lit_liger.packing.register`). One process, or each process of a replicated model (lit-liger's replica
+(:func:`lit_liger.swap.packing.register`). One process, or each process of a replicated model (lit-liger's replica
 plan, Lightning's ``DDPStrategy``).
 """
 
@@ -117,8 +117,8 @@ class HostPrep:
             batch["token_counts"] = _HostOnly(batch["token_counts"])
         idx, labels = batch.get("input_ids"), batch.get("labels")
         if self.pack and isinstance(idx, torch.Tensor):
-            from .buckets import packed_bucket_length
-            from .packing import BATCH_KEY, host_plan
+            from ..swap.buckets import packed_bucket_length
+            from ..swap.packing import BATCH_KEY, host_plan
 
             entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None,
                               packed_bucket_length if self.bucketed else None, self.ignore_index)
@@ -147,7 +147,7 @@ class LigerCollate:
 def after_move(batch: Any, unbox_counts: bool = True) -> None:
     """A batch that :class:`LigerCollate` made, now on the device: its token counts back to their (host) tensors
     (``unbox_counts``; else left to :func:`unbox`), its packed layout kept for the forward of its ``input_ids``."""
-    from .packing import register
+    from ..swap.packing import register
 
     if isinstance(batch, dict):
         if unbox_counts:

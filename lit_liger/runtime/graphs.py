@@ -42,11 +42,11 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from . import _dist
-from ._dist import sharded_processes, whole_model
-from .kernels import _grad_into
+from .. import _dist
+from .._dist import sharded_processes, whole_model
+from ..kernels import _grad_into
 from .memplan import _total_memory
-from .quant import is_4bit
+from ..swap.quant import is_4bit
 
 __all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
 
@@ -55,7 +55,7 @@ __all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "rele
 def _captured_attention() -> Iterator[None]:
     """While a shape's warm-up and capture run, ``attention.CAPTURING`` is set: ``sdpa_backend="auto"`` picks the
     kernel measured fastest for replayed steps there (``attention.sdpa_backend_for``)."""
-    from . import attention
+    from ..swap import attend as attention
 
     attention.CAPTURING[0] = True
     try:
@@ -157,7 +157,7 @@ RELEASE_BELOW_FREE = 0.25
 #: garbage collection inside the routed warm-up, now kept out by ``_no_gc``). False: such models run uncaptured,
 #: with :data:`FLEX_WHY` as the warning
 CAPTURE_FLEX = True
-FLEX_WHY = ("FlexAttention layers (softcap / sliding window) are not captured (lit_liger.graphs.CAPTURE_FLEX is "
+FLEX_WHY = ("FlexAttention layers (softcap / sliding window) are not captured (lit_liger.runtime.graphs.CAPTURE_FLEX is "
             "off)")
 
 #: capture steps of a model with ``LigerConfig.activation_checkpointing``. The recompute rewinds the CUDA generator to
@@ -169,7 +169,7 @@ FLEX_WHY = ("FlexAttention layers (softcap / sliding window) are not captured (l
 #: 1 captured vs 1.9x uncaptured (the recompute doubles the host's forward work)
 CAPTURE_CHECKPOINTED = True
 CHECKPOINT_WHY = ("activation_checkpointing is on: its recomputed Blocks are not captured "
-                  "(lit_liger.graphs.CAPTURE_CHECKPOINTED is off)")
+                  "(lit_liger.runtime.graphs.CAPTURE_CHECKPOINTED is off)")
 
 
 
@@ -291,11 +291,11 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
     """:data:`EXPECTED_LENGTHS` from ``rounds``: for each round (one micro-batch per process, run at the same iteration
     on every process), every process's micro-batch as its samples' estimated tokens (each at most ``cap``, the
     dataset's ``max_seq_length``; <= 0: no cap). Each micro-batch counts ``scale`` / the processes (``scale``: the
-    run's rounds over the rounds given) at every packed length (``lit_liger.buckets.packed_bucket_length``) of its
-    tokens within ``margin`` either side, and (``lit_liger.packing.PACK_FULL`` off) at None where every sample may fill
+    run's rounds over the rounds given) at every packed length (``lit_liger.swap.buckets.packed_bucket_length``) of its
+    tokens within ``margin`` either side, and (``lit_liger.swap.packing.PACK_FULL`` off) at None where every sample may fill
     ``cap`` (the batch then has no padding and runs unpacked; on, it runs as the packed length of its tokens)."""
-    from .buckets import packed_bucket_length
-    from .packing import PACK_FULL
+    from ..swap.buckets import packed_bucket_length
+    from ..swap.packing import PACK_FULL
 
     counts: dict = {}
     for row in rounds:
@@ -317,10 +317,10 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
 
 
 def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None) -> list[int]:
-    """The packed lengths (``lit_liger.buckets.packed_bucket_length``'s ladder) that a micro-batch of ``samples``
+    """The packed lengths (``lit_liger.swap.buckets.packed_bucket_length``'s ladder) that a micro-batch of ``samples``
     samples of at most ``max_len`` tokens each can be padded up to, at most ``max_tokens`` (None: no bound); shortest
     first."""
-    from .buckets import packed_bucket_length
+    from ..swap.buckets import packed_bucket_length
 
     out, length = [], packed_bucket_length(max(1, samples))
     while length <= packed_bucket_length(samples * max_len):
@@ -360,7 +360,7 @@ ROOM_FRACTION = 0.9
 
 
 def _room(gpt: nn.Module, device: torch.device) -> float:
-    """The bytes the run may still allocate on ``device`` beside what it holds (``lit_liger.memplan.available_bytes``
+    """The bytes the run may still allocate on ``device`` beside what it holds (``lit_liger.runtime.memplan.available_bytes``
     at :data:`ROOM_FRACTION` of the device: less what is allocated, the gradients and the optimizer state to come);
     off CUDA, no bound."""
     if device.type != "cuda":
@@ -435,7 +435,7 @@ class _Graphs:
         self.static_idx = idx.clone()  # (B, T); packed: (1, N)
         self.static_plan = None
         if plan is not None:  # LigerConfig.packing: positions and boundaries are inputs too (copied in per replay)
-            from .packing import Pack, Plan
+            from ..swap.packing import Pack, Plan
 
             pack = Pack(plan.pack.cu_seqlens.clone(), plan.pack.max_len, None)
             self.static_plan = Plan(self.static_idx, plan.positions.clone(), pack, None, 0)
@@ -655,8 +655,8 @@ def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torc
     on a zero gradient for one token, which leaves the buffer's values as they are. Its compilation and module load
     are then not recorded (a driver older than CUDA 12.3 cannot load a module inside a capture), and a later capture
     without warm-up does not meet it in :func:`_compile_guard`."""
-    from . import adapter
-    from .kernels.embedding import embedding_grad_into_
+    from ..swap import adapter
+    from ..kernels.embedding import embedding_grad_into_
 
     wte = getattr(getattr(gpt, "transformer", None), "wte", None)
     if not (adapter.EMBEDDING_GRAD_INTO and DIRECT_GRADS and GEMM_INTO_GRAD) or not isinstance(wte, nn.Embedding):
@@ -1104,7 +1104,7 @@ class GraphRunner:
                                                 f"over its budget of {budget / 2**30:.1f} GiB")
             return None
         # (the pool's memory is reserved, not allocated: what it holds free is counted against the run's room too,
-        # with the optimizer state still to come; see lit_liger.memplan.STATE_AHEAD)
+        # with the optimizer state still to come; see lit_liger.runtime.memplan.STATE_AHEAD)
         room = _room(self.gpt, idx.device) - self.pool_bytes
         if room < 0:
             from .memplan import state_ahead
@@ -1125,8 +1125,8 @@ class GraphRunner:
         max_seq_length`` of a batch without padding, so that the processes capture at the same step. Captured one by
         one as they come, a length that one process meets first stalls the others at the next all-reduce for as
         long as its capture takes."""
-        from . import adapter
-        from .packing import Pack, Plan, _layout
+        from ..swap import adapter
+        from ..swap.packing import Pack, Plan, _layout
 
         gpt = self.gpt
         S = plan.pack.cu_seqlens.numel() - 2
@@ -1138,7 +1138,7 @@ class GraphRunner:
         if expected is not None:  # (the data's lengths estimated before the run: the rare ones are captured if they come)
             kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
             left_out, lengths = len(lengths) - len(kept), kept
-        from .packing import PACK_FULL
+        from ..swap.packing import PACK_FULL
 
         want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
         left_out += not (want_full or PACK_FULL)

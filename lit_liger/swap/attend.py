@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from .kernels._launch import flex_kernel_options
+from ..kernels._launch import flex_kernel_options
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -157,7 +157,7 @@ def block_mask(T: int, window: int | None, device: torch.device):
 
     In eager mode one per ``(T, window, device)``, built on first use and kept (sequence buckets keep the
     lengths few; a mask holds ``O((T / 128)²)`` small integers). Built outside any CUDA-graph capture: the
-    capture in ``lit_liger.graphs`` runs the same shape once before capturing, which fills this cache, and
+    capture in ``lit_liger.runtime.graphs`` runs the same shape once before capturing, which fills this cache, and
     a capture that meets an unbuilt shape raises (the capture then falls back to uncaptured steps). Under
     ``torch.compile`` the mask is built inside the traced graph (no Python state read or written)."""
     mask_mod = window_mask_mod(window)
@@ -181,7 +181,7 @@ _MASK_STREAMS: dict[torch.device, Any] = {}
 
 def _outside_graph_pools(make: Callable, device: torch.device) -> Any:
     """``make()`` with its CUDA allocations outside any CUDA-graph memory pool: on a stream of its own, which
-    the current stream then waits for. ``lit_liger.graphs`` runs each new shape's warm-up with the current
+    the current stream then waits for. ``lit_liger.runtime.graphs`` runs each new shape's warm-up with the current
     stream's allocations routed into the graphs' shared pool (``WARMUP_IN_POOL``); a tensor that outlives the
     warm-up there, such as a block mask kept in this cache, can sit in blocks that an earlier captured graph
     uses as scratch, and that graph's next replay overwrites it (the masks' block indices then point anywhere:
@@ -301,7 +301,7 @@ SDPA_BACKENDS: dict[str, tuple[bool, bool, bool, bool] | None] = {
 }
 
 
-#: set by ``lit_liger.graphs`` while a shape's CUDA graphs are warmed up and captured (their replays run the
+#: set by ``lit_liger.runtime.graphs`` while a shape's CUDA graphs are warmed up and captured (their replays run the
 #: kernels chosen then)
 CAPTURING = [False]
 

@@ -37,7 +37,7 @@ __all__ = ["ACTIVE", "LAG", "DeferredLog", "RunningMean", "running_mean_factory"
 #: how many logs the host may run ahead of the GPU: a log's ``item()`` waits for the value this many logs back (the
 #: lines are printed that many iterations late, all of them at the end of ``fit`` or before any other line). More than
 #: one was meant to let the host build a lead of queued GPU work, beside which a new shape's capture is recorded
-#: (``lit_liger.graphs.SYNC_BEFORE_CAPTURE``). Measured at 8 on an H200 (Llama-3.2-1B LoRA and full fine-tuning,
+#: (``lit_liger.runtime.graphs.SYNC_BEFORE_CAPTURE``). Measured at 8 on an H200 (Llama-3.2-1B LoRA and full fine-tuning,
 #: litgpt's CLI, 200 iterations, ``benchmarks/results/h200-2026-11-29c``): the GPU waited 0-15% less for the captures
 #: and the runs were no faster (tokens/s 1-3% lower, the fit's wall time within its spread): at micro-batch 4 the
 #: replayed iteration's host work (~8 ms) is close to its GPU time (~12 ms), so little lead builds, and the captures

@@ -36,11 +36,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .kernels import float8 as _f8
-from .kernels._checks import as_rows
-from .kernels._launch import use_triton
-from .kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
-from .kernels.swiglu import _glu_bwd, _glu_bwd_amax, _glu_bwd_amax_impl, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
+from ..kernels import float8 as _f8
+from ..kernels._checks import as_rows
+from ..kernels._launch import use_triton
+from ..kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
+from ..kernels.swiglu import _glu_bwd, _glu_bwd_amax, _glu_bwd_amax_impl, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
 
 __all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class",
            "norm_linear_fp8", "norm_mlp_fp8", "tensorwise_fusable"]
@@ -356,7 +356,7 @@ class _GluLinearTW(torch.autograd.Function):
 def frozen_base_fp8(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x2 @ weight.t() + bias, weight's scale)`` for the frozen float8 tensorwise base Linear of a LoRA layer
-    (:func:`lit_liger.lora.lora_linear`), on lit-liger's casts: the output is a fresh ``(N, out)`` tensor, into which
+    (:func:`lit_liger.swap.lora.lora_linear`), on lit-liger's casts: the output is a fresh ``(N, out)`` tensor, into which
     the LoRA update is then accumulated; :func:`frozen_base_fp8_dx` is its input gradient."""
     x8, _, x_scale = _f8.fp8_cast(x2, _f8.E4M3, write=True)
     ((w8, w_scale),) = _weights8([weight])

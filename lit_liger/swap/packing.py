@@ -9,11 +9,11 @@ real position. What a step computes then is the real tokens, not the padded rect
 
 How a batch is packed (:func:`plan`): each row's length is the position after its last non-zero token id (at least 1):
 the trailing zeros are the collate's padding. The rows are laid end to end, and the packed length is padded up to a
-bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.buckets.packed_bucket_length`; the pad is a segment of its own at
+bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.swap.buckets.packed_bucket_length`; the pad is a segment of its own at
 the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). Where the data loader did not lay
 the batch out on the host (:func:`host_plan`), one host sync per step reads the lengths (while every batch read has
-filled its length, only now and then: ``lit_liger.adapter.LENGTH_READS``). A sample whose real last token is id 0 is
-shortened by this rule: its left-out positions' targets are checked at the loss (:class:`lit_liger.loss.LigerLogits`),
+filled its length, only now and then: ``lit_liger.swap.adapter.LENGTH_READS``). A sample whose real last token is id 0 is
+shortened by this rule: its left-out positions' targets are checked at the loss (:class:`lit_liger.swap.loss.LigerLogits`),
 and where one is not ignored the loss comes from an unpacked forward instead (with a warning), so a packed step is never
 silently different.
 
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .kernels._launch import device_limits
+from ..kernels._launch import device_limits
 
 __all__ = ["BATCH_KEY", "LeftOut", "Pack", "Plan", "attend", "flash_varlen_ok", "host_plan", "plan", "ready_plan", "register"]
 
@@ -273,7 +273,7 @@ def sample_starts(pack: Pack, n: int, window: int | None) -> torch.Tensor:
     """Each packed position's first key (its sample's start; with a sliding window ``W`` at least ``i - W + 1``),
     int32 ``(n,)`` on the device: the softcap kernel's ``starts``. Computed per call from ``cu_seqlens`` (device ops,
     no sync), not kept: a captured step copies new boundaries into the same ``pack`` before each replay."""
-    from .kernels.attention import sample_starts as _starts
+    from ..kernels.attention import sample_starts as _starts
 
     return _starts(pack.cu_seqlens, n, window)
 
@@ -286,7 +286,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale:
     reference path), returning ``(1, T, nh, hs)``. ``softcap``: the layer's attention logit softcap, attended through
     lit-liger's softcap kernel with each position's sample start where ``softcap_kernel`` (else per sample)."""
     if softcap is not None and softcap_kernel:
-        from .kernels.attention import softcap_attention
+        from ..kernels.attention import softcap_attention
 
         starts = sample_starts(pack, q.shape[2], window)
         return softcap_attention(q, k, v, scale, softcap, starts=starts).transpose(1, 2)  # (1, N, nh, hs)

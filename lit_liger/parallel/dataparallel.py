@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .memplan import kept_bytes_per_token
+from ..runtime.memplan import kept_bytes_per_token
 
 __all__ = ["MEMORY_FRACTION", "Estimate", "Plan", "ReplicaStrategy", "choose", "decide", "estimate", "finish_reduce",
            "gather_optimizer_state", "grad_segments", "optimizer_owners", "reduce_gradients", "replica_class",
@@ -134,7 +134,7 @@ def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, mic
     """The terms of :class:`Estimate` for a LitGPT ``config`` (its widths), ``n_params`` parameters of which
     ``n_trainable`` train, stored in ``param_bytes`` bytes each, ``micro_batch`` x ``seq_len`` tokens per step."""
     tokens = micro_batch * seq_len
-    per_layer = kept_bytes_per_token(config, 2)  # (lit_liger.memplan: the one estimate of a Block's activations)
+    per_layer = kept_bytes_per_token(config, 2)  # (lit_liger.runtime.memplan: the one estimate of a Block's activations)
     act = tokens * config.n_layer * per_layer
     # the fused loss: a chunk of logits in fp32 and, where lm_head trains, its fp32 weight-gradient buffer
     vocab = getattr(config, "padded_vocab_size", None) or config.vocab_size
@@ -182,7 +182,7 @@ def _device_bytes(accelerator: str) -> float:
     """The memory of one device of this run: the GPU's (the first visible one; the devices of a run are alike),
     else the host's split between ``LOCAL_WORLD_SIZE`` processes (CPU runs, tests)."""
     if accelerator != "cpu" and torch.cuda.is_available():
-        from .memplan import _total_memory
+        from ..runtime.memplan import _total_memory
 
         return float(_total_memory(torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))))
     try:
@@ -605,7 +605,7 @@ def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     ``segment_cuts[j - 1]`` up to the previous cut (``ln_f`` in ``[1]``); the last, the lowest Blocks and the
     embedding (reduced when backward ends). A parameter under several names (a tied lm_head) belongs to the latest of
     its segments."""
-    from . import _dist
+    from .. import _dist
 
     cuts = _dist.segment_cuts(gpt.config.n_layer)
     last = len(cuts) + 1
@@ -680,7 +680,7 @@ def _make_replica_class() -> type:
         def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
             import torch.distributed as dist
 
-            from . import _dist
+            from .. import _dist
 
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 with torch.no_grad():
@@ -910,7 +910,7 @@ def _make_replica_class() -> type:
                 self._pending, self._started = [], set()
 
         def teardown(self) -> None:
-            from . import _dist
+            from .. import _dist
 
             self.finish_gradients()
 

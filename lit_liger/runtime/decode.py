@@ -107,7 +107,7 @@ def key_length(input_pos_maxp1: Any, cache_length: int) -> int | None:
 
 def _why_not(gpt: torch.nn.Module, idx: torch.Tensor, input_pos: torch.Tensor, lm_head_chunk_size: int) -> str | None:
     """Why this call is not a step the graph serves (None: it is)."""
-    from ._dist import several_processes
+    from .._dist import several_processes
 
     if not DECODE_GRAPHS or getattr(gpt, "_liger_cuda_graphs", None) is False or vars(gpt).get(_ATTR) is _OFF:
         return "off"

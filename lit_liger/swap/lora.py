@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels.dropout import dropout_grad_add_, encode_dropped_
+from ..kernels.dropout import dropout_grad_add_, encode_dropped_
 from .quant import dequantize, is_quantized
 
 __all__ = ["lora_linear", "lora_parts"]
@@ -66,7 +66,7 @@ class _LoRAFn(torch.autograd.Function):
         else:
             xd2 = x2 if xd is None else xd.reshape(-1, C)
         ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
-        ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.fp8)
+        ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.swap.fp8)
         w_scale = None
         if fp8:
             from .fp8 import frozen_base_fp8
@@ -149,7 +149,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
     for the forward's GEMM and again for the backward's, as bitsandbytes' own layer does. ``fp8``: the frozen
     ``weight`` is a float8 tensorwise Linear's (``LigerConfig.fp8``); its forward and input-gradient GEMMs run in
-    float8 on lit-liger's casts (:func:`lit_liger.fp8.frozen_base_fp8`), the LoRA update in 16 bits. ``dropout``
+    float8 on lit-liger's casts (:func:`lit_liger.swap.fp8.frozen_base_fp8`), the LoRA update in 16 bits. ``dropout``
     (``p`` > 0, ``xd`` None): the LoRA branch's input is ``dropout(x)``, drawn here as ``nn.Dropout`` draws it
     (``torch.native_dropout``: the same mask for the same random state) and kept for backward as one tensor with
     its mask inside (:mod:`lit_liger.kernels.dropout`): 2 bytes per element of ``x`` where an ``xd =
