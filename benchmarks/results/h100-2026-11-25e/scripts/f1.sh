@@ -1,3 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-timeout 560 python3 -m benchmarks step --models Llama-3.1-8B --n_layer 8 --batch_size 2 --seq_len 4096 --variants eager,compile,lit-liger+compile --fp8 tensorwise --steps 10 --warmup 3 --variant_timeout 150 --anchor none --out $OUT/step8b-tw 2>&1 | grep -v -i "warn\|Failed to load\|register_constant" | tail -30

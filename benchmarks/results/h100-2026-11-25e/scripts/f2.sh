@@ -1,4 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-F='warn\|Failed to load\|register_constant\|Configuration class'
-timeout 250 python3 -m benchmarks step --models Llama-3.2-1B --batch_size 4 --seq_len 2048 --variants eager,compile,lit-liger+compile --fp8 tensorwise --steps 10 --warmup 3 --variant_timeout 120 --anchor none --out $OUT/step1b-tw 2>&1 | grep -v -i "$F" | tail -8
-timeout 330 python3 -m benchmarks step --models Llama-3.1-8B --n_layer 8 --batch_size 2 --seq_len 4096 --variants compile,lit-liger+compile,fp8-tensorwise+compile,lit-liger+fp8-tensorwise+compile,fp8-rowwise+compile,lit-liger+fp8-rowwise+compile --fp8 tensorwise,rowwise --profile --steps 10 --warmup 3 --variant_timeout 120 --anchor none --out $OUT/step8b-prof 2>&1 | grep -v -i "$F" | tail -9

@@ -1,3 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_grad_into.py tests/test_lazylog.py tests/test_buckets.py tests/test_packing.py tests/test_stock_code.py tests/test_checkpointing.py tests/test_recompute_mlp.py tests/test_rms_norm.py tests/test_swiglu.py tests/test_gpu_compile.py tests/test_callback.py 2>&1 | tail -15 | tee $OUT/pytest-h8.log

@@ -1,2 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-timeout 500 python3 -m pytest -q -x -p no:cacheprovider tests/test_grad_into.py tests/test_lazylog.py tests/test_rms_norm.py tests/test_swiglu.py tests/test_recompute_mlp.py tests/test_adapter.py tests/test_packing.py tests/test_buckets.py 2>&1 | tail -6 | tee $OUT/pytest-h9.log

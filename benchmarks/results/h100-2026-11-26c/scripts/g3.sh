@@ -1,6 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader
-F='warn\|Failed to load\|register_constant\|Configuration class'
-timeout 100 python3 -m pytest -q tests/test_fp8.py -k gpu 2>&1 | grep -E "^E  |passed|failed|FAILED" | head -6
-timeout 200 python3 -m benchmarks step --models Llama-3.2-1B --batch_size 4 --seq_len 2048 --variants lit-liger+compile,lit-liger+fp8-tensorwise+compile --fp8 tensorwise --profile --steps 10 --warmup 3 --variant_timeout 90 --anchor none --out $OUT/step1b 2>&1 | grep -v -i "$F" | tail -4
-timeout 280 python3 -m benchmarks step --models Llama-3.1-8B --n_layer 8 --batch_size 2 --seq_len 4096 --variants compile,lit-liger+compile,lit-liger+fp8-tensorwise+compile --fp8 tensorwise --steps 10 --warmup 3 --variant_timeout 90 --anchor none --out $OUT/step8b 2>&1 | grep -v -i "$F" | tail -5

@@ -1,7 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader
-F='warn\|Failed to load\|register_constant\|Configuration class'
-timeout 110 python3 -m pytest -q tests/test_float8.py tests/test_fp8.py 2>&1 | tee $OUT/pytest.log | grep -E "^E  |passed|failed|FAILED" | head -8
-timeout 240 python3 -m benchmarks step --models Llama-3.2-1B --batch_size 4 --seq_len 2048 --variants lit-liger+compile,lit-liger+fp8-tensorwise+compile,lit-liger+fp8-tensorwise --fp8 tensorwise --profile --steps 10 --warmup 3 --variant_timeout 150 --anchor none --out $OUT/step1b 2>&1 | grep -v -i "$F" | tail -4
-timeout 70 python3 -m benchmarks convergence --fp8 tensorwise --out $OUT/conv-fp8 2>&1 | grep -v -i "$F" | tail -6
-timeout 200 python3 -m benchmarks step --models Llama-3.1-8B --n_layer 8 --batch_size 2 --seq_len 4096 --variants compile,lit-liger+fp8-tensorwise+compile,lit-liger+fp8-tensorwise --fp8 tensorwise --steps 10 --warmup 3 --variant_timeout 80 --anchor none --out $OUT/step8b 2>&1 | grep -v -i "$F" | tail -4

@@ -1,7 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader
-F='warn\|Failed to load\|register_constant\|Configuration class'
-timeout 200 python3 -m pytest -q tests/test_float8.py tests/test_fp8.py tests/test_lora.py 2>&1 | tee $OUT/pytest.log | grep -E "^E  |passed|failed|FAILED" | head -8
-export PYTHONPATH=/tmp/site:.
-timeout 100 python3 .gpu/prof2.py lora-fused-fp8 2>&1 | grep -v -i "$F" | tail -1 | cut -c1-900
-timeout 250 python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 --iters 200 --warmup 40 --variants stock,liger,liger-fp8 --out $OUT/lora4-fp8 2>&1 | grep -v "$F" | tail -3
