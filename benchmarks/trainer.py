@@ -136,9 +136,10 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
            "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2),
            "fused_opt": trainer.optimizers[0].param_groups[0].get("fused"), "device": torch.cuda.get_device_name()}
     if variant != "stock":
-        from lit_liger.runtime.graphs import CAPTURE_STATS
+        from lit_liger.swap.state import state_of
 
-        row.update({f"graphs_{k}": CAPTURE_STATS[k] for k in ("captures", "precaptured", "replays")})
+        counts = state_of(module.model).captures
+        row.update({f"graphs_{k}": counts[k] for k in ("captures", "precaptured", "replays")})
     print("ROW " + json.dumps(row), flush=True)
 
 

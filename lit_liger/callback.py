@@ -58,8 +58,9 @@ class LigerCallback(Callback):
         self._gc: Any = None  # (lit_liger.runtime.hostgc.quiet, entered for the training loop) and its watch
         self._gc_watch: Any = None
         self._restore_collate: Any = None  # puts litgpt's collate back (lit_liger.runtime.batches.install)
-        self._ahead: list = []  # the optimizers' state still to come, in lit_liger.runtime.memplan.STATE_AHEAD for the loop
-        self._expected = False  # lit_liger.runtime.graphs.EXPECTED_LENGTHS set for the loop (DDP's replicas)
+        self._ahead: list = []  # the optimizers' state still to come, in the models' ModelState.state_ahead for the loop
+        self._expected = False  # the models' ModelState.expected_lengths set for the loop (DDP's replicas)
+        self._states: list = []  # the ModelStates of the swapped GPTs in the loop's module (lit_liger.swap.state)
         self._boxed: _BoxedCounts | None = None  # under DDP: unboxes the token counts inside its forward
         self._fp8_step = -1  # the optimizer step whose float8 all-gather scales were last computed
         self._fp8_weights = 0  # how many weights they cover (none: not computed again until the next fit)
@@ -121,6 +122,9 @@ class LigerCallback(Callback):
     # -- metrics -------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fp8_scales(trainer, pl_module, force=True)  # (weights restored from a checkpoint by now)
+        from .swap.state import states_in
+
+        self._states = list(states_in(pl_module)) if isinstance(pl_module, torch.nn.Module) else []
         # one process or DDP's replicas, litgpt's SFT collate in the training DataLoader: each batch is laid out packed
         # and its token counts kept on the host in the module's on_before_batch_transfer (lit_liger.runtime.batches; the
         # loader's iterator, and with it its collate, exists by now); on_train_batch_start unboxes each batch on the
@@ -142,16 +146,20 @@ class LigerCallback(Callback):
             _LaggedSigtermCheck.install(trainer)
         if not self._ahead and (getattr(trainer, "world_size", 1) == 1 or _replicates(trainer.strategy)):
             # the state the optimizers make at their first step, left free by the first steps' memory plans and CUDA
-            # graphs (lit_liger.runtime.memplan.STATE_AHEAD; sharded parameters are the strategy's to plan)
-            from .runtime.memplan import STATE_AHEAD, optimizer_state_ahead
+            # graphs (ModelState.state_ahead; sharded parameters are the strategy's to plan)
+            from .runtime.memplan import optimizer_state_ahead
 
             for opt in getattr(trainer, "optimizers", None) or []:
                 inner = getattr(opt, "optimizer", opt)
                 if hasattr(inner, "param_groups") and hasattr(inner, "state"):
                     self._ahead.append(optimizer_state_ahead(inner))
-            STATE_AHEAD.extend(self._ahead)
+            for st in self._states:
+                st.state_ahead.extend(self._ahead)
         if self.report is not None and self.config.enabled and not self._expected:
-            self._expected = _expect_lengths(trainer, loader)
+            expected = _expect_lengths(trainer, loader)
+            for st in self._states:
+                st.expected_lengths = expected
+            self._expected = expected is not None
         if self.report is not None and self.config.enabled and self._gc is None:
             # the objects alive now frozen for the loop (lit_liger.runtime.hostgc): a full collection would walk them all
             self._gc = hostgc.quiet()
@@ -216,16 +224,11 @@ class LigerCallback(Callback):
             self._fp8_weights, self._fp8_step = 0, -1
 
     def _forget_state_ahead(self) -> None:
-        from .runtime.memplan import STATE_AHEAD
-
-        for f in self._ahead:
-            if f in STATE_AHEAD:
-                STATE_AHEAD.remove(f)
-        self._ahead = []
-        if self._expected:  # (and the replicas' expected lengths: this loop's only)
-            from .runtime import graphs
-
-            graphs.EXPECTED_LENGTHS, self._expected = None, False
+        for st in self._states:
+            st.state_ahead[:] = [f for f in st.state_ahead if f not in self._ahead]
+            if self._expected:  # (and the replicas' expected lengths: this loop's only)
+                st.expected_lengths = None
+        self._ahead, self._expected = [], False
 
     def _end_gc(self, trainer: Trainer) -> None:
         """The collector as it was before the loop (``on_train_start``), and one line on its collections meanwhile."""
@@ -331,31 +334,28 @@ def _count(batch: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _expect_lengths(trainer: Trainer, loader: Any) -> bool:
-    """Under DDP (several replicas), ``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for this fit from the training loader: every
+def _expect_lengths(trainer: Trainer, loader: Any) -> dict | None:
+    """Under DDP (several replicas), the models' ``ModelState.expected_lengths`` for this fit from the training loader: every
     rank's micro-batches rebuilt from Lightning's ``DistributedSampler`` (``lit_liger.parallel.balance.ReplicaBatches``), counted
     per packed length over the loop's micro-batches per rank (``max_steps`` x ``accumulate_grad_batches``, or its
     epochs), so that the first step pre-captures only the lengths expected at least ``graphs.PRECAPTURE_MIN_COUNT``
-    times, as the command's replicas do. True where it was set (cleared at the loop's end)."""
+    times, as the command's replicas do. None where not known (the caller clears it at the loop's end)."""
     from . import cli
     from .parallel.balance import ReplicaBatches, expect_lengths
 
     world = getattr(trainer, "world_size", 1)
     if world < 2 or not _replicates(trainer.strategy) or cli.EXPECT_ROUNDS <= 0:
-        return False
+        return None
     batches = ReplicaBatches.of(loader, world)
     if batches is None:
-        return False
+        return None
     per_epoch = len(batches)
     runs = []
     if (getattr(trainer, "max_steps", -1) or -1) > 0:
         runs.append(trainer.max_steps * max(1, getattr(trainer, "accumulate_grad_batches", 1)))
     if (getattr(trainer, "max_epochs", -1) or -1) > 0:
         runs.append(trainer.max_epochs * per_epoch)
-    expect_lengths(batches, min(runs) if runs else per_epoch, cli.EXPECT_ROUNDS)
-    from .runtime import graphs
-
-    return graphs.EXPECTED_LENGTHS is not None
+    return expect_lengths(batches, min(runs) if runs else per_epoch, cli.EXPECT_ROUNDS)
 
 
 def _replicates(strategy: Any) -> bool:

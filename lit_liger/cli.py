@@ -247,7 +247,7 @@ def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:
     from ._dist import whole_model
 
     groups = getattr(optimizer, "param_groups", None)
-    if not whole_model() or not groups:
+    if not whole_model(_swapped_gpt(model)) or not groups:
         return []
     held = {id(p) for g in groups for p in g["params"]}
     if not held:
@@ -281,12 +281,26 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
-        from ._dist import liger_replica, several_processes, whole_model
-        from .swap.adapter import TRAINING_TOKENS
+        from ._dist import liger_replica, several_processes
+        from ._dist import whole_model as _whole_model
         from .runtime import hostgc
         from .runtime import loaders
         from .runtime import profiling
-        from .runtime.graphs import CAPTURE_STATS, capture_report
+        from .runtime.graphs import capture_report
+        from .swap.state import states_in
+
+        gpt = _swapped_gpt(model) if isinstance(model, torch.nn.Module) else None
+        states = list(states_in(model)) if isinstance(model, torch.nn.Module) else []
+
+        def whole_model() -> bool:
+            return _whole_model(gpt)
+
+        def counts(kind: str) -> dict:  # (this run's model's counters, summed over its swapped GPTs)
+            out: dict = {}
+            for st in states:
+                for k, v in getattr(st, kind).items():
+                    out[k] = out.get(k, 0) + v
+            return out
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
         if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
@@ -295,12 +309,18 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 bound["train_dataloader"], restore, packed = wrapped
                 sig = inspect.signature(fit).bind_partial(**bound)
                 args, kwargs = sig.args, sig.kwargs
-        if config is not None and config.balance_ranks and loader is not None and liger_replica():
+        if config is not None and config.balance_ranks and loader is not None and liger_replica(gpt):
             balanced = _balance(fabric, loader, bound, packed, rank0)
+            if balanced is not None and balanced[2] is not None:  # (the lengths the replicas are expected to meet)
+                for st in states:
+                    st.expected_lengths = balanced[2]
         defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
         ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
-        before, captured, t0 = dict(TRAINING_TOKENS), dict(CAPTURE_STATS), time.perf_counter()
+        if ahead is not None:  # (the first micro-batches' plans and graphs leave it free)
+            for st in states:
+                st.state_ahead.append(ahead)
+        before, captured, t0 = counts("tokens"), counts("captures"), time.perf_counter()
         try:
             # (the loaders' workers stopped as fit returns: litgpt's fit leaves its frame in a reference cycle, whose
             # collection would cost each running worker 5 s; lit_liger.runtime.loaders)
@@ -309,15 +329,13 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 out = fit(*args, **kwargs)
         finally:
             if ahead is not None:
-                from .runtime.memplan import STATE_AHEAD
-
-                STATE_AHEAD.remove(ahead)
+                for st in states:
+                    st.state_ahead.remove(ahead)
             if restore is not None:
                 restore()
             if balanced is not None:
-                from .runtime import graphs
-
-                graphs.EXPECTED_LENGTHS = None
+                for st in states:
+                    st.expected_lengths = None
                 loader._dataloader = balanced[1]
                 line = balanced[0].report()
                 if line and rank0:
@@ -333,7 +351,8 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         # summed too; the graphs' line is rank 0's)
         anywhere = None  # (the longest full collection of any process, under the replica plan)
         if whole_model():
-            tokens = {k: TRAINING_TOKENS[k] - before[k] for k in before}
+            now = counts("tokens")
+            tokens = {k: now[k] - before.get(k, 0) for k in now}
             if several_processes() and fabric is not None:
                 summed = fabric.all_reduce(torch.tensor(list(tokens.values()), dtype=torch.float64,
                                                         device=fabric.device), reduce_op="sum")
@@ -342,7 +361,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                                                                 dtype=torch.float64, device=fabric.device),
                                                    reduce_op="max"))
             lines = (padding_report(out, tokens),
-                     capture_report({k: CAPTURE_STATS[k] - captured[k] for k in captured}, wall))
+                     capture_report({k: v - captured.get(k, 0) for k, v in counts("captures").items()}, wall))
             for line in lines:
                 if line and rank0:
                     print(line, flush=True)
@@ -388,16 +407,18 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
     log.close()
 
 
-def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -> tuple[Any, Any] | None:
+def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -> tuple[Any, Any, Any] | None:
     """Under lit-liger's replica plan: Fabric's training ``loader`` draws every device's micro-batches and deals them
     by length (``lit_liger.parallel.balance``; said in the log), from litgpt's ``fit`` arguments ``bound`` (its ``train``
     arguments' gradient accumulation; a resumed run's loop reads the data from its start again, so the optimizer
     steps' rounds count from the first); ``packed``: the batches are laid out packed. As ``(the batch sampler, the
-    DataLoader it replaced)``; None where it does not apply (said why)."""
+    DataLoader it replaced, the lengths each process is expected to meet or None)``; None where it does not apply
+    (said why)."""
     from .parallel.balance import balanced_loader
 
     inner = getattr(loader, "_dataloader", None)
     train = bound.get("train")
+    expected = None
     try:
         accumulation = train.gradient_accumulation_iters(bound.get("devices", fabric.world_size),
                                                          bound.get("num_nodes", 1))
@@ -406,30 +427,28 @@ def _balance(fabric: Any, loader: Any, bound: dict, packed: bool, rank0: bool) -
     else:
         out, why = balanced_loader(loader, fabric.global_rank, fabric.world_size, accumulation, packed)
         if out is not None and packed:
-            _expect_lengths(out, train, accumulation)
+            expected = _expect_lengths(out, train, accumulation)
     if rank0:
         print("lit-liger: " + (f"{why}: the devices' micro-batches stay in litgpt's order" if out is None else
                                "each optimizer step's micro-batches are dealt to the devices by their estimated length "
                                "(every device draws every device's index lists; the same micro-batches per step, each "
                                "step's first ones as litgpt's order; --liger.balance_ranks false keeps litgpt's "
                                "order)"), flush=True)
-    return None if out is None else (out, inner)
+    return None if out is None else (out, inner, expected)
 
 
 def _state_ahead(fabric: Any, optimizer: Any) -> Any:
-    """The optimizer state litgpt's ``fit`` will make at its first step, in ``lit_liger.runtime.memplan.STATE_AHEAD`` (returned,
-    for the caller to remove after ``fit``): the first micro-batches' memory plans and CUDA graphs leave it free.
+    """The optimizer state litgpt's ``fit`` will make at its first step, for the model's ``ModelState.state_ahead``
+    (the caller removes it after ``fit``): the first micro-batches' memory plans and CUDA graphs leave it free.
     Under lit-liger's zero1, only this process's share. None without an optimizer."""
-    from .runtime.memplan import STATE_AHEAD, optimizer_state_ahead
+    from .runtime.memplan import optimizer_state_ahead
 
     inner = getattr(optimizer, "optimizer", optimizer)
     if inner is None or not hasattr(inner, "param_groups") or not hasattr(inner, "state"):
         return None
     owners = getattr(getattr(fabric, "strategy", None), "owners", None) or {}
     rank = getattr(fabric, "global_rank", 0)
-    ahead = optimizer_state_ahead(inner, (lambda p: owners.get(id(p), rank) == rank) if owners else None)
-    STATE_AHEAD.append(ahead)
-    return ahead
+    return optimizer_state_ahead(inner, (lambda p: owners.get(id(p), rank) == rank) if owners else None)
 
 
 #: the most rounds of the data :func:`_expect_lengths` (and the Trainer's under DDP, ``LigerCallback``) reads (a longer
@@ -437,8 +456,8 @@ def _state_ahead(fabric: Any, optimizer: Any) -> Any:
 EXPECT_ROUNDS = 4096
 
 
-def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
-    """``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for this run (``fit`` clears it): the packed lengths the dealt batch
+def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> dict | None:
+    """``ModelState.expected_lengths`` for this run (``fit`` clears it): the packed lengths the dealt batch
     sampler's first pass is expected to give each process, scaled to the run's iterations per process (litgpt's
     ``train.max_steps`` times ``accumulation``, or its epochs)."""
     from .parallel.balance import expect_lengths
@@ -447,7 +466,12 @@ def _expect_lengths(dealt: Any, train: Any, accumulation: int) -> None:
     runs = [per_epoch * getattr(train, "epochs", 0)] if getattr(train, "epochs", None) else []
     if getattr(train, "max_steps", None):
         runs.append(train.max_steps * accumulation)
-    expect_lengths(dealt, min(runs) if runs else per_epoch, EXPECT_ROUNDS)
+    return expect_lengths(dealt, min(runs) if runs else per_epoch, EXPECT_ROUNDS)
+
+
+def _swapped_gpt(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The swapped GPT inside ``model`` (itself, or under a wrapper), or None."""
+    return next((m for m in model.modules() if "_liger_state" in m.__dict__), None)
 
 
 def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> tuple[Any, Callable, bool] | None:
@@ -502,9 +526,10 @@ def _validate_with_fused_loss(validate: Callable) -> Callable:
         from ._dist import whole_model
         from .swap.adapter import fused_loss_without_grad
 
-        if not whole_model():
+        model = kwargs.get("model", args[1] if len(args) > 1 else None)  # (litgpt: validate(fabric, model, ...))
+        if not isinstance(model, torch.nn.Module) or not whole_model(_swapped_gpt(model)):
             return validate(*args, **kwargs)
-        with fused_loss_without_grad():
+        with fused_loss_without_grad(model):
             return validate(*args, **kwargs)
 
     return run
@@ -535,10 +560,10 @@ def _liger_gpt_class(base: type, state: _RunState) -> type:
         if not state.reported:
             state.reported = True
             _print_rank_zero(str(report))
-            from .swap import tied
+        from .swap.state import states_in
 
-            if _print_rank_zero not in tied.ON_SHARE:
-                tied.ON_SHARE.append(_print_rank_zero)  # "lm_head.weight equals ...: one copy kept" when it happens
+        for st in states_in(model):  # "lm_head.weight equals ...: one copy kept" when it happens
+            st.on_share.append(_print_rank_zero)
         return model
 
     return _Meta(

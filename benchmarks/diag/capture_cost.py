@@ -7,7 +7,7 @@ One GPU, bf16, lit-liger's defaults (packing, buckets, automatic graphs), micro-
 (lognormal, median ~190 tokens, at most 1,024), accumulation 4, fused AdamW. The same micro-batches run three times:
 1. captured, as a run would (cold: every kernel's first call in the first warm-up), then replayed: the loop's time
    with every shape captured; then, after :func:`lit_liger.runtime.graphs.release` each, captured again (warm), captured with
-   ``EMPTY_CACHE_BEFORE_CAPTURE`` off, and replayed again. Per pass: :data:`lit_liger.runtime.graphs.CAPTURE_STATS` per
+   ``EMPTY_CACHE_BEFORE_CAPTURE`` off, and replayed again. Per pass: the model's ``ModelState.captures`` per
    phase, the CUDA graphs' instantiation (``CUDAGraph.capture_end``) timed apart from the recording, and the wall
    time of the loop; what the captures add to a loop is its time less the replayed pass's;
 2. captured again, with ``cProfile`` on during the recordings only: the functions that take the recordings' host
@@ -73,6 +73,7 @@ def _loop(model, opt, batches, host: list | None = None) -> float:
 def main() -> None:
     from lit_liger import LigerConfig, apply_liger
     from lit_liger.runtime import graphs
+    from lit_liger.swap.state import state_of
 
     name, n_layer = os.environ.get("MODEL", "Llama-3.2-1B"), int(os.environ.get("LAYERS", 16))
     lora = os.environ.get("METHOD", "lora") == "lora"
@@ -96,7 +97,8 @@ def main() -> None:
     torch.cuda.CUDAGraph.capture_end = timed_end
 
     def phase(label: str, prof: cProfile.Profile | None = None) -> None:
-        before, i0 = dict(graphs.CAPTURE_STATS), dict(inst)
+        counts = state_of(model).captures
+        before, i0 = dict(counts), dict(inst)
         record = graphs._Graphs._capture_graphs
         if prof is not None:
             def profiled(self, *a, **k):
@@ -111,8 +113,8 @@ def main() -> None:
             wall = _loop(model, opt, batches)
         finally:
             graphs._Graphs._capture_graphs = record
-        graphs.settle_waits(block=True)  # (the GPU's waits for this pass's captures)
-        stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in graphs.CAPTURE_STATS}
+        graphs.settle_waits(graphs.runner_for(model), block=True)  # (the GPU's waits for this pass's captures)
+        stats = {k: counts[k] - before[k] for k in counts}
         stats.update(wall_s=wall, instantiate_s=inst["s"] - i0["s"], graphs_instantiated=inst["n"] - i0["n"])
         result[label] = stats
         print(label, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}),

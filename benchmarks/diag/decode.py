@@ -42,12 +42,12 @@ def _generate(model, prompt, new: int) -> float:
 def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -> dict:
     from lit_liger import apply_liger
     from lit_liger.runtime import decode
+    from lit_liger.swap.state import state_of
 
     torch.cuda.reset_peak_memory_stats()
     cfg, model = recipe_model(name, block)
-    if mode != "stock":
-        apply_liger(model)
-    decode.DECODE_GRAPHS = mode in ("liger", "liger-whole-cache")
+    if mode != "stock":  # (liger-eager: every kernel, no decode graphs)
+        apply_liger(model, {"cuda_graphs": mode in ("liger", "liger-whole-cache")})
     decode.MIN_KEYS = 1 << 40 if mode == "liger-whole-cache" else 256
     model.max_seq_length = block
     model.eval()
@@ -55,7 +55,8 @@ def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -
         model.set_kv_cache(batch_size=1)
     torch.manual_seed(0)
     prompt = torch.randint(1, cfg.padded_vocab_size, (n_prompt,), device="cuda")
-    captures = decode.STATS["captures"]
+    counts = state_of(model).decode
+    captures = counts["captures"]
     calls = [round(_generate(model, prompt, new), 3) for _ in range(3)]
     prof = cProfile.Profile()
     prof.enable()
@@ -67,7 +68,7 @@ def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -
     gc.collect()  # (the model and its caches go before the next mode's peak is measured)
     torch.cuda.empty_cache()
     return {"mode": mode, "generate_s": calls, "s_per_token": round(calls[-1] / new, 5),
-            "first_call_s_per_token": round(calls[0] / new, 5), "captures": decode.STATS["captures"] - captures,
+            "first_call_s_per_token": round(calls[0] / new, 5), "captures": counts["captures"] - captures,
             "peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
             "profile_tottime": text.getvalue().splitlines()}
 

@@ -232,18 +232,18 @@ class ReplicaBatches:
             yield [[self.cost.tokens(i) for i in batch] for batch in row]
 
 
-def expect_lengths(batches: Any, rounds: float, limit: int) -> None:
-    """``lit_liger.runtime.graphs.EXPECTED_LENGTHS`` for a run of ``rounds`` micro-batches per process: the packed lengths that
+def expect_lengths(batches: Any, rounds: float, limit: int) -> dict | None:
+    """``ModelState.expected_lengths`` for a run of ``rounds`` micro-batches per process: the packed lengths that
     ``batches`` (:class:`DealtBatches` or :class:`ReplicaBatches`) give each process in their first pass, read for at
-    most ``limit`` rounds and scaled to ``rounds``; left unset where nothing is read (``limit`` 0)."""
+    most ``limit`` rounds and scaled to ``rounds``; None where nothing is read (``limit`` 0)."""
     from ..runtime import graphs
 
     rounds = int(rounds)
     sampled = min(rounds, len(batches), limit)
     if sampled <= 0:
-        return
+        return None
     cap = batches.cost.cap if isinstance(batches.cost.cap, int) else -1
-    graphs.EXPECTED_LENGTHS = graphs.expected_lengths(batches.estimated_sizes(sampled), cap, rounds / sampled)
+    return graphs.expected_lengths(batches.estimated_sizes(sampled), cap, rounds / sampled)
 
 
 def balanced_loader(loader: Any, rank: int, world: int, accumulation: int,

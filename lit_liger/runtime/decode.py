@@ -20,7 +20,7 @@ garbage collection: ``graphs._recording``); the graphs of a cache share one memo
 address recaptures them. Uncaptured, as before: the prompt
 (prefill), grad enabled, training mode, a sliding-window cache (it reads its length back), more than one process
 (:func:`lit_liger._dist.several_processes`), ``lm_head_chunk_size``, ``torch.compile``, CPU tensors,
-``LigerConfig.cuda_graphs=False`` or :data:`DECODE_GRAPHS` off. A capture that fails turns it off for the model,
+``LigerConfig.cuda_graphs=False``. A capture that fails turns it off for the model,
 with one warning, and the step runs uncaptured.
 
 The logits are litgpt's up to the attention's summation order (the masked keys weigh exactly zero), so a sampled token
@@ -35,10 +35,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["DECODE_GRAPHS", "MAX_GRAPHS", "MIN_KEYS", "STATS", "drop", "key_length", "step"]
+from ..swap.state import state_of
 
-#: capture the one-token KV-cache step (off: litgpt's forward at every step)
-DECODE_GRAPHS = True
+__all__ = ["MAX_GRAPHS", "MIN_KEYS", "drop", "key_length", "step"]
 
 #: the shortest key length a step's graph attends over (litgpt's fine-tuning recipes generate ~100 tokens after a short
 #: prompt: one graph)
@@ -48,8 +47,7 @@ MIN_KEYS = 256
 #: needs 10); past it the cache's graphs are dropped and captured again as needed
 MAX_GRAPHS = 24
 
-#: this process's decode graphs: captures, replays, capture failures (tests and the benchmarks read them)
-STATS = {"captures": 0, "replays": 0, "failed": 0}
+#: each model's decode graphs are counted on it: ``ModelState.decode`` (captures, replays, capture failures)
 
 _ATTR = "_liger_decode"  # (removed with the other _liger_ attributes by remove_liger)
 _OFF = "off"
@@ -109,7 +107,7 @@ def _why_not(gpt: torch.nn.Module, idx: torch.Tensor, input_pos: torch.Tensor, l
     """Why this call is not a step the graph serves (None: it is)."""
     from .._dist import several_processes
 
-    if not DECODE_GRAPHS or getattr(gpt, "_liger_cuda_graphs", None) is False or vars(gpt).get(_ATTR) is _OFF:
+    if getattr(gpt, "_liger_cuda_graphs", None) is False or vars(gpt).get(_ATTR) is _OFF:
         return "off"
     if idx.device.type != "cuda" or idx.dim() != 2 or idx.shape[1] != 1 or input_pos.device != idx.device:
         return "not a one-token CUDA step"
@@ -133,7 +131,7 @@ def drop(gpt: torch.nn.Module) -> None:
         del vars(gpt)[_ATTR]
 
 
-def _capture(state: _Graphs, forward: Any, idx: torch.Tensor, input_pos: torch.Tensor) -> _Graph:
+def _capture(gpt: torch.nn.Module, state: _Graphs, forward: Any, idx: torch.Tensor, input_pos: torch.Tensor) -> _Graph:
     from .graphs import _no_gc, _recording
 
     x, pos = idx.clone(), input_pos.clone()
@@ -146,7 +144,7 @@ def _capture(state: _Graphs, forward: Any, idx: torch.Tensor, input_pos: torch.T
         with _recording(graph, state.pool, stream):
             out = forward(x, pos)
         current.wait_stream(stream)
-    STATS["captures"] += 1
+    state_of(gpt).decode["captures"] += 1
     return _Graph(graph, x, pos, out)
 
 
@@ -172,14 +170,14 @@ def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch
                 if state is None or len(state.by_key) >= MAX_GRAPHS:
                     drop(gpt)
                     state = vars(gpt)[_ATTR] = _Graphs(gpt, idx.device)
-                g = state.by_key[key] = _capture(state, functools.partial(forward, input_pos_maxp1=keys), idx,
+                g = state.by_key[key] = _capture(gpt, state, functools.partial(forward, input_pos_maxp1=keys), idx,
                                                  input_pos)
         except Exception as e:  # noqa: BLE001 - litgpt's forward then runs, for this model from now on
             if state is not None:
                 from .graphs import _end_allocating
 
                 _end_allocating(state.pool, idx.device)
-            STATS["failed"] += 1
+            state_of(gpt).decode["failed"] += 1
             vars(gpt)[_ATTR] = _OFF
             warnings.warn(f"lit-liger: the KV-cache step could not be captured as a CUDA graph "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); generation runs "
@@ -189,5 +187,5 @@ def step(gpt: torch.nn.Module, forward: Any, idx: torch.Tensor, input_pos: torch
     g.pos.copy_(input_pos)
     with torch.cuda.device(idx.device):
         g.graph.replay()
-    STATS["replays"] += 1
+    state_of(gpt).decode["replays"] += 1
     return g.out.clone()

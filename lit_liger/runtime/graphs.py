@@ -44,11 +44,12 @@ from torch.nn.modules import module as _nn_module
 
 from .. import _dist
 from .._dist import sharded_processes, whole_model
+from ..swap.state import state_of, states_in
 from ..kernels import _grad_into
 from .memplan import _total_memory
 from ..swap.quant import is_4bit
 
-__all__ = ["CAPTURE_STATS", "GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
+__all__ = ["GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for"]
 
 
 @contextlib.contextmanager
@@ -131,7 +132,7 @@ EMPTY_CACHE_BEFORE_CAPTURE = True
 #: ``capture_begin`` / ``capture_end`` on the runner's side stream, which needs neither: the recorded kernels run only
 #: when the graph is replayed, on the current stream after everything queued before it, and the side stream's warm-up
 #: pass waits for that stream first. The GPU keeps running what the host queued before the capture meanwhile (one
-#: iteration in litgpt's loops, see ``lazylog.LAG``); the GPU's wait is measured (``CAPTURE_STATS["gpu_wait"]``) and
+#: iteration in litgpt's loops, see ``lazylog.LAG``); the GPU's wait is measured (``ModelState.captures["gpu_wait"]``) and
 #: reported. The device's cache is still emptied before a capture where the pool may need it
 #: (:data:`RELEASE_BELOW_FREE`). ``tests/test_buckets.py`` checks a capture recorded behind ~2 s of queued GPU work
 #: (losses, gradients, the GPU's wait) and full fine-tuning queued far ahead of the GPU. Measured through litgpt's CLI
@@ -209,27 +210,24 @@ CAPTURE_FULL_TRAINING = True
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
-#: what every model's captures cost in this process (host seconds per phase; the CLI reports it after a run, see
-#: :func:`capture_report`); ``gpu_wait`` the seconds the GPU's stream that trains waited for them (see
+#: ``ModelState.captures`` (``lit_liger.swap.state``), on each model: what its captures cost (host seconds per phase;
+#: the CLI reports its model's after a run, see :func:`capture_report`); ``gpu_wait`` the seconds the GPU's stream that trains waited for them (see
 #: :data:`SYNC_BEFORE_CAPTURE`: a recording made while the GPU runs queued work costs the run only what is left of
 #: it): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's uncaptured forward and
 #: backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
 #: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
-#: (:data:`EXPECTED_LENGTHS`), ``deferred`` the micro-batches run uncaptured before their shape's capture
+#: (``ModelState.expected_lengths``), ``deferred`` the micro-batches run uncaptured before their shape's capture
 #: (:data:`CAPTURE_AFTER`); ``eager_first`` the first micro-batches since a reset, run uncaptured in place of a warm-up
 #: pass (:data:`EAGER_FIRST`: training steps, not capture time); ``first_warmup`` the process's first warm-up pass (in
 #: ``warmup`` too), which also makes every kernel's first call: Triton's compilations (1.1-1.4 s of a 1B model's on an
 #: H200 without Triton's disk cache, against 0.13-0.15 s with it, ``benchmarks/results/h200-2026-11-29``), cuBLAS's and
 #: attention's set-up, which an uncaptured run's first step makes too
-CAPTURE_STATS = {"captures": 0, "replays": 0, "release": 0.0, "warmup": 0.0, "forward": 0.0, "backward": 0.0,
-                 "first_replay": 0.0, "long": 0, "released": 0, "precaptured": 0, "warmed": 0, "rewarmed": 0,
-                 "left_out": 0, "deferred": 0, "first_warmup": 0.0, "gpu_wait": 0.0, "eager_first": 0}
-#: (start, end) CUDA events around each capture on the stream that trains, not read yet: the GPU's wait for the
-#: capture is the time between them (``gpu_wait``, see :func:`settle_waits`)
-_WAITS: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-_PROCESS_WARMED = [False]  # a warm-up pass has run in this process (CAPTURE_STATS["first_warmup"])
+
+#: a warm-up pass has run in this process: its Triton kernels are compiled, cuBLAS and attention set up (the first
+#: one's seconds are ``first_warmup``); a fact about the process's caches of compiled code, not about a model
+_PROCESS_WARMED = [False]
 
 #: a captured step's GPU work grows with its tokens x the parameters of a Block, its host work (the launches it
 #: saves) does not: past this product capture buys little and holds a pool of activations. ``auto_max_tokens`` divides
@@ -247,12 +245,12 @@ CAPTURE_MAX_WORK = 5 * 10**11
 #: step), 1.81x
 PRECAPTURE_REPLICAS = True
 
-#: what the replicas' run is expected to feed each process: ``{packed length: micro-batches}`` (key None: the unpacked
+#: (``ModelState.expected_lengths``, on the model) what the replicas' run is expected to feed each process:
+#: ``{packed length: micro-batches}`` (key None: the unpacked
 #: ``samples x max_seq_length`` of a batch without padding), estimated from the data before the run
 #: (:func:`expected_lengths`; the ``lit-liger`` command sets it for the run's ``fit`` where the micro-batches are dealt,
 #: ``LigerConfig.balance_ranks``). With it the first step pre-captures only the lengths expected at least
 #: :data:`PRECAPTURE_MIN_COUNT` times; None: not known, the whole ladder is pre-captured
-EXPECTED_LENGTHS: dict | None = None
 
 #: a length of the ladder expected fewer times than this per process is left out of the replicas' pre-capture (met
 #: later, it is captured then, see :data:`CAPTURE_AFTER`). A length pre-captured that never comes costs one capture
@@ -278,7 +276,7 @@ ESTIMATE_MARGIN = 0.05
 
 
 def _expected_words(expected: dict | None) -> str:
-    """:data:`EXPECTED_LENGTHS` in words, for the pre-capture's line."""
+    """``ModelState.expected_lengths`` in words, for the pre-capture's line."""
     if not expected:
         return ""
     words = [f"{'unpacked' if k is None else format(k, ',')}: {v:.1f}" for k, v in
@@ -288,7 +286,7 @@ def _expected_words(expected: dict | None) -> str:
 
 def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float = 1.0,
                      margin: float = ESTIMATE_MARGIN) -> dict:
-    """:data:`EXPECTED_LENGTHS` from ``rounds``: for each round (one micro-batch per process, run at the same iteration
+    """``ModelState.expected_lengths`` from ``rounds``: for each round (one micro-batch per process, run at the same iteration
     on every process), every process's micro-batch as its samples' estimated tokens (each at most ``cap``, the
     dataset's ``max_seq_length``; <= 0: no cap). Each micro-batch counts ``scale`` / the processes (``scale``: the
     run's rounds over the rounds given) at every packed length (``lit_liger.swap.buckets.packed_bucket_length``) of its
@@ -339,10 +337,10 @@ def _describe_key(key: tuple) -> str:
             + (f", {mlp} Blocks' MLP inputs recomputed" if mlp else ""))
 
 
-def _several_replicas() -> bool:
+def _several_replicas(gpt: nn.Module) -> bool:
     """Several processes each train the whole model on their own micro-batches (lit-liger's replica plan, or inside
     DDP's forward): a capture in one stalls the others at the next gradient reduction."""
-    return _dist.replicated()
+    return _dist.replicated(gpt)
 
 
 #: the share of the device's memory the graphs' pool may hold: past it, the graphs are released and micro-batches as
@@ -382,7 +380,7 @@ def _reserved(device: torch.device) -> int:
 
 
 def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
-    """One line on a run's CUDA graphs (``stats``: the change of :data:`CAPTURE_STATS` over the run), or None where
+    """One line on a run's CUDA graphs (``stats``: the change of :data:`ModelState.captures` over the run), or None where
     nothing was captured."""
     if not stats.get("captures"):
         if stats.get("long"):
@@ -393,7 +391,7 @@ def capture_report(stats: dict, wall_s: float | None = None) -> str | None:
     total = sum(stats[k] for k in phases)
     share = f", {total / wall_s:.1%} of the run's {wall_s:.1f} s" if wall_s else ""
     first = stats.get("first_warmup", 0.0)
-    if first:  # (see CAPTURE_STATS: first calls an uncaptured run makes too)
+    if first:  # (see ModelState.captures: first calls an uncaptured run makes too)
         share += ((f"; {(total - first) / wall_s:.1%} besides" if wall_s else "; of which") +
                   f" the process's first warm-up pass ({first:.2f} s), which also made every kernel's first call, "
                   "compilations included, as an uncaptured run's first step would")
@@ -479,7 +477,7 @@ class _Graphs:
                 runner.hidden_spec = hidden.shape[-1], hidden.dtype
                 out_spec = hidden.shape, hidden.dtype, hidden.device
                 del hidden
-            CAPTURE_STATS["warmed"] += 1
+            self.runner.stats["warmed"] += 1
             first_in_process, _PROCESS_WARMED[0] = not _PROCESS_WARMED[0], True
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
@@ -501,11 +499,11 @@ class _Graphs:
             self._capture_graphs(params, bufs, stream, out_buf, out_spec, written)
         self.added_by_gemm = len(written)  # gradients a GEMM adds into .grad itself (the rest: one _foreach_add_)
         t3 = time.perf_counter()
-        CAPTURE_STATS["warmup"] += t1 - t0
-        if first_in_process:  # (the same seconds, said apart: see CAPTURE_STATS)
-            CAPTURE_STATS["first_warmup"] += t1 - t0
-        CAPTURE_STATS["forward"] += self._t2 - t1
-        CAPTURE_STATS["backward"] += t3 - self._t2
+        self.runner.stats["warmup"] += t1 - t0
+        if first_in_process:  # (the same seconds, said apart: see ModelState.captures)
+            self.runner.stats["first_warmup"] += t1 - t0
+        self.runner.stats["forward"] += self._t2 - t1
+        self.runner.stats["backward"] += t3 - self._t2
         self.static_hidden = self.static_out.detach()
         self.grads = [b if u else None for b, u in zip(bufs, self.used)]
         self.params = params
@@ -533,7 +531,7 @@ class _Graphs:
         # parameters and its own lowest input; the last one takes every parameter left
         # (a cut whose input needs no gradient, nothing below it training, is left out; each boundary kept runs its
         # segment's callbacks under the segment number the uncaptured backward's hook would give)
-        kept = [(j, c) for j, c in enumerate(_dist.segment_cuts(gpt.config.n_layer), 1)
+        kept = [(j, c) for j, c in enumerate(_dist.segment_cuts(gpt), 1)
                 if c in self.taps and self.taps[c].requires_grad]
         cuts, self.notify = [c for _, c in kept], [j for j, _ in kept]
         segment = _param_segments(gpt, params, cuts)
@@ -586,13 +584,14 @@ def _recording(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream
             graph.capture_end()
 
 
-def settle_waits(block: bool = False) -> None:
-    """Add the GPU's waits for the captures whose end events have completed (every one with ``block``) to
-    ``CAPTURE_STATS["gpu_wait"]``."""
-    while _WAITS and (block or _WAITS[0][1].query()):
-        start, end = _WAITS.pop(0)
+def settle_waits(runner: GraphRunner, block: bool = False) -> None:
+    """Add the GPU's waits for ``runner``'s captures whose end events have completed (every one with ``block``) to
+    its model's ``captures["gpu_wait"]``."""
+    waits = runner.waits
+    while waits and (block or waits[0][1].query()):
+        start, end = waits.pop(0)
         end.synchronize()
-        CAPTURE_STATS["gpu_wait"] += start.elapsed_time(end) / 1e3
+        runner.stats["gpu_wait"] += start.elapsed_time(end) / 1e3
 
 
 def _release_first(runner: GraphRunner, device: torch.device) -> bool:
@@ -750,7 +749,7 @@ class _Replay(torch.autograd.Function):
         graphs.static_grad.copy_(grad_hidden)
         # (DDP's hooks sit on the gradient accumulators, out of sight: several processes hand the gradients to them,
         # except under lit-liger's replica plan, whose strategy reduces ``.grad`` after backward)
-        direct = graphs.direct and whole_model() and not any(_tensor_hooked(p) for p in graphs.params)
+        direct = graphs.direct and whole_model(runner.gpt) and not any(_tensor_hooked(p) for p in graphs.params)
         if direct:
             zero, copy = [], []
             for p, buf in zip(graphs.params, graphs.grads):
@@ -813,6 +812,10 @@ class GraphRunner:
 
     def __init__(self, gpt: nn.Module) -> None:
         self._gpt = weakref.ref(gpt)  # the model owns the runner (see runner_for), not the other way round
+        self.stats = state_of(gpt).captures  # the model's counters (ModelState.captures)
+        #: (start, end) CUDA events around each capture on the stream that trains, not read yet: the GPU's wait for
+        #: the capture is the time between them (``gpu_wait``, see :func:`settle_waits`)
+        self.waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         # A replayed backward hands the parameters' gradients to autograd on the current stream, while their
         # AccumulateGrad nodes may carry the capture stream; PyTorch then warns (once per process) and makes the
         # accumulating stream wait for the producing one, an event on the GPU: the gradients are right either way
@@ -892,7 +895,7 @@ class GraphRunner:
             return ""  # torch.compile has its own CUDA graphs (mode="reduce-overhead")
         if torch.cuda.is_current_stream_capturing():
             return ""  # inside someone else's capture: stay part of it
-        if sharded_processes():
+        if sharded_processes(self.gpt):
             # (inside a DDP forward the graphs replay and DDP's hooks reduce the gradients autograd accumulates)
             return "several processes (FSDP/DeepSpeed): their communication hooks are not captured"
         if torch.is_autocast_enabled("cuda"):
@@ -943,14 +946,14 @@ class GraphRunner:
         the replay adds into ``.grad`` directly: one process, or lit-liger's replica plan; a DDP replica gets its
         gradients through autograd's accumulation, a second copy beside the graphs' buffers, so auto leaves full
         training uncaptured there)."""
-        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and whole_model())
+        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and whole_model(self.gpt))
         why = self.why_not(idx)
         if why is not None:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
                 self.warn_once(why)                                  # not capture this model anyway
             return None
         if self.max_tokens is not None and idx.numel() > self.max_tokens:
-            CAPTURE_STATS["long"] += 1  # bound by the GPU: a graph would buy little and hold its activations
+            self.stats["long"] += 1  # bound by the GPU: a graph would buy little and hold its activations
             return None
         gpt = self.gpt
         fingerprint = self._fingerprint()
@@ -977,14 +980,14 @@ class GraphRunner:
             if EAGER_FIRST and self.hidden_spec is None and not self.eager_first and not self.graphs \
                     and not _dist.several_processes():
                 self.eager_first = True  # (this micro-batch runs uncaptured, see EAGER_FIRST; the caller tells
-                CAPTURE_STATS["eager_first"] += 1  # note_hidden what it computed)
+                self.stats["eager_first"] += 1  # note_hidden what it computed)
                 _PROCESS_WARMED[0] = True
                 self._accumulators_on_side_stream(params)
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
-            if PRECAPTURE_REPLICAS and not self.precaptured and plan is not None and _several_replicas():
+            if PRECAPTURE_REPLICAS and not self.precaptured and plan is not None and _several_replicas(self.gpt):
                 self.precaptured = True
                 self._precapture(idx, plan, params)
                 graphs = self.graphs.get(key)
@@ -993,7 +996,7 @@ class GraphRunner:
         if graphs is None and self.precaptured and _several_replicas() and CAPTURE_AFTER > 1:
             seen = self.seen[key] = self.seen.get(key, 0) + 1
             if seen < CAPTURE_AFTER:  # (its first micro-batches uncaptured, see CAPTURE_AFTER)
-                CAPTURE_STATS["deferred"] += 1
+                self.stats["deferred"] += 1
                 return None
         if graphs is None:
             t0 = time.perf_counter()
@@ -1005,13 +1008,13 @@ class GraphRunner:
                       f"first step's pre-capture ({_describe_key(key)}); captured in {time.perf_counter() - t0:.2f} s",
                       flush=True)
             self.replays += 1
-            CAPTURE_STATS["replays"] += 1
+            self.stats["replays"] += 1
             t0 = time.perf_counter()
             out = _Replay.apply(graphs, idx, plan, *graphs.params)
-            CAPTURE_STATS["first_replay"] += time.perf_counter() - t0
+            self.stats["first_replay"] += time.perf_counter() - t0
             return out
         self.replays += 1
-        CAPTURE_STATS["replays"] += 1
+        self.stats["replays"] += 1
         return _Replay.apply(graphs, idx, plan, *graphs.params)
 
     def _warmup_needed(self, plan: Any) -> bool:
@@ -1032,14 +1035,14 @@ class GraphRunner:
         :meth:`_warmup_needed`)."""
         if idx.device.type != "cuda":
             return self._capture_timed(key, idx, params, plan, warmup)
-        settle_waits()
+        settle_waits(self)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         try:
             return self._capture_timed(key, idx, params, plan, warmup)
         finally:  # (the GPU's wait: from the work queued before the capture to the step that follows it)
             end.record()
-            _WAITS.append((start, end))
+            self.waits.append((start, end))
 
     def _capture_timed(self, key: tuple, idx: torch.Tensor, params: list[nn.Parameter], plan: Any,
                        warmup: bool) -> _Graphs | None:
@@ -1054,7 +1057,7 @@ class GraphRunner:
             t0 = time.perf_counter()
             torch.cuda.synchronize(idx.device)
             torch.cuda.empty_cache()
-            CAPTURE_STATS["release"] += time.perf_counter() - t0
+            self.stats["release"] += time.perf_counter() - t0
         before, made = _reserved(idx.device), self.grad_bytes_made
         try:
             with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
@@ -1064,7 +1067,7 @@ class GraphRunner:
                     # (the stopped capture's graphs and outputs are kept, not freed: releasing a captured forward's
                     # autograd graph right after its capture was seen to fail the next capture, see _capture_graphs)
                     self.aborted.append(getattr(e, "partial", None))
-                    CAPTURE_STATS["rewarmed"] += 1
+                    self.stats["rewarmed"] += 1
                     graphs = _Graphs(self, idx, params, plan, warmup=True)
         except torch.cuda.OutOfMemoryError as e:  # no memory for this shape's graphs: this and longer shapes
             _end_allocating(self.pool, idx.device)  # run uncaptured, the shorter ones are captured again
@@ -1080,7 +1083,7 @@ class GraphRunner:
             self.reset()
             repaired = _repair_generator(idx.device)
             self.disabled = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            if _dist.replicated() and not _dist.liger_replica():
+            if _dist.replicated(self.gpt) and not _dist.liger_replica(self.gpt):
                 self.disabled += _DDP_STREAM_HINT
             if not repaired:
                 self.disabled += " (PyTorch's CUDA generator may be unusable after it: random ops such as dropout can fail)"
@@ -1093,7 +1096,7 @@ class GraphRunner:
         self.graphs[key] = graphs
         self._drop_unused_buffers()
         self.captures += 1
-        CAPTURE_STATS["captures"] += 1
+        self.stats["captures"] += 1
         # (the gradient buffers made for it are no graph's cost: they become the parameters' .grad, which the step
         # holds anyway; at Llama-3.1-8B full fine-tuning they are 16 GB, and counted they took the pool over its budget
         # within 4 shapes, 2 x H200, benchmarks/results/h200x2-2026-11-27b)
@@ -1104,12 +1107,12 @@ class GraphRunner:
                                                 f"over its budget of {budget / 2**30:.1f} GiB")
             return None
         # (the pool's memory is reserved, not allocated: what it holds free is counted against the run's room too,
-        # with the optimizer state still to come; see lit_liger.runtime.memplan.STATE_AHEAD)
+        # with the optimizer state still to come; see ModelState.state_ahead)
         room = _room(self.gpt, idx.device) - self.pool_bytes
         if room < 0:
             from .memplan import state_ahead
 
-            ahead = state_ahead()
+            ahead = state_ahead(self.gpt)
             self.give_up_above(idx.numel() - 1, f"their memory pool ({self.pool_bytes / 2**30:.1f} GiB) left the run "
                                f"{-room / 2**30:.1f} GiB short of graphs.ROOM_FRACTION ({ROOM_FRACTION:g}) of the "
                                "device" + (f", with {ahead / 2**30:.1f} GiB of optimizer state still to come"
@@ -1134,7 +1137,7 @@ class GraphRunner:
         if S < 2 or T <= 0:
             return
         lengths = precapture_lengths(S, T, self.max_tokens)
-        expected, left_out = EXPECTED_LENGTHS, 0
+        expected, left_out = state_of(self.gpt).expected_lengths, 0
         if expected is not None:  # (the data's lengths estimated before the run: the rare ones are captured if they come)
             kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
             left_out, lengths = len(lengths) - len(kept), kept
@@ -1142,7 +1145,7 @@ class GraphRunner:
 
         want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
         left_out += not (want_full or PACK_FULL)
-        CAPTURE_STATS["left_out"] += left_out
+        self.stats["left_out"] += left_out
         saved = gpt.__dict__.get("_liger_mem_now")
         t0, n0 = time.perf_counter(), self.captures
         try:
@@ -1167,7 +1170,7 @@ class GraphRunner:
                     continue  # (out of memory or over the pool's budget: released; the shorter lengths from scratch)
             else:
                 # (packing.PACK_FULL off) a micro-batch whose samples all fill max_seq_length runs unpacked as
-                # (samples, max_seq_length) (where the data is expected to give it: EXPECTED_LENGTHS); on, it runs as
+                # (samples, max_seq_length) (where the data is expected to give it: ModelState.expected_lengths); on, it runs as
                 # the ladder's longest packed length, captured above
                 sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
@@ -1182,7 +1185,7 @@ class GraphRunner:
             else:
                 gpt._liger_mem_now = saved
         self.precaptured_n = self.captures - n0
-        CAPTURE_STATS["precaptured"] += self.precaptured_n
+        self.stats["precaptured"] += self.precaptured_n
         if (self.precaptured_n or left_out) and _dist.rank_zero():
             full = (S, T) in {k[0] for k in self.graphs if k[3] is None}
             some = [k[0][-1] for k in self.graphs if k[3] is not None]
@@ -1201,7 +1204,7 @@ class GraphRunner:
         self.pending = None
         self.reset()
         self.max_tokens = max_tokens if self.max_tokens is None else min(self.max_tokens, max_tokens)
-        CAPTURE_STATS["released"] += 1
+        self.stats["released"] += 1
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             gc.collect()
             torch.cuda.synchronize()
@@ -1244,7 +1247,7 @@ class GraphRunner:
         ``.grad`` where the replay adds into it directly and it is a plain contiguous tensor of the parameter's shape
         and dtype (an uncaptured micro-batch's, :data:`EAGER_FIRST`), else a new tensor."""
         out = []
-        direct = DIRECT_GRADS and whole_model()
+        direct = DIRECT_GRADS and whole_model(self.gpt)
         for p in params:
             buf = self.buffers.get(id(p))
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
@@ -1409,16 +1412,13 @@ def _watch_registrations() -> None:
         h(_bump)
 
 
-# Kept outside the model (a graph cannot be pickled or deep-copied: the model still can be), and gone with it.
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def runner_for(gpt: nn.Module) -> GraphRunner:
-    """The :class:`GraphRunner` of ``gpt`` (made on first use)."""
-    runner = _RUNNERS.get(gpt)
-    if runner is None:
-        runner = _RUNNERS[gpt] = GraphRunner(gpt)
-    return runner
+    """The :class:`GraphRunner` of ``gpt`` (made on first use; kept on its ``ModelState``, which a deep copy or a
+    pickle of the model does not carry: a graph can be neither, the copy captures its own)."""
+    state = state_of(gpt)
+    if state.runner is None:
+        state.runner = GraphRunner(gpt)
+    return state.runner
 
 
 def release(model: nn.Module) -> str | None:
@@ -1428,8 +1428,10 @@ def release(model: nn.Module) -> str | None:
     long-document shapes held their pools until the process ended: 119 GiB at 16k tokens, and litgpt's
     ``merge_lora`` then ran out of memory). A later training step captures again. Returns the log line, or None
     where nothing was captured. Gradients the replays wrote into ``.grad`` stay the parameters' own."""
-    runners = [r for m in model.modules() if (r := _RUNNERS.get(m)) is not None and (r.graphs or r.pool is not None)]
-    settle_waits(block=True)
+    runners = [st.runner for st in states_in(model) if st.runner is not None]
+    for r in runners:
+        settle_waits(r, block=True)
+    runners = [r for r in runners if r.graphs or r.pool is not None]
     if not runners:
         return None
     shapes = sum(len(r.graphs) for r in runners)

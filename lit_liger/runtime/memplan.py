@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "STATE_AHEAD", "available_bytes", "grads_to_come",
+from ..swap.state import state_of
+
+__all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "MEMORY_FRACTION", "MemPlan", "available_bytes", "grads_to_come",
            "block_forward_flops", "decide", "kept_bytes_per_token", "mlp_recompute_flops", "offloaded",
            "optimizer_state_ahead", "plan_for", "state_ahead"]
 
@@ -47,19 +49,18 @@ MEMORY_FRACTION = 0.75
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30
 
-#: what a run will allocate after its first micro-batches beside their activations: callables, each returning the bytes
-#: still to come (the ``lit-liger`` command adds the optimizer's state, which PyTorch's optimizers make at their first
+#: ``ModelState.state_ahead`` (``lit_liger.swap.state``), on the model: what its run will allocate after its first
+#: micro-batches beside their activations: callables, each returning the bytes still to come (the ``lit-liger`` command adds the optimizer's state, which PyTorch's optimizers make at their first
 #: step, for litgpt's ``fit``, and ``LigerCallback`` the Trainer's for its loop: :func:`optimizer_state_ahead`). :func:`available_bytes` leaves them free, so the first
 #: step's plans and CUDA graphs do not take the memory the state needs. Without it Llama-3.1-8B full fine-tuning zero1
 #: on 2 x H100 ran out of memory at its first optimizer step: 18.5 GiB of graphs had been captured beside the weights
 #: and gradients while the plan still counted the 16 GB of Adam's moments (this device's share) as free
 #: (``benchmarks/results/h100x2-2026-11-27``, s4)
-STATE_AHEAD: list = []
 
 
-def state_ahead() -> int:
-    """The bytes :data:`STATE_AHEAD` says are still to come."""
-    return sum(int(f()) for f in STATE_AHEAD)
+def state_ahead(gpt: Any) -> int:
+    """The bytes ``gpt``'s ``ModelState.state_ahead`` says are still to come."""
+    return sum(int(f()) for f in state_of(gpt).state_ahead)
 
 
 def _state_slots(optimizer: Any) -> int:
@@ -84,7 +85,7 @@ def _state_slots(optimizer: Any) -> int:
 
 
 def optimizer_state_ahead(optimizer: Any, mine: Any = None) -> Any:
-    """For :data:`STATE_AHEAD`: a callable that returns the bytes of ``optimizer``'s state not made yet, for the
+    """For ``ModelState.state_ahead``: a callable that returns the bytes of ``optimizer``'s state not made yet, for the
     parameters ``mine(p)`` says this process steps (None: all; lit-liger's zero1 steps its share), from
     :func:`_state_slots` and each parameter's size and dtype. 0 once every such parameter has its state."""
     slots = _state_slots(optimizer)
@@ -227,11 +228,11 @@ REREAD_EVERY = 64
 def available_bytes(gpt: Any, device: Any, fraction: float | None = None) -> float:
     """The bytes a training micro-batch's activations may take on the CUDA ``device`` now: ``fraction`` (None:
     :data:`MEMORY_FRACTION`) of its memory less what is allocated, the gradients the backward will still allocate
-    (:func:`grads_to_come`) and what :data:`STATE_AHEAD` says is still to come."""
+    (:func:`grads_to_come`) and what the model's ``state_ahead`` says is still to come."""
     import torch
 
     share = MEMORY_FRACTION if fraction is None else fraction
-    return share * _total_memory(device) - torch.cuda.memory_allocated(device) - grads_to_come(gpt) - state_ahead()
+    return share * _total_memory(device) - torch.cuda.memory_allocated(device) - grads_to_come(gpt) - state_ahead(gpt)
 
 
 def grads_to_come(gpt: Any) -> int:
@@ -240,9 +241,7 @@ def grads_to_come(gpt: Any) -> int:
     parameter's ``.grad`` from the first replay on). Counted twice at the first step, the buffers of Llama-3.1-8B
     full fine-tuning (15 GiB) released every pre-captured graph as short of room on an 80 GB card
     (``benchmarks/results/h200x2-2026-11-27i``)."""
-    from .graphs import _RUNNERS  # (lazy: graphs imports this module)
-
-    runner = _RUNNERS.get(gpt)
+    runner = state_of(gpt).runner
     made = runner.buffers if runner is not None else {}
     return sum(p.numel() * p.element_size() for p in gpt.parameters()
                if p.requires_grad and p.grad is None and id(p) not in made)

@@ -37,6 +37,7 @@ from . import packing as _packing
 from .. import _dist
 from .._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
+from .state import state_of, states_in
 from ..config import LigerConfig
 from ..runtime import decode as _decode
 from ..runtime import graphs as _graphs
@@ -94,7 +95,8 @@ def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
     """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`). Inside a checkpointed Block
     (``LigerConfig.activation_checkpointing``) a frozen MLP runs as :func:`glu_mlp`: its ``(B, T, I)``
     tensors exist one chunk of rows at a time, in the Block's recompute and in its backward."""
-    if (_IN_CHECKPOINTED_BLOCK[0] or _MLP_RECOMPUTED[0]) and (weights := _frozen_mlp_weights(mlp, x)) is not None:
+    if (_in_scope(mlp, _CHECKPOINTED) or _in_scope(mlp, _MLP_RECOMPUTED)) \
+            and (weights := _frozen_mlp_weights(mlp, x)) is not None:
         return glu_mlp(x, *weights, activation=activation)
     reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
     return _glu_proj(mlp.proj, mlp.fc_1(x), mlp.fc_2(x), activation, reuse)  # fc_1, fc_2: (B, T, I)
@@ -121,21 +123,36 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
     return proj(glu)  # (B, T, I) -> (B, T, C)
 
 
-#: > 0 while a Block runs under LigerConfig.activation_checkpointing (its forward and its recompute in backward)
-_IN_CHECKPOINTED_BLOCK = [0]
-#: > 0 while a Block runs whose MLP inputs the memory plan has recomputed in backward (``lit_liger.runtime.memplan.MemPlan.mlp``):
-#: a frozen MLP runs as ``glu_mlp``, a trained one as ``recompute_mlp`` does
-_MLP_RECOMPUTED = [0]
+#: a Block (and its MLP) runs under LigerConfig.activation_checkpointing (its forward and its recompute in backward)
+_CHECKPOINTED = "_liger_in_checkpoint"
+#: a Block (and its MLP) runs whose MLP inputs the memory plan has recomputed in backward
+#: (``lit_liger.runtime.memplan.MemPlan.mlp``): a frozen MLP runs as ``glu_mlp``, a trained one as ``recompute_mlp`` does
+_MLP_RECOMPUTED = "_liger_mlp_recomputed"
+
+
+def _in_scope(module: nn.Module, scope: str) -> bool:
+    """``module`` runs inside :func:`_scoped` ``scope`` (a count on the module itself: each model its own)."""
+    return module.__dict__.get(scope, 0) > 0
+
+
+@contextlib.contextmanager
+def _scoped(block: nn.Module, scope: str) -> Iterator[None]:
+    """While ``block`` (and its MLP) run, :func:`_in_scope` ``scope`` holds for them."""
+    mods = [block] + ([block.mlp] if isinstance(getattr(block, "mlp", None), nn.Module) else [])
+    for m in mods:
+        m.__dict__[scope] = m.__dict__.get(scope, 0) + 1
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.__dict__[scope] -= 1
 
 
 def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         pack: _packing.Pack | None = None) -> torch.Tensor:
     """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block."""
-    _IN_CHECKPOINTED_BLOCK[0] += 1
-    try:
+    with _scoped(block, _CHECKPOINTED):
         return block(x, cos, sin, pack, None, None)
-    finally:
-        _IN_CHECKPOINTED_BLOCK[0] -= 1
 
 
 def _frozen_linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -280,22 +297,20 @@ class _LoRAMixin:
                            fp8=is_float8_linear(lin))
 
 
-#: while lit-liger's CUDA graphs capture a training step that trains the token embedding (full fine-tuning,
-#: pretraining), its backward adds the weight's gradient straight into ``.grad`` (``kernels.embedding``: each touched
-#: row summed in fp32 and added once) instead of a new ``(V, C)`` gradient that a second pass adds: about 2 GB less
-#: memory traffic per micro-batch at Llama-3.2-1B's vocabulary. Measured on 2 x H200 (Llama-3.2-1B full fine-tuning,
-#: litgpt's recipe, micro-batch 4, 240 timed iterations): the mean iteration 19.13 -> 18.58 ms on one GPU, 24.09 ->
-#: 23.59 ms on two (``benchmarks/results/h200x2-2026-11-27g``).
-EMBEDDING_GRAD_INTO = True
-
-
 class _EmbeddingMixin:
     """The token embedding: while ``torch.compile`` traces a training forward, the weight's gradient comes from
-    one op (:func:`embedding`); inside a capture's ``grads_into`` with :data:`EMBEDDING_GRAD_INTO`, it is added
-    into ``.grad`` by that op; otherwise ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels)."""
+    one op (:func:`embedding`); inside a capture's ``grads_into`` it is added into ``.grad`` by that op; otherwise
+    ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels).
+
+    While lit-liger's CUDA graphs capture a training step that trains the token embedding (full fine-tuning,
+    pretraining), its backward adds the weight's gradient straight into ``.grad`` (``kernels.embedding``: each touched
+    row summed in fp32 and added once) instead of a new ``(V, C)`` gradient that a second pass adds: about 2 GB less
+    memory traffic per micro-batch at Llama-3.2-1B's vocabulary. Measured on 2 x H200 (Llama-3.2-1B full fine-tuning,
+    litgpt's recipe, micro-batch 4, 240 timed iterations): the mean iteration 19.13 -> 18.58 ms on one GPU, 24.09 ->
+    23.59 ms on two (``benchmarks/results/h200x2-2026-11-27g``)."""
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        into = EMBEDDING_GRAD_INTO and _grad_into.target_for(self.weight) is not None
+        into = _grad_into.target_for(self.weight) is not None
         if torch.is_grad_enabled() and self.weight.requires_grad and (torch.compiler.is_compiling() or into):
             return embedding(self.weight, idx)
         return super().forward(idx)
@@ -635,7 +650,8 @@ class _BlockMixin:
         path (eager or compiled), outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no
         autocast."""
         proj = self.mlp.proj
-        return ((getattr(self, "_liger_recompute_mlp", False) or _MLP_RECOMPUTED[0]) and not _IN_CHECKPOINTED_BLOCK[0]
+        return ((getattr(self, "_liger_recompute_mlp", False) or _in_scope(self, _MLP_RECOMPUTED))
+                and not _in_scope(self, _CHECKPOINTED)
                 and use_triton(x) and type(proj) is nn.Linear
                 and proj.weight.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
                 and _called_plainly(proj))
@@ -731,13 +747,6 @@ def _buckets_here(idx: torch.Tensor) -> bool:
     return (idx.is_cuda or _BUCKETS_ON_CPU) and not torch.compiler.is_compiling()
 
 
-_FUSED_LOSS_WITHOUT_GRAD = [False]
-
-#: token positions of the training forwards (grad enabled, eager) of swapped models in this process: as the caller
-#: collated them (``collated``: litgpt pads each micro-batch to its longest sample) and as the GPU ran them
-#: (``processed``: after ``seq_buckets``). The CLI reports them against litgpt's real-token count after a run.
-TRAINING_TOKENS = {"collated": 0, "processed": 0, "packed": 0}
-
 #: tests set this to pack CPU batches too (reference attention per sample)
 _PACK_ON_CPU = False
 
@@ -762,18 +771,21 @@ def _lengths_sync(idx: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def fused_loss_without_grad() -> Iterator[None]:
-    """While active, a swapped GPT's forward without grad (and without a KV cache) returns :class:`LigerLogits` as
+def fused_loss_without_grad(model: nn.Module) -> Iterator[None]:
+    """While active, the forward of a swapped GPT in ``model`` without grad (and without a KV cache) returns :class:`LigerLogits` as
     in training, for a caller whose loss is ``lit_liger.chunked_cross_entropy``: validation then computes the fused
     loss and never holds the ``(B, T, V)`` logits (litgpt's ``validate``: 525 MB in bf16 and again in fp32 at 4 x 512
     tokens of a 128k vocabulary, more than a LoRA training step keeps). The CLI turns it on around litgpt's
     ``validate``; anything else without grad (generation, a user's own evaluation) gets real logits."""
-    before = _FUSED_LOSS_WITHOUT_GRAD[0]
-    _FUSED_LOSS_WITHOUT_GRAD[0] = True
+    states = list(states_in(model))
+    before = [st.fused_loss_without_grad for st in states]
+    for st in states:
+        st.fused_loss_without_grad = True
     try:
         yield
     finally:
-        _FUSED_LOSS_WITHOUT_GRAD[0] = before
+        for st, b in zip(states, before):
+            st.fused_loss_without_grad = b
 
 
 class _GPTMixin:
@@ -792,7 +804,8 @@ class _GPTMixin:
             out = _decode.step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
             if out is not None:
                 return out
-        if input_pos is not None or not (grad or _FUSED_LOSS_WITHOUT_GRAD[0]) or _zero3_returns_logits(self) \
+        state = state_of(self)
+        if input_pos is not None or not (grad or state.fused_loss_without_grad) or _zero3_returns_logits(self) \
                 or _int8_head(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
         T = idx.size(1)
@@ -800,7 +813,7 @@ class _GPTMixin:
             raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
         counted = grad and not torch.compiler.is_compiling()
         if counted:
-            TRAINING_TOKENS["collated"] += idx.numel()
+            state.tokens["collated"] += idx.numel()
             if getattr(self, "_liger_fp8_eager_warning", False):
                 _warn_fp8_eager(self)
             if getattr(self, "_liger_fp8_small_warning", False) and idx.numel() < FP8_SMALL_TOKENS:
@@ -809,14 +822,14 @@ class _GPTMixin:
         if plan is None:
             out = self._liger_output(idx, counted)
         else:  # LigerConfig.packing: the samples end to end, no padding computed
-            TRAINING_TOKENS["processed"] += plan.idx.numel()
-            TRAINING_TOKENS["packed"] += idx.numel()
+            state.tokens["processed"] += plan.idx.numel()
+            state.tokens["packed"] += idx.numel()
             x = self._liger_body(plan.idx, None, plan)  # (1, N, C)
             out = LigerLogits(
                 x[0], self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
                 self._liger_flce_mode, None, x.dtype, 0, None, max_chunk_bytes=self._liger_chunk_cap(x),
                 rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False), left_out=plan.check,
-                x_lora=head_lora_input(self.lm_head, x[0]),
+                x_lora=head_lora_input(self.lm_head, x[0]), state=state,
             )
         return [out] if lm_head_chunk_size > 0 else out
 
@@ -825,7 +838,7 @@ class _GPTMixin:
         here (see :func:`_packing_why`), or nothing to save (one row, no padding)."""
         if not getattr(self, "_liger_packing", False) or idx.dim() != 2 or torch.compiler.is_compiling():
             return None
-        if getattr(self, "_liger_pack_why", None) is not None or sharded_processes():
+        if getattr(self, "_liger_pack_why", None) is not None or sharded_processes(self):
             return None
         if idx.is_cuda:
             if not _packing_device_ok(self, idx.device, self.transformer.wte.weight.dtype):
@@ -860,17 +873,18 @@ class _GPTMixin:
             if T_pad != T:
                 idx = F.pad(idx, (0, T_pad - T), value=0)  # (B, T_pad): causal attention, the pad comes last
         if counted:
-            TRAINING_TOKENS["processed"] += idx.numel()
+            state_of(self).tokens["processed"] += idx.numel()
         # Taken first so that, in backward, its copy's gradient reaches the sharded parameter after
         # every other node of the model (autograd runs the most recently created ready node first):
         # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
-        head = _sharded_head_snapshot(self.lm_head)
+        head = _sharded_head_snapshot(self, self.lm_head)
         x = self._liger_body(idx, head)  # (B, T_pad, C)
         return LigerLogits(
             x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
             self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
             max_chunk_bytes=self._liger_chunk_cap(x),
             x_lora=head_lora_input(self.lm_head, x),  # (B, T_pad, C): a LoRA head's dropout, drawn where stock does
+            state=state_of(self),
         )
 
     def set_kv_cache(self, *args, **kwargs):
@@ -932,7 +946,7 @@ class _GPTMixin:
         recompute, offload, mlp = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
                                    else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
-            b: j for j, b in enumerate(_dist.segment_cuts(self.config.n_layer), 1)}
+            b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
         for block_idx, block in enumerate(self.transformer.h):
             if block_idx in cuts:
                 if taps is not None:
@@ -957,11 +971,8 @@ class _GPTMixin:
                         x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=False,
                                         preserve_rng_state=True)
             elif block_idx < recompute + mlp:
-                _MLP_RECOMPUTED[0] += 1
-                try:
+                with _scoped(block, _MLP_RECOMPUTED):
                     x = block(x, c, s, pack, None, None)
-                finally:
-                    _MLP_RECOMPUTED[0] -= 1
             else:
                 x = block(x, c, s, pack, None, None)
         return self.transformer.ln_f(x)  # (B, T, C)
@@ -1001,9 +1012,6 @@ def _packing_why(gpt: nn.Module) -> str | None:
     return None
 
 
-_CHECKPOINT_WARNED = False
-
-
 def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int]:
     """``(Blocks recomputed, their inputs offloaded, Blocks above them whose MLP inputs are recomputed)`` for this
     forward of ``idx``: ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None`` (automatic)
@@ -1019,7 +1027,7 @@ def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int
         return 0, False, 0
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
-    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model(),
+    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model(gpt),
                              mlp=lambda: _mlp_recomputable(gpt, idx))
     if plan is None:
         return 0, False, 0
@@ -1053,15 +1061,14 @@ def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
 def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
     """``LigerConfig.activation_checkpointing`` (on or automatic) applies to this forward: grad enabled, one process
     or a replica (a sharding strategy checkpoints its own wrapped Blocks: warned once where it was asked for)."""
-    global _CHECKPOINT_WARNED
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not torch.is_grad_enabled():
         return False
-    if sharded_processes() and setting is None:
+    if sharded_processes(gpt) and setting is None:
         return False  # (automatic: the strategy's own plan, no word)
-    if sharded_processes():
-        if not _CHECKPOINT_WARNED and not torch.compiler.is_compiling():  # (no Python side effects in a trace)
-            _CHECKPOINT_WARNED = True
+    if sharded_processes(gpt):
+        # (no Python side effects in a trace)
+        if not torch.compiler.is_compiling() and state_of(gpt).warn_once("activation_checkpointing sharded"):
             import warnings
 
             warnings.warn(
@@ -1108,9 +1115,6 @@ def _warn_fp8_eager(gpt: nn.Module) -> None:
         "eagerly: benchmarks/results/h100-2026-11-26c), or leave fp8 off.", stacklevel=3)
 
 
-_ZERO3_WARNED = False
-
-
 def _zero3_returns_logits(gpt: nn.Module) -> bool:
     """DeepSpeed ZeRO-3 partitions the lm_head weight. Inside a DeepSpeed engine's forward, reading a
     partitioned parameter outside its module gathers it and registers it with the module whose
@@ -1121,7 +1125,6 @@ def _zero3_returns_logits(gpt: nn.Module) -> bool:
     loss runs after the engine's forward, where the weight is a size-0 partition: the model then
     returns real logits (LitGPT's loss path, every other kernel on), with a warning once.
     """
-    global _ZERO3_WARNED
     lm_head = gpt.lm_head
     weight = getattr(getattr(lm_head, "linear", lm_head), "weight", None)
     if weight is None or not hasattr(weight, "ds_id"):
@@ -1135,8 +1138,7 @@ def _zero3_returns_logits(gpt: nn.Module) -> bool:
     # called it, or the GPT again when it is the engine's module
     if len(FWD_MODULE_STACK) >= 2 and FWD_MODULE_STACK[-1] is gpt and FWD_MODULE_STACK[-2] is not gpt:
         return False  # an outer module's forward computes the loss: fused, weight read at loss time
-    if not _ZERO3_WARNED:
-        _ZERO3_WARNED = True
+    if state_of(gpt).warn_once("zero3 logits"):
         import warnings
 
         warnings.warn(
@@ -1160,14 +1162,14 @@ def _is_zero3(lm_head: nn.Module) -> bool:
     return hasattr(getattr(getattr(lm_head, "linear", lm_head), "weight", None), "ds_id")
 
 
-def _sharded_head_snapshot(lm_head: nn.Module) -> GatheredHead | None:
+def _sharded_head_snapshot(gpt: nn.Module, lm_head: nn.Module) -> GatheredHead | None:
     """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
     (FSDP1 may reshard the root's flat parameter when forward returns; FSDP2 holds DTensors;
     ZeRO-3 is handled by :func:`_zero3_returns_logits`), but the loss runs after it. So in a multi-process run, take the
     gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
     gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
     as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
-    if not sharded_processes() or _is_zero3(lm_head):  # (one process, or a DDP replica: the parameter is whole)
+    if not sharded_processes(gpt) or _is_zero3(lm_head):  # (one process, or a DDP replica: the parameter is whole)
         return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
     weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
     lora = lm_head_lora(lm_head)  # a LoRA head: (A (r, C), B (V, r), scaling), gathered the same way

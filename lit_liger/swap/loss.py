@@ -135,21 +135,23 @@ class LigerLogitsError(TypeError, AttributeError):
     """Raised for what a LigerLogits cannot answer (an attribute that torch.Tensor does not have either)."""
 
 
-_MATERIALIZE_WARNED = [False]
+def _first_warning(key: str, *found: Any) -> bool:
+    """Whether to warn now: the first time for the model whose output is among ``found`` (its ``ModelState``; an
+    output made outside a swapped model warns each time), never inside a trace."""
+    if torch.compiler.is_compiling():
+        return False
+    for obj in found:
+        if isinstance(obj, _PendingLoss):
+            obj = obj.logits
+        if isinstance(obj, LigerLogits):
+            return obj.state is None or obj.state.warn_once(key)
+    return True
 
-#: how packed losses checked their left-out positions' targets: from the data loader's host finding (``host``, no
-#: sync) or on the device (``device``, one host sync each)
-PACKED_LOSS_CHECKS = {"host": 0, "device": 0}
 
-
-_UNPACKED_WARNED = [False]
-
-
-def _warn_unpacked() -> None:
-    """One warning per process: a packed output whose left-out positions have targets."""
-    if _UNPACKED_WARNED[0] or torch.compiler.is_compiling():
+def _warn_unpacked(logits: LigerLogits) -> None:
+    """One warning per model: a packed output whose left-out positions have targets."""
+    if not _first_warning("unpacked loss", logits):
         return
-    _UNPACKED_WARNED[0] = True
     warnings.warn(
         "lit-liger packing: a sample's trailing token id 0 (the collate's padding id) has a target, so the packed "
         "forward, which leaves trailing zeros out, cannot give this loss; lit-liger computed it from a forward of "
@@ -159,11 +161,10 @@ def _warn_unpacked() -> None:
     )
 
 
-def _warn_materialize(what: str) -> None:
-    """One warning per process: the first use of a training output that needs the real logits."""
-    if _MATERIALIZE_WARNED[0] or torch.compiler.is_compiling():
+def _warn_materialize(what: str, *found: Any) -> None:
+    """One warning per model: the first use of its training output (among ``found``) that needs the real logits."""
+    if not _first_warning("materialize", *found):
         return
-    _MATERIALIZE_WARNED[0] = True
     warnings.warn(
         f"lit-liger: {what} on a swapped model's training output needs the real (..., vocab) logits, so lit-liger "
         "computed them (once per output, the same numbers as stock LitGPT; the memory the fused loss saves is spent "
@@ -210,7 +211,7 @@ def _torch_function(func: Any, args: tuple = (), kwargs: dict | None = None) -> 
             if whole is not None:
                 return whole
     if any(isinstance(a, LigerLogits) for a in _flat(args, kwargs)):
-        _warn_materialize(f"torch.{getattr(func, '__name__', func)}")
+        _warn_materialize(f"torch.{getattr(func, '__name__', func)}", *_flat(args, kwargs))
     return func(*_to_real(args), **_to_real(kwargs))
 
 
@@ -272,6 +273,8 @@ class LigerLogits:
     # stock LitGPT draws it (same shape as ``hidden``, and every view of ``hidden`` applies to it too). None: the
     # branch reads ``hidden`` (no dropout, or no LoRA head).
     x_lora: torch.Tensor | None = None
+    # the swapped GPT's ``lit_liger.swap.state.ModelState`` (its warnings and counters); None: made elsewhere
+    state: Any = None
 
     def __post_init__(self) -> None:
         # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
@@ -343,13 +346,13 @@ class LigerLogits:
         elif Ellipsis not in idx and len(idx) < nd:
             idx = idx + (slice(None),) * (nd - len(idx))  # out[:, :-1]: the dims not named are whole
         if len(idx) != nd or not _is_full_slice(idx[-1]) or any(i is None or i is Ellipsis for i in idx):
-            _warn_materialize(f"indexing the vocabulary dimension ({index!r})")
+            _warn_materialize(f"indexing the vocabulary dimension ({index!r})", self)
             return self.real()[index]
         op = ("index", index)
         if self.rows is not None:
             if all(isinstance(i, (int, slice)) for i in idx[:-1]):  # basic indexing: each row stays at most once
                 return self._derive(op, rows=self.rows[idx[:-1]])
-            _warn_materialize(f"indexing with tensors ({index!r})")
+            _warn_materialize(f"indexing with tensors ({index!r})", self)
             return self.real()[index]
         if self.t1 is None:
             return self._derive(op, **self._hidden_views(lambda h: h[idx[:-1]], unpad=False))  # (..., H)
@@ -375,7 +378,7 @@ class LigerLogits:
                 views = None  # the leading dims do not fit: stock's reshape raises its own error below
             if views is not None:
                 return self._derive(("reshape", shape), **views, t0=0, t1=None)
-        _warn_materialize(f"reshape{shape}")
+        _warn_materialize(f"reshape{shape}", self)
         return self.real().reshape(shape)
 
     view = reshape  # (a deferred view has no memory layout to refuse)
@@ -384,7 +387,7 @@ class LigerLogits:
         nd = self.ndim
         s, e = start_dim % nd, end_dim % nd
         if e >= nd - 1 or s > e:
-            _warn_materialize("flatten over the vocabulary dimension")
+            _warn_materialize("flatten over the vocabulary dimension", self)
             return self.real().flatten(start_dim, end_dim)
         lead = list(self.shape)
         return self.reshape(*lead[:s], -1, *lead[e + 1 :])
@@ -406,7 +409,7 @@ class LigerLogits:
         if kwargs or (device is not None and torch.device(device) != self.hidden.device) or (
             dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point)
         ):
-            _warn_materialize(".to(...)")
+            _warn_materialize(".to(...)", self)
             return self.real().to(*args, **kwargs)
         if dtype is None or dtype == self.dtype:
             return self
@@ -432,7 +435,7 @@ class LigerLogits:
         nd = self.ndim
         d = dim % nd
         if d == nd - 1:
-            _warn_materialize("split over the vocabulary dimension")
+            _warn_materialize("split over the vocabulary dimension", self)
             return self.real().split(split_size, dim)
         packed = self.rows is not None
         parts = (self.rows if packed else self._unpadded_hidden()).split(split_size, d)
@@ -540,9 +543,10 @@ class LigerLogits:
         if self.left_out is not None:
             root = self.root if self.root is not None else self
             known = self.left_out.verdict(targets, self.rows, root.rows, ignore_index)
-        PACKED_LOSS_CHECKS["host" if known is not None else "device"] += 1
+        if self.state is not None:  # (the model's ModelState.loss_checks)
+            self.state.loss_checks["host" if known is not None else "device"] += 1
         if (not known) if known is not None else bool((left_out & (flat != ignore_index)).any()):  # (device: a sync)
-            _warn_unpacked()
+            _warn_unpacked(self)
             return self._on_unpacked().loss(targets, ignore_index, reduction, num_valid_targets, **kwargs)
         n = self.hidden.shape[0]
         dest = torch.where(left_out, n, rows)  # the left-out positions write to a spare slot
@@ -614,7 +618,7 @@ class LigerLogits:
             raise AttributeError(name)
         if not hasattr(torch.Tensor, name):
             raise LigerLogitsError(f"LigerLogits (deferred logits) has no attribute {name!r}, nor does a tensor")
-        _warn_materialize(f".{name}")
+        _warn_materialize(f".{name}", self)
         return getattr(self.real(), name)
 
     @classmethod
@@ -622,7 +626,7 @@ class LigerLogits:
         return _torch_function(func, args, kwargs)
 
     def __iter__(self):
-        _warn_materialize("iterating")
+        _warn_materialize("iterating", self)
         return iter(self.real())
 
     def __repr__(self) -> str:
@@ -711,7 +715,7 @@ class _PendingLoss:
 def _delegate(cls: type, name: str, warn: bool) -> None:
     def op(self: Any, *args: Any) -> Any:
         if warn:
-            _warn_materialize(name)
+            _warn_materialize(name, self)
         real = self.real() if isinstance(self, LigerLogits) else self.resolve()
         return getattr(real, name)(*_to_real(args))
 
@@ -746,7 +750,8 @@ def _cross_entropy(
     )
     if not fused:
         if isinstance(input, LigerLogits):
-            _warn_materialize("F.cross_entropy with per-class weights, probability targets or (N, V, ...) layout")
+            _warn_materialize("F.cross_entropy with per-class weights, probability targets or (N, V, ...) layout",
+                              input)
         return F.cross_entropy(
             _to_real(input), _to_real(target), weight, size_average, ignore_index, reduce, reduction, label_smoothing
         )

@@ -26,12 +26,10 @@ from torch import nn
 from .._dist import whole_model
 from ..kernels._checks import owns_storage
 from .loss import _unwrap_linear
+from .state import state_of
 
 __all__ = ["head_weight", "install", "own_copy", "share_if_tied", "unshare"]
 
-#: called once per model when its head starts sharing the embedding's storage, with a one-line message (the CLI
-#: prints it on rank 0)
-ON_SHARE: list[Callable[[str], None]] = []
 
 
 def head_weight(gpt: nn.Module) -> nn.Parameter | None:
@@ -65,7 +63,7 @@ def _why_not(gpt: nn.Module, head: nn.Parameter | None, emb: nn.Parameter) -> st
         return "sharded"
     if not (owns_storage(head) and owns_storage(emb)):  # (FSDP's original parameters view a flat buffer)
         return "part of a larger buffer (FSDP's flat parameters)"
-    if not whole_model():
+    if not whole_model(gpt):
         return "several processes (sharded or a DDP replica)"
     return None
 
@@ -143,7 +141,7 @@ def share_if_tied(gpt: nn.Module) -> None:
         head.data = emb.data
         head._liger_tied = emb._liger_tied = _Tie()
         gpt._liger_tied_checked = None
-        for announce in ON_SHARE:
+        for announce in state_of(gpt).on_share:  # (the CLI prints it on rank 0)
             announce(f"lit-liger: lm_head.weight equals transformer.wte.weight and both are frozen: one copy kept "
                      f"({freed / 2**20:,.1f} MiB freed)")
     else:
