@@ -3,7 +3,8 @@
     from lit_liger import LigerCallback, LigerConfig, apply_liger, chunked_cross_entropy
 """
 
-from .swap.adapter import LigerReport, apply_liger, remove_liger
+from .apply import apply_liger
+from .swap.adapter import LigerReport, remove_liger
 from .callback import LigerCallback
 from .config import LigerConfig
 from .swap.loss import LigerLogits, chunked_cross_entropy

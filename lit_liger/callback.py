@@ -33,7 +33,8 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from .swap.adapter import LigerReport, apply_liger, precompute_fp8_scales, wrapping_strategy
+from .apply import apply_liger
+from .swap.adapter import LigerReport, precompute_fp8_scales, wrapping_strategy
 from .runtime.batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode

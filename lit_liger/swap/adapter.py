@@ -19,7 +19,7 @@ import contextlib
 import functools
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -39,11 +39,7 @@ from .._dist import sharded_processes
 from .buckets import bucket_length, packed_bucket_length
 from .state import state_of, states_in
 from ..config import LigerConfig
-from ..runtime import decode as _decode
-from ..runtime import graphs as _graphs
-from ..runtime import memplan as _memplan
 from . import tied as _tied
-from ..runtime.graphs import runner_for
 from ..kernels import _grad_into
 from ..kernels._launch import use_triton
 from ..kernels.attention import softcap_attention, supported_head_size
@@ -60,7 +56,7 @@ from .quant import is_4bit, is_quantized, linear_4bit
 from .loss import (GatheredHead, LigerLogits, _unwrap_linear, chunked_cross_entropy, head_lora_input, lm_head_lora,
                    lm_head_weight_bias)
 
-__all__ = ["LigerReport", "apply_liger", "fused_loss_without_grad", "is_swapped", "remove_liger"]
+__all__ = ["LigerReport", "fused_loss_without_grad", "is_swapped", "remove_liger", "swap_model"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -800,11 +796,12 @@ class _GPTMixin:
         if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
             _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
         grad = torch.is_grad_enabled()
-        if input_pos is not None and not grad:  # (generation's one-token steps: CUDA graphs, lit_liger.runtime.decode)
-            out = _decode.step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+        state = state_of(self)
+        rt = state.runtime  # (lit_liger.runtime.attach: None where only swapped, eager kernels)
+        if input_pos is not None and not grad and rt is not None:  # (generation's one-token steps: CUDA graphs)
+            out = rt.decode_step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
             if out is not None:
                 return out
-        state = state_of(self)
         if input_pos is not None or not (grad or state.fused_loss_without_grad) or _zero3_returns_logits(self) \
                 or _int8_head(self):
             return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
@@ -888,11 +885,13 @@ class _GPTMixin:
         )
 
     def set_kv_cache(self, *args, **kwargs):
-        _decode.drop(self)  # (its graph was captured on the cache being replaced)
+        if (rt := state_of(self).runtime) is not None:
+            rt.decode_drop(self)  # (its graph was captured on the cache being replaced)
         return super().set_kv_cache(*args, **kwargs)
 
     def clear_kv_cache(self):
-        _decode.drop(self)
+        if (rt := state_of(self).runtime) is not None:
+            rt.decode_drop(self)
         return super().clear_kv_cache()
 
     def _liger_body(self, idx: torch.Tensor, head: GatheredHead | None,
@@ -902,10 +901,11 @@ class _GPTMixin:
         if not torch.compiler.is_compiling():  # (Blocks recomputed, inputs offloaded): read by the graphs, the body
             self._liger_mem_now = _memory_plan_here(self, idx)
         graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
-        if graphs is not False and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        rt = state_of(self).runtime
+        if graphs is not False and rt is not None and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
             # traced graph must not do)
-            runner = runner_for(self)
+            runner = rt.runner(self)
             x = runner.hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
         if x is None:
             x = self._liger_hidden(idx, plan)
@@ -957,7 +957,7 @@ class _GPTMixin:
             if block_idx < recompute and offload:  # reentrant: the checkpoint saves its input, which the hooks move
                 if not x.requires_grad:  # (a frozen embedding's output: the reentrant checkpoint needs one input with
                     x = x.detach().requires_grad_()  # grad, or the Block's trainable parameters get none)
-                with _memplan.offloaded(self.config.n_embd):
+                with state_of(self).runtime.offloaded(self.config.n_embd):
                     x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=True,
                                     preserve_rng_state=True)
             elif block_idx < recompute:  # only x is kept; the Block reruns in backward
@@ -1027,8 +1027,11 @@ def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int
         return 0, False, 0
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
-    plan = _memplan.plan_for(gpt, idx.numel(), idx.device, elt, allow_offload=_dist.whole_model(gpt),
-                             mlp=lambda: _mlp_recomputable(gpt, idx))
+    rt = state_of(gpt).runtime
+    if rt is None:  # (swapped without the runtime: no memory plan)
+        return 0, False, 0
+    plan = rt.memory_plan(gpt, idx.numel(), idx.device, elt, _dist.whole_model(gpt),
+                          lambda: _mlp_recomputable(gpt, idx))
     if plan is None:
         return 0, False, 0
     said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False, 0])
@@ -1510,8 +1513,11 @@ def _has_class_named(module: nn.Module, name: str) -> bool:
     return any(c.__name__ == name for c in type(module).__mro__)
 
 
-def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = None) -> LigerReport:
-    """Swap LitGPT modules inside ``model`` for lit-liger kernels, in place. Idempotent.
+def swap_model(model: nn.Module, config: LigerConfig | dict | bool | None = None,
+               attach: Callable[[str, nn.Module, LigerConfig, LigerReport], None] | None = None) -> LigerReport:
+    """Swap LitGPT modules inside ``model`` for lit-liger kernels, in place. Idempotent. ``lit_liger.apply_liger``
+    calls it with ``attach`` (``lit_liger.runtime.attach.attach``), called for each GPT whose training forward was
+    swapped: what gives it CUDA graphs, the memory plan and generation graphs.
 
     ``model`` is a ``litgpt.GPT`` (also the LoRA / adapter / adapter_v2 subclasses), a
     ``litgpt.LLM``, or any module that holds one (a LightningModule). Meta-device and GPU models
@@ -1519,7 +1525,7 @@ def apply_liger(model: nn.Module, config: LigerConfig | dict | bool | None = Non
     applies ``config``; ``apply_liger(model, False)`` undoes everything.
     """
     with _real_linear_class():
-        return _apply(model, LigerConfig.from_value(config))
+        return _apply(model, LigerConfig.from_value(config), attach)
 
 
 @contextlib.contextmanager
@@ -1540,7 +1546,7 @@ def _real_linear_class() -> Iterator[None]:
         torch.nn.Linear = patched
 
 
-def _apply(model: nn.Module, cfg: LigerConfig) -> LigerReport:
+def _apply(model: nn.Module, cfg: LigerConfig, attach: Callable | None = None) -> LigerReport:
     prior = _fp8_decisions(model)
     remove_liger(model)
     report = LigerReport()
@@ -1555,6 +1561,10 @@ def _apply(model: nn.Module, cfg: LigerConfig) -> LigerReport:
         return report
     for gpt_path, gpt in gpts:
         _apply_gpt(gpt_path, gpt, cfg, report, prior)
+        if isinstance(gpt, _GPTMixin):
+            state_of(gpt)  # (its counters, warnings and plans: lit_liger.swap.state)
+            if attach is not None:
+                attach(gpt_path, gpt, cfg, report)
     for path, m in model.named_modules():
         if isinstance(m, LLM) and cfg.fused_linear_cross_entropy:
             _swap_class(m, _LLMMixin)
@@ -1747,8 +1757,7 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
     gpt._liger_flce_mode = cfg.flce_mode
     gpt._liger_seq_buckets = cfg.seq_buckets
     gpt._liger_cuda_graphs = cfg.cuda_graphs
-    gpt._liger_graphs_max_tokens = (cfg.cuda_graphs_max_tokens if cfg.cuda_graphs_max_tokens is not None
-                                    else _graphs.auto_max_tokens(gpt))
+    gpt._liger_graphs_max_tokens = cfg.cuda_graphs_max_tokens  # (None: automatic, lit_liger.runtime.attach)
     gpt._liger_packing = cfg.packing
     gpt._liger_pack_why = _packing_why(gpt)
     gpt._liger_activation_checkpointing = cfg.activation_checkpointing
@@ -1774,30 +1783,8 @@ def _apply_gpt(prefix: str, gpt: lm.GPT, cfg: LigerConfig, report: LigerReport,
                                    if gpt.config.attention_logit_softcapping is not None else "") + "; packing)")
     elif cfg.packing:
         report.skip(prefix, gpt, f"packing off: {gpt._liger_pack_why}; batches run padded")
-    if cfg.cuda_graphs is not False:
-        when = "one CUDA device"
-        if cfg.cuda_graphs is None:
-            when += (" (automatic)" if _graphs.CAPTURE_FULL_TRAINING
-                     else ", when at most 1/8 of the parameters are trained (automatic)")
-        report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
-                                f"{when}, up to {gpt._liger_graphs_max_tokens:,} tokens per micro-batch (cuda_graphs, "
-                                "cuda_graphs_max_tokens)")
-    if cfg.activation_checkpointing is None:
-        report.add(prefix, gpt, "activations planned per micro-batch from its tokens and the device's free memory: "
-                                "every Block's kept where they fit, else the fewest Blocks rerun in backward, "
-                                "else every Block rerun with its input in pinned host memory (one CUDA process "
-                                "or a replica; activation_checkpointing automatic)")
-    elif cfg.activation_checkpointing:
-        graphs_note = "steps run without CUDA graphs; " if _graphs.checkpointed_capture_why() else ""
-        report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept; the loss's logits "
-                                f"chunk capped at their size; a frozen MLP runs in chunks of rows, recomputed in its backward (single "
-                                f"process; {graphs_note}activation_checkpointing)")
     if gpt._liger_tied_weights:
         report.add(prefix, gpt, "lm_head.weight shares transformer.wte.weight's storage where both are frozen and "
                                 "equal, as in a converted checkpoint of a tied-embedding model (checked at the "
                                 "forward; tied_weights)")
     report.skip(prefix, gpt, "KV-cache (input_pos) and no-grad calls return LitGPT's real logits")
-    if cfg.cuda_graphs is not False and _decode.DECODE_GRAPHS:
-        report.add(prefix, gpt, "generation's one-token KV-cache steps replayed from CUDA graphs, one per key length "
-                                "(the cache's filled length rounded up to a power of two, masked; one CUDA process; "
-                                "lit_liger.runtime.decode)")

@@ -7,7 +7,8 @@ frozen reference, a teacher and a student, a model and its EMA copy) share the k
 compiled code, nothing of this: each run reads its own model's numbers.
 
 ``apply_liger`` makes it, ``remove_liger`` drops it with the other ``_liger_`` attributes; a deep copy or a pickle
-of the model gets a fresh one (a captured CUDA graph can be neither copied nor pickled; the copy captures its own).
+of the model gets a fresh one with the same runtime (a captured CUDA graph can be neither copied nor pickled; the
+copy captures its own).
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ class ModelState:
         return True
 
     def __deepcopy__(self, memo: dict) -> ModelState:
-        return ModelState()
+        return ModelState(runtime=self.runtime)  # (the runtime's entry points are stateless: shared)
 
     def __reduce__(self) -> tuple:
-        return ModelState, ()
+        return ModelState, (), {"runtime": self.runtime}
 
     def counters(self) -> dict[str, dict]:
         """A copy of every counter (for a run's before / after)."""
