@@ -167,8 +167,8 @@ def fp8_recipe(variant: str) -> str | None:
 
 def fp8_projections(model: torch.nn.Module) -> tuple[int, int]:
     """(modules of ``model`` that are torchao ``Float8Linear``, Block projections ``LigerConfig.fp8`` targets:
-    ``lit_liger.swap.adapter.FP8_PROJECTIONS`` of each Block that has them). Without torchao the first is 0."""
-    from lit_liger.swap.adapter import FP8_PROJECTIONS
+    ``lit_liger.swap.fp8.FP8_PROJECTIONS`` of each Block that has them). Without torchao the first is 0."""
+    from lit_liger.swap.fp8 import FP8_PROJECTIONS
 
     try:
         from torchao.float8.float8_linear import Float8Linear

@@ -228,7 +228,7 @@ def _float8_on_stock(model, recipe: str) -> str:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
         raise C.Unavailable(f"skipped: torchao missing ({exc})") from exc
-    from lit_liger.swap.adapter import FP8_PROJECTIONS, fp8_why
+    from lit_liger.swap.fp8 import FP8_PROJECTIONS, fp8_why
 
     why = fp8_why(recipe)
     if why is not None:
@@ -261,7 +261,7 @@ def make_loss_fn(variant: str, model, liger_config: dict | None = None
         cfg = dict(liger_config or {})  # None: LigerConfig() defaults, everything on
         if recipe is not None:
             cfg["fp8"] = recipe
-            from lit_liger.swap.adapter import fp8_why
+            from lit_liger.swap.fp8 import fp8_why
 
             if fp8_why(recipe) is not None:  # lit-liger would run it in bf16: not an fp8 row
                 raise C.Unavailable(f"skipped: {fp8_why(recipe)}")

@@ -4,7 +4,8 @@
 """
 
 from .apply import apply_liger
-from .swap.adapter import LigerReport, remove_liger
+from .swap.adapter import remove_liger
+from .swap.report import LigerReport
 from .callback import LigerCallback
 from .config import LigerConfig
 from .swap.loss import LigerLogits, chunked_cross_entropy

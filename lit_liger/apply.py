@@ -8,7 +8,8 @@ from torch import nn
 
 from .config import LigerConfig
 from .runtime.attach import attach
-from .swap.adapter import LigerReport, swap_model
+from .swap.adapter import swap_model
+from .swap.report import LigerReport
 
 __all__ = ["apply_liger"]
 

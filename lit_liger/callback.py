@@ -34,7 +34,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from .apply import apply_liger
-from .swap.adapter import LigerReport, precompute_fp8_scales, wrapping_strategy
+from .swap.fp8 import precompute_fp8_scales, wrapping_strategy
+from .swap.report import LigerReport
 from .runtime.batches import HostPrep, after_move, prep_for
 from .config import LigerConfig
 from .kernels._launch import interpret_mode

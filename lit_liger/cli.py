@@ -314,7 +314,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             if balanced is not None and balanced[2] is not None:  # (the lengths the replicas are expected to meet)
                 for st in states:
                     st.expected_lengths = balanced[2]
-        defer = (_deferred_log(fabric, rank0) if config is not None and config.defer_loss_sync
+        defer = (_deferred_log(fabric, rank0, fit) if config is not None and config.defer_loss_sync
                  and whole_model() else contextlib.nullcontext())
         ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
         if ahead is not None:  # (the first micro-batches' plans and graphs leave it free)
@@ -374,10 +374,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
 
 
 @contextlib.contextmanager
-def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
+def _deferred_log(fabric: Any, rank0: bool, fit: Callable | None = None) -> Iterator[None]:
     """During litgpt's ``fit``: ``fabric.print`` / ``fabric.log_dict`` through ``lit_liger.runtime.lazylog.DeferredLog``, which
-    the recipe's ``RunningMean`` (``lazylog.running_mean_factory``) feeds: the loop's per-iteration loss, token counts
-    and their log line read one iteration later, without a device sync (said in the log)."""
+    the recipe's ``RunningMean`` (``lazylog.RunningMeans`` while patched, the name ``fit`` reads in its module) feeds
+    for this ``fit``: the loop's per-iteration loss, token counts and their log line read one iteration later, without
+    a device sync (said in the log)."""
     from .runtime import lazylog
 
     if fabric is None or not callable(getattr(fabric, "print", None)) or not callable(getattr(fabric, "log_dict", None)):
@@ -389,10 +390,12 @@ def _deferred_log(fabric: Any, rank0: bool) -> Iterator[None]:
               "per iteration; the same values, each log line printed when the next iteration logs; iter_time is then "
               "the loop's period); --liger.defer_loss_sync false keeps litgpt's", flush=True)
     fabric.print, fabric.log_dict = log.print, log.log_dict  # (instance attributes over Fabric's methods)
-    lazylog.ACTIVE[0] = log
+    means = getattr(inspect.getmodule(fit), "RunningMean", None) if fit is not None else None
+    held = means.deferring(log) if isinstance(means, lazylog.RunningMeans) else contextlib.nullcontext()
+    held.__enter__()  # (the running means litgpt's fit makes feed this log)
 
     def restore() -> None:
-        lazylog.ACTIVE[0] = None
+        held.__exit__(None, None, None)
         fabric.__dict__.pop("print", None)
         fabric.__dict__.pop("log_dict", None)
 
@@ -518,13 +521,13 @@ def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
 def _validate_with_fused_loss(validate: Callable) -> Callable:
     """litgpt's ``validate`` (model forward, then ``chunked_cross_entropy``, under ``no_grad``) with the swapped
     model's deferred logits, so its loss is the fused one and the ``(B, T, V)`` logits are never held
-    (:func:`lit_liger.swap.adapter.fused_loss_without_grad`). One process or lit-liger's replica plan: in a sharded run,
+    (:func:`lit_liger.swap.gpt.fused_loss_without_grad`). One process or lit-liger's replica plan: in a sharded run,
     validation keeps LitGPT's path."""
 
     @functools.wraps(validate)
     def run(*args: Any, **kwargs: Any) -> Any:
         from ._dist import whole_model
-        from .swap.adapter import fused_loss_without_grad
+        from .swap.gpt import fused_loss_without_grad
 
         model = kwargs.get("model", args[1] if len(args) > 1 else None)  # (litgpt: validate(fabric, model, ...))
         if not isinstance(model, torch.nn.Module) or not whole_model(_swapped_gpt(model)):

@@ -82,7 +82,7 @@ class LigerConfig:
             is laid out on the host (``lit_liger.runtime.batches``), so a packed step reads nothing back from the GPU; elsewhere
             the forward reads the rows' lengths (one host sync) and the loss checks the left-out targets (another);
             while every batch read has filled its length (pretraining), only the 1st, 4th, 16th, ... batch's lengths are
-            read and the others run unpacked (``lit_liger.swap.adapter.LENGTH_READS``). On by default: measured on an H200
+            read and the others run unpacked (``lit_liger.swap.gpt.LENGTH_READS``). On by default: measured on an H200
             (Llama-3.2-1B, litgpt's LoRA recipe, micro-batch 4, 39% of the positions padding, 9% packed), 300
             iterations: 1.16x the padded run's tokens/s; 100 iterations: 0.91x, because packed lengths spread wider and
             their captures (~0.13 s each) land later in a run; it reserves 0.8 GB more there
@@ -149,7 +149,7 @@ class LigerConfig:
             against 1.11x; LoRA at 1B widths: 0.93x of it), and off elsewhere. ``True``: on wherever the weights are not
             sharded yet (your own ``fully_shard`` loop); ``False``: off. The report says which and why.
             ``LigerCallback`` computes the weights' scales after each optimizer step with one all-reduce
-            (``adapter.precompute_fp8_scales``, torchao's ``precompute_float8_dynamic_scale_for_fsdp``); elsewhere each
+            (``lit_liger.swap.fp8.precompute_fp8_scales``, torchao's ``precompute_float8_dynamic_scale_for_fsdp``); elsewhere each
             all-gather computes its weight's scale with an all-reduce of its own (the same numbers, more collectives).
             In eager mode the gathered float8 weights go into lit-liger's tensorwise GEMMs as they are. On 2 x H200:
             bit-equal to the bf16 all-gather, and slower on that one host (``benchmarks/results/h200x2-2026-11-26b``).

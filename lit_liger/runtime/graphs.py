@@ -650,15 +650,14 @@ def _triton_runtime_knobs() -> Any:
 def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torch.Tensor], idx_dtype: torch.dtype
                      ) -> None:
     """Launch once, outside the capture, the kernels that add a weight's gradient into its ``.grad`` buffer only inside
-    a capture (the warm-up pass runs outside ``grads_into``): the token embedding's (``adapter.EMBEDDING_GRAD_INTO``),
+    a capture (the warm-up pass runs outside ``grads_into``): the token embedding's (``lit_liger.swap.gpt._EmbeddingMixin``),
     on a zero gradient for one token, which leaves the buffer's values as they are. Its compilation and module load
     are then not recorded (a driver older than CUDA 12.3 cannot load a module inside a capture), and a later capture
     without warm-up does not meet it in :func:`_compile_guard`."""
-    from ..swap import adapter
     from ..kernels.embedding import embedding_grad_into_
 
     wte = getattr(getattr(gpt, "transformer", None), "wte", None)
-    if not (adapter.EMBEDDING_GRAD_INTO and DIRECT_GRADS and GEMM_INTO_GRAD) or not isinstance(wte, nn.Embedding):
+    if not (DIRECT_GRADS and GEMM_INTO_GRAD) or not isinstance(wte, nn.Embedding):
         return
     for p, b in zip(params, bufs):
         if p is wte.weight and b.shape == p.shape and b.dtype == p.dtype:
@@ -1128,7 +1127,7 @@ class GraphRunner:
         max_seq_length`` of a batch without padding, so that the processes capture at the same step. Captured one by
         one as they come, a length that one process meets first stalls the others at the next all-reduce for as
         long as its capture takes."""
-        from ..swap import adapter
+        from ..swap import gpt as gpt_swap
         from ..swap.packing import Pack, Plan, _layout
 
         gpt = self.gpt
@@ -1156,7 +1155,7 @@ class GraphRunner:
                 sizes = [real // S + (i < real % S) for i in range(S)]
                 _, n, bounds, _, positions, _ = _layout(sizes, T, lambda _real, L=L: L, gpt.cos.size(0))
                 sidx = torch.ones((1, n), dtype=idx.dtype, device=idx.device)
-                if adapter._memory_plan_here(gpt, sidx) != (0, False, 0):
+                if gpt_swap._memory_plan_here(gpt, sidx) != (0, False, 0):
                     continue
                 gpt._liger_mem_now = (0, False, 0)
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
@@ -1176,7 +1175,7 @@ class GraphRunner:
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
                 if want_full and not PACK_FULL and (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
                         and len(self.graphs) < MAX_GRAPHS and not self.disabled \
-                        and adapter._memory_plan_here(gpt, sidx) == (0, False, 0):
+                        and gpt_swap._memory_plan_here(gpt, sidx) == (0, False, 0):
                     gpt._liger_mem_now = (0, False, 0)
                     self._capture(key, sidx, params, None, warmup=self._warmup_needed(None))
         finally:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..swap.adapter import _is_dtensor
+from ..swap._common import _is_dtensor
 
 __all__ = ["DEVICES", "fuse_and_report", "fuse_optimizer"]
 

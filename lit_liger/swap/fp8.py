@@ -1,6 +1,6 @@
 """lit-liger's fused norm->Linear and GLU-product recompute feeding torchao's float8 GEMMs (``LigerConfig.fp8``).
 
-``LigerConfig.fp8`` turns the Block projections into torchao ``Float8Linear`` modules (``adapter._convert_fp8``).
+``LigerConfig.fp8`` turns the Block projections into torchao ``Float8Linear`` modules (:func:`_convert_fp8`, the second part of this file: which projections convert, the all-gather decision, the scales FSDP2 precomputes).
 Such a module computes ``matmul_with_hp_or_float8_args``: its input and weight cast to float8 with the recipe's
 scaling, one ``_scaled_mm``, and in backward the same for the two gradient GEMMs from the 16-bit input it saved.
 Called as a module behind lit-liger's norm or GLU kernel, it keeps that 16-bit input (the normalized tensor, the
@@ -33,7 +33,11 @@ arithmetic in forward, and transposed in backward with the forward's scale. See 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from litgpt import lora as litgpt_lora, model as lm
 from torch import nn
 
 from ..kernels import float8 as _f8
@@ -41,6 +45,9 @@ from ..kernels._checks import as_rows
 from ..kernels._launch import use_triton
 from ..kernels.rms_norm import _rms_norm_bwd, _rms_norm_bwd_impl, _rms_norm_fwd, _rms_norm_fwd_impl
 from ..kernels.swiglu import _glu_bwd, _glu_bwd_amax, _glu_bwd_amax_impl, _glu_bwd_impl, _glu_fwd, _glu_fwd_impl
+from ._common import _called_plainly, _is_dtensor
+from .report import _abbrev, LigerReport
+
 
 __all__ = ["glu_linear_fp8", "is_float8_linear", "is_tensorwise", "linear_fp8", "liger_float8_linear_class",
            "norm_linear_fp8", "norm_mlp_fp8", "tensorwise_fusable"]
@@ -490,3 +497,270 @@ def liger_float8_linear_class() -> type:
 
         _LIGER_FLOAT8_LINEAR.append(LigerFloat8Linear)
     return _LIGER_FLOAT8_LINEAR[0]
+
+
+def _fp8_fusable(x: torch.Tensor, *linears: nn.Module) -> bool:
+    """lit-liger's fused norm->Linear / GLU-product paths may call these float8 Linears' GEMMs themselves
+    (``lit_liger.swap.fp8``): the Triton path, no autocast, weights in ``x``'s dtype, no hooks on the modules."""
+    return (use_triton(x) and not torch.is_autocast_enabled(x.device.type)
+            and all(m.weight.dtype == x.dtype for m in linears) and _called_plainly(*linears))
+
+
+#: below this many tokens in a training micro-batch ``LigerConfig.fp8`` warns (once) that float8 is likely slower than
+#: bf16 there. Measured on an H100 (Llama-3.2-1B): 1.16x lit-liger + compile in bf16 at 8,192 tokens per micro-batch
+#: (B4 x T2048); against lit-liger bf16 in litgpt's recipes, 0.78x (LoRA) and 0.74x (full fine-tuning) at micro-batch
+#: 4 of Alpaca-length samples (~800 tokens), 0.71x (LoRA) at micro-batch 1, where casting every weight at each step
+#: costs more than the smaller GEMMs save (``benchmarks/results/h100-2026-11-26d``). Between the two, not measured.
+FP8_SMALL_TOKENS = 4096
+
+
+def _warn_fp8_small(gpt: nn.Module, n_tokens: int) -> None:
+    """Once per model: a training micro-batch of ``n_tokens`` < :data:`FP8_SMALL_TOKENS` with ``LigerConfig.fp8``."""
+    gpt._liger_fp8_small_warning = False
+    import warnings
+
+    warnings.warn(
+        f"lit-liger: fp8 with {n_tokens} tokens in a training micro-batch. Float8 GEMMs pay off at large ones: on an "
+        "H100, Llama-3.2-1B ran 1.16x bf16 at 8,192 tokens per micro-batch, but 0.78x (LoRA) and 0.74x (full "
+        "fine-tuning) in litgpt's recipes at ~800, where casting every weight at each step costs more than the GEMMs "
+        "save (benchmarks/results/h100-2026-11-26d). Leave fp8 off for small micro-batches, or measure yours.",
+        stacklevel=3)
+
+
+def _warn_fp8_eager(gpt: nn.Module) -> None:
+    """Once per model: ``LigerConfig.fp8`` trains without ``torch.compile`` where torchao casts (a rowwise recipe),
+    which is slow eagerly. The tensorwise recipe runs on lit-liger's own casts (FSDP2's float8 all-gather and DeepSpeed
+    ZeRO-3 partitions included), fast in eager mode too, and does not warn."""
+    gpt._liger_fp8_eager_warning = False
+    import warnings
+
+    warnings.warn(
+        "lit-liger: fp8 is training without torch.compile. Here torchao's float8 casts run (a rowwise recipe), as "
+        "several separate kernels eagerly: on an H100 this measured "
+        "0.40-0.55x the speed of bf16 with torch.compile, slower than lit-liger in bf16 "
+        "(benchmarks/results/h100-2026-11-25e). Compile the model, use fp8=tensorwise (lit-liger's own casts, fast "
+        "eagerly: benchmarks/results/h100-2026-11-26c), or leave fp8 off.", stacklevel=3)
+
+
+#: the Block projections ``LigerConfig.fp8`` runs in float8 (their paths inside a Block)
+FP8_PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc_1", "mlp.fc_2", "mlp.proj")
+
+
+def fp8_why(recipe: str) -> str | None:
+    """Why float8 training cannot run here (torchao missing, a GPU without float8 tensor cores), or None."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return f"fp8={recipe!r} needs torchao: pip install 'lit-liger[fp8]'"
+    if torch.cuda.is_available():
+        if torch.version.hip is not None:
+            return "float8 training on AMD GPUs is not supported by lit-liger yet (not measured)"
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            return f"this GPU (sm_{major}{minor}) has no float8 tensor cores (sm_89 and newer: Ada, Hopper, Blackwell)"
+    return None
+
+
+#: inside ``LigerCallback``'s swap: (the Trainer's strategy shards with FSDP2, its class name), for
+#: ``LigerConfig.fp8_all_gather``'s automatic choice (:func:`fp8_all_gather_why`)
+_WRAPPING_STRATEGY: list[tuple[bool, str]] = []
+
+
+@contextlib.contextmanager
+def wrapping_strategy(fsdp2: bool, name: str) -> Iterator[None]:
+    """``apply_liger`` calls inside know which strategy wraps the model next (``LigerCallback`` says so)."""
+    _WRAPPING_STRATEGY.append((fsdp2, name))
+    try:
+        yield
+    finally:
+        _WRAPPING_STRATEGY.pop()
+
+
+#: ``fp8_all_gather``'s automatic choice under FSDP2 on one host, and why (h200x2-2026-11-26b)
+ONE_HOST_WHY = ("all processes on one host, where FSDP2's 16-bit all-gather measured faster (2 x H200, 8B widths: "
+                "1.22x stock against 1.11x with float8 all-gather; LoRA at 1B widths: 0.93x of it): the all-gathers "
+                "overlap the compute over NVLink and torchao's cast of each shard costs more than the halved bytes "
+                "save; fp8_all_gather true to gather float8")
+
+
+def fp8_all_gather_why(recipe: str, setting: bool | None, weight: torch.Tensor) -> tuple[bool, str]:
+    """Whether the float8 projections' weights (``weight``: one of them, as found) get torchao's FSDP2 float8 all-gather
+    (``LigerConfig.fp8_all_gather``), and why. torchao wraps each weight in ``WeightWithDynamicFloat8CastTensor``, which
+    ``fully_shard`` (FSDP2) must find when it shards: only FSDP2 gathers it in float8, only for tensorwise scaling."""
+    if setting is False:
+        return False, "fp8_all_gather false"
+    if recipe != "tensorwise":
+        return False, f"torchao gathers float8 weights for the tensorwise recipe only, not {recipe!r}"
+    if hasattr(weight, "ds_id"):
+        return False, ("DeepSpeed ZeRO-3 partitions: DeepSpeed gathers them in 16 bits, the GEMMs cast after (torchao "
+                       "gathers float8 weights under FSDP2 only)")
+    if _is_dtensor(weight):
+        return False, ("the weights were sharded before apply_liger (it must run before fully_shard): FSDP gathers "
+                       "them in 16 bits, the GEMMs cast after")
+    if setting:
+        return True, "fp8_all_gather true"
+    from .._dist import one_host, several_processes
+
+    if not several_processes():
+        return False, "one process"
+    if _WRAPPING_STRATEGY:
+        fsdp2, name = _WRAPPING_STRATEGY[-1]
+        if fsdp2:
+            return (False, ONE_HOST_WHY) if one_host() else (True, f"the Trainer's {name} shards with FSDP2")
+        return False, f"the Trainer's {name}: torchao gathers float8 weights under FSDP2 (ModelParallelStrategy) only"
+    try:
+        from torch.distributed.fsdp.wrap import _ConfigAutoWrap  # (FSDP1's enable_wrap: Fabric's FSDPStrategy
+    except ImportError:                                            # builds its model inside it)
+        _ConfigAutoWrap = None
+    if getattr(_ConfigAutoWrap, "in_autowrap_context", False):
+        return False, "FSDP1 (FSDPStrategy): torchao gathers float8 weights under FSDP2 only"
+    if weight.is_meta:
+        if one_host():
+            return False, ONE_HOST_WHY
+        return True, ("a multi-process model built on the meta device outside FSDP1: FSDP2 (Fabric's "
+                      "ModelParallelStrategy) shards it")
+    return False, ("several processes, but not known to shard with FSDP2 next (fp8_all_gather true if fully_shard "
+                   "follows)")
+
+
+def _float8_all_gather_weight(w: torch.Tensor) -> bool:
+    """A weight torchao's FSDP2 float8 all-gather wrapped, sharded by ``fully_shard`` or not."""
+    w = w._local_tensor if _is_dtensor(w) else w
+    return type(w).__name__ == "WeightWithDynamicFloat8CastTensor"
+
+
+def _convert_fp8(pre: str, gpt: lm.GPT, recipe: str, report: LigerReport, all_gather: bool | None = None,
+                 prior: dict[int, tuple] | None = None) -> None:
+    """``LigerConfig.fp8``: the Block projections (a LoRA layer's frozen base Linear) become torchao ``Float8Linear``
+    modules in place: each Linear's class changes to ``Float8Linear`` and it gains that class's attributes (its config),
+    the same module object with the same Parameters, so that FSDP / DeepSpeed bookkeeping made before still points at
+    it (:func:`remove_liger` changes them back). With ``fp8_all_gather`` (:func:`fp8_all_gather_why`) each weight
+    becomes a new Parameter of torchao's ``WeightWithDynamicFloat8CastTensor`` around the old one (build the optimizer
+    after ``apply_liger``). Projections whose sizes float8 GEMMs cannot take (not multiples of 16) stay.
+
+    ``prior``: a previous ``apply_liger``'s all-gather decisions, by module (:func:`_fp8_decisions`). Applied again
+    after ``fully_shard`` sharded what the first application converted (``LigerCallback`` applies in ``setup`` and
+    again after ``configure_model``), the report gives the first decision's reason, not the order."""
+    why = fp8_why(recipe)
+    if why is not None:
+        report.skip(pre.rstrip("."), gpt, f"fp8 off: {why}; the model stays in 16 bits")
+        return
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+
+    targets, odd, kept = [], [], []
+    for i, block in enumerate(gpt.transformer.h):
+        for path in FP8_PROJECTIONS:
+            parent_path, _, name = path.rpartition(".")
+            m = getattr(getattr(block, parent_path, None), name, None)  # (in "attn" / "mlp")
+            if isinstance(m, litgpt_lora.LoRALinear):  # (LoRAQKVLinear too) the frozen base; the adapters stay 16-bit
+                m, name = m.linear, "linear"
+            full = f"{pre}transformer.h.{i}.{path}" + (".linear" if name == "linear" else "")
+            if isinstance(m, Float8Linear) and "_liger_fp8_orig" in m.__dict__:
+                targets.append((full, None))  # left converted by _restore_fp8: its float8 weights are sharded
+                kept.append(m)
+            elif type(m) is not nn.Linear:
+                continue  # quantized (bitsandbytes), or no such projection (MoE experts)
+            elif m.in_features % 16 or m.out_features % 16:
+                odd.append(full)
+            else:
+                targets.append((full, m))
+    if targets:
+        first = next((m for _, m in targets if m is not None), None)
+        ag, ag_why = (True, "its weights are already sharded in float8") if first is None else \
+            fp8_all_gather_why(recipe, all_gather, first.weight)
+        before = (prior or {}).get(id(first if first is not None else kept[0]))
+        shown = ag_why
+        if before is not None and (before[0], before[2]) == (ag, all_gather) and \
+                (first is None or _is_dtensor(first.weight)):
+            ag_why = before[1]  # (what the first application decided, before fully_shard sharded it that way)
+            shown = f"{ag_why} (decided when apply_liger first ran, before fully_shard)"
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        if ag and first is not None:
+            import dataclasses
+
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        for _, m in targets:
+            if m is not None:
+                _to_float8(m, Float8Linear.from_float(m, config=config))
+        for m in [m for _, m in targets if m is not None] + kept:
+            m.__dict__["_liger_fp8_ag"] = (ag, ag_why, all_gather)  # (read by the next apply_liger: _fp8_decisions)
+        # eager is slow where torchao casts (the rowwise recipes); tensorwise runs on lit-liger's casts: FSDP2's
+        # float8-gathered weights (lit_liger.swap.fp8._gathered8) and DeepSpeed ZeRO-3 partitions (each projection's own
+        # forward, its weight gathered by DeepSpeed's module hook) included: on 2 GPUs none of their GEMMs is torchao's
+        gpt._liger_fp8_eager_warning = recipe != "tensorwise"
+        gpt._liger_fp8_small_warning = True  # (see _warn_fp8_small)
+        fed = ("each in its own forward (DeepSpeed ZeRO-3 partitions, gathered in their modules' hooks: the fused "
+               "norm->Linear and GLU paths do not take them)" if first is not None and hasattr(first.weight, "ds_id")
+               else "fed by lit-liger's fused norm->Linear and GLU-product recompute (lit_liger.swap.fp8)")
+        report.swapped.append((
+            _abbrev([p for p, _ in targets]), "Linear",
+            f"float8 GEMMs, torchao's {recipe!r} recipe (fp8): {len(targets)} projections, {fed}; FSDP2 float8 "
+            f"all-gather {'on' if ag else 'off'}: {shown}"))
+    if odd:
+        report.skip(_abbrev(odd), gpt, "fp8: sizes not multiples of 16 (float8 GEMMs need them): kept in 16 bits")
+
+
+def _to_float8(m: nn.Linear, template: nn.Module) -> None:
+    """Make the Linear ``m`` the ``Float8Linear`` ``template`` (torchao's ``from_float`` of ``m``) in place."""
+    added = tuple(k for k in vars(template) if k not in vars(m))  # (its config, scaling types, GEMM configs)
+    for k in added:
+        m.__dict__[k] = template.__dict__[k]
+    m.__dict__["_liger_fp8_orig"] = (type(m), (*added, "_liger_tensorwise", "_liger_fp8_ag"))  # (_restore_fp8 undoes)
+    m.__dict__["_liger_tensorwise"] = is_tensorwise(template.config)  # (read by fp8.tensorwise_fusable)
+    m.__class__ = liger_float8_linear_class()  # torchao's Float8Linear, on lit-liger's casts where they apply
+    if template.weight is not m.weight:
+        m.weight = template.weight  # torchao's float8 all-gather wrapper around it
+
+
+def precompute_fp8_scales(model: nn.Module, clear: bool = False) -> int:
+    """After an optimizer step, with FSDP2's float8 all-gather (``LigerConfig.fp8_all_gather``): compute the scales of
+    every sharded float8 weight in ``model`` for its next all-gathers, with one all-reduce (torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``; a collective: every rank calls it). Without it each all-gather
+    computes its weight's scale with an all-reduce of its own; the scales are the same. A weight changed after this
+    call (another optimizer step, a checkpoint loaded) needs another call, or ``clear=True``: back to computing them in
+    each all-gather (no collective). Returns how many weights it covered."""
+    weights = [m.weight for m in model.modules() if "_liger_fp8_orig" in m.__dict__ and _is_dtensor(m.weight)
+               and _float8_all_gather_weight(m.weight)]
+    if clear:
+        for w in weights:
+            w._local_tensor._precomputed_scale = None
+    elif weights:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
+    return len(weights)
+
+
+def _restore_fp8(model: nn.Module) -> int:
+    """Change the projections that :func:`_convert_fp8` converted back into Linears, with their weights as they were
+    (unwrapped from torchao's float8 all-gather wrapper). One whose wrapped weight ``fully_shard`` has sharded stays a
+    ``Float8Linear`` (FSDP2 gathers it in float8 from then on; :func:`_convert_fp8` takes it as converted). Returns
+    how many it changed back."""
+    n = 0
+    for m in list(model.modules()):
+        m.__dict__.pop("_liger_fp8_eager_warning", None)  # (a GPT whose class was not swapped keeps it)
+        m.__dict__.pop("_liger_fp8_small_warning", None)
+        record = m.__dict__.get("_liger_fp8_orig")
+        if record is None:
+            continue
+        w = m.weight
+        if _float8_all_gather_weight(w):
+            if _is_dtensor(w):
+                continue
+            inner = w._tensor  # (the Parameter it wrapped, unless the model moved since)
+            m.weight = inner if isinstance(inner, nn.Parameter) else nn.Parameter(inner, requires_grad=w.requires_grad)
+            m.weight.requires_grad_(w.requires_grad)
+        cls, added = record
+        for k in (*added, "_liger_fp8_orig"):
+            m.__dict__.pop(k, None)
+        m.__class__ = cls
+        n += 1
+    return n
+
+
+def _fp8_decisions(model: nn.Module) -> dict[int, tuple]:
+    """The FSDP2 float8 all-gather decision (on or off, why, the ``fp8_all_gather`` setting) that
+    :func:`_convert_fp8` recorded on each projection it converted, by ``id`` of the module (read before
+    :func:`remove_liger` clears them)."""
+    return {id(m): m.__dict__["_liger_fp8_ag"] for m in model.modules() if "_liger_fp8_ag" in m.__dict__}

@@ -29,7 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.dropout import dropout_grad_add_, encode_dropped_
-from .quant import dequantize, is_quantized
+from ._common import _called_plainly, _is_dtensor, _plain_linear
+from .fp8 import is_float8_linear, tensorwise_fusable
+from .quant import _4bit_linear, dequantize, is_quantized
+from . import tied as _tied
+
 
 __all__ = ["lora_linear", "lora_parts"]
 
@@ -170,3 +174,53 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if dropout and (xd is not None or not 0.0 < dropout < 1.0):
         raise ValueError(f"lit-liger LoRA: dropout={dropout} needs 0 < p < 1 and no xd")
     return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout))
+
+
+class _LoRAMixin:
+    """LitGPT's ``LoRALinear`` / ``LoRAQKVLinear`` (r > 0): the frozen projection and the LoRA update in one
+    autograd function of GEMMs (:func:`lit_liger.swap.lora.lora_linear`: no grouped conv1d, zero-padded update, cat or
+    scaling op). LitGPT's forward runs when merged, under ``torch.compile`` (inductor fuses LitGPT's ops itself),
+    under autocast, for a quantized or hooked base Linear, or for sharded (DTensor / ZeRO-3) LoRA weights."""
+
+    #: marks the swapped LoRA classes (``lit_liger.swap._common._is_lora_linear``)
+    _liger_lora_mixin = True
+    #: merge() gives a base weight shared with the embedding (``LigerConfig.tied_weights``) its own copy first
+    _liger_merge_owns = True
+
+    def merge(self) -> None:
+        _tied.own_copy(self.linear.weight)  # merging writes into the base weight in place
+        super().merge()
+
+    def _liger_lora_here(self, x: torch.Tensor) -> bool:
+        a = self.lora_A
+        return (
+            not self.merged
+            and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled(x.device.type)
+            and (_plain_linear(self.linear) or _4bit_linear(self.linear, x) or self._liger_fp8_base(x))
+            and not hasattr(a, "ds_id") and not _is_dtensor(a)
+            and x.dtype == a.dtype == self.lora_B.dtype
+            and (x.dtype == self.linear.weight.dtype or is_quantized(self.linear.weight))
+            and (isinstance(self.lora_dropout, nn.Dropout) or not isinstance(self.lora_dropout, nn.Module))
+            and _called_plainly(self.linear)
+        )
+
+    def _liger_fp8_base(self, x: torch.Tensor) -> bool:
+        """``LigerConfig.fp8`` tensorwise: a frozen float8 base Linear whose GEMMs the LoRA function runs itself."""
+        lin = self.linear
+        return is_float8_linear(lin) and not lin.weight.requires_grad and tensorwise_fusable(x, lin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._liger_lora_here(x):
+            return super().forward(x)
+        drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
+        p = drop.p if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else 0.0
+        lin = self.linear
+        if p and type(drop) is nn.Dropout and not drop.inplace and p < 1 and x.is_contiguous() \
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and _called_plainly(drop):
+            # the dropout drawn inside the LoRA function, its mask kept inside its output (2 bytes an element, not 3)
+            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
+                               fp8=is_float8_linear(lin), dropout=p)
+        xd = drop(x) if p else None  # (B, T, C)
+        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
+                           fp8=is_float8_linear(lin))

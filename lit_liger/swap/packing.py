@@ -12,7 +12,7 @@ the trailing zeros are the collate's padding. The rows are laid end to end, and 
 bucket (``LigerConfig.seq_buckets``, :func:`lit_liger.swap.buckets.packed_bucket_length`; the pad is a segment of its own at
 the end, whose outputs nothing reads), so that a run sees few shapes (CUDA graphs). Where the data loader did not lay
 the batch out on the host (:func:`host_plan`), one host sync per step reads the lengths (while every batch read has
-filled its length, only now and then: ``lit_liger.swap.adapter.LENGTH_READS``). A sample whose real last token is id 0 is
+filled its length, only now and then: ``lit_liger.swap.gpt.LENGTH_READS``). A sample whose real last token is id 0 is
 shortened by this rule: its left-out positions' targets are checked at the loss (:class:`lit_liger.swap.loss.LigerLogits`),
 and where one is not ignored the loss comes from an unpacked forward instead (with a warning), so a packed step is never
 silently different.

@@ -11,6 +11,10 @@ bitsandbytes is imported only when a quantized weight is met (the optional extra
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from ._common import _called_plainly
+
 
 __all__ = ["dequantize", "is_4bit", "is_quantized", "linear_4bit"]
 
@@ -87,3 +91,27 @@ def linear_4bit(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if x.shape[-1] != weight.quant_state.shape[1]:
         raise ValueError(f"x's last dimension {x.shape[-1]} must equal in_features {weight.quant_state.shape[1]}")
     return _Linear4bitFn.apply(x, weight, bias)
+
+
+def _4bit_linear(m: nn.Module, x: torch.Tensor) -> bool:
+    """A bitsandbytes 4-bit Linear (QLoRA's frozen base) computing in ``x``'s dtype: the LoRA function dequantizes
+    its weight as the layer's own forward does (int8 layers multiply in int8: they keep their own forward)."""
+    w = getattr(m, "weight", None)
+    return (
+        isinstance(m, nn.Linear) and w is not None and is_4bit(w)
+        and getattr(m, "compute_dtype", None) in (None, x.dtype) and not w.requires_grad
+    )
+
+
+class _Linear4bitMixin:
+    """A bitsandbytes 4-bit Linear (QLoRA's frozen projections without a LoRA update, the lm_head where the loss
+    needs logits): :func:`lit_liger.swap.quant.linear_4bit`, the weight decoded straight into the compute dtype (one
+    kernel where bitsandbytes' forward decodes to float16 and casts); bitsandbytes' own forward where that does not
+    apply (a single row, which bitsandbytes multiplies without decoding; autocast; a hook; a compute dtype other
+    than the input's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _4bit_linear(self, x) and x.numel() > x.shape[-1] and not torch.is_autocast_enabled(x.device.type) \
+                and _called_plainly(self) and (self.bias is None or self.bias.dtype == x.dtype):
+            return linear_4bit(x, self.weight, self.bias)
+        return super().forward(x)

@@ -18,7 +18,6 @@ The comparison itself (one device sync) runs once per state of the two parameter
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -1,0 +1,480 @@
+"""LitGPT's GPT swapped: in training its forward returns the fused loss's input (:class:`LigerLogits`), pads to
+buckets, packs samples, runs its Blocks under the memory plan and, through ``ModelState.runtime``, as CUDA graphs;
+the token embedding and ``litgpt.LLM``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint as _checkpoint, set_checkpoint_early_stop as _checkpoint_early_stop
+
+from .. import _dist
+from .._dist import sharded_processes
+from ..kernels import _grad_into
+from ..kernels._launch import use_triton
+from ..kernels.embedding import embedding
+from ._common import _CHECKPOINTED, _frozen_linear, _MLP_RECOMPUTED, _plain_linear, _scoped
+from .attention import _AttentionMixin
+from .block import _BlockMixin
+from .buckets import bucket_length, packed_bucket_length
+from .fp8 import _warn_fp8_eager, _warn_fp8_small, FP8_SMALL_TOKENS
+from .loss import chunked_cross_entropy, GatheredHead, head_lora_input, LigerLogits, lm_head_lora, lm_head_weight_bias
+from .mlp import _GeGLUMixin, _SwiGLUMixin
+from . import packing as _packing
+from .quant import is_4bit, is_quantized
+from .state import state_of, states_in
+from . import tied as _tied
+
+
+def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        pack: _packing.Pack | None = None) -> torch.Tensor:
+    """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block."""
+    with _scoped(block, _CHECKPOINTED):
+        return block(x, cos, sin, pack, None, None)
+
+
+class _EmbeddingMixin:
+    """The token embedding: while ``torch.compile`` traces a training forward, the weight's gradient comes from
+    one op (:func:`embedding`); inside a capture's ``grads_into`` it is added into ``.grad`` by that op; otherwise
+    ``nn.Embedding``'s own forward (eager mode runs the same ATen kernels).
+
+    While lit-liger's CUDA graphs capture a training step that trains the token embedding (full fine-tuning,
+    pretraining), its backward adds the weight's gradient straight into ``.grad`` (``kernels.embedding``: each touched
+    row summed in fp32 and added once) instead of a new ``(V, C)`` gradient that a second pass adds: about 2 GB less
+    memory traffic per micro-batch at Llama-3.2-1B's vocabulary. Measured on 2 x H200 (Llama-3.2-1B full fine-tuning,
+    litgpt's recipe, micro-batch 4, 240 timed iterations): the mean iteration 19.13 -> 18.58 ms on one GPU, 24.09 ->
+    23.59 ms on two (``benchmarks/results/h200x2-2026-11-27g``)."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        into = _grad_into.target_for(self.weight) is not None
+        if torch.is_grad_enabled() and self.weight.requires_grad and (torch.compiler.is_compiling() or into):
+            return embedding(self.weight, idx)
+        return super().forward(idx)
+
+
+#: tests set this to bucket CPU runs too (on a CPU there are no per-shape plans or graphs to save)
+_BUCKETS_ON_CPU = False
+
+
+def _buckets_here(idx: torch.Tensor) -> bool:
+    """Pad to buckets on GPU tensors in eager mode (``torch.compile`` handles shapes its own way)."""
+    return (idx.is_cuda or _BUCKETS_ON_CPU) and not torch.compiler.is_compiling()
+
+
+#: tests set this to pack CPU batches too (reference attention per sample)
+_PACK_ON_CPU = False
+
+
+#: where no data loader laid a batch out on the host (``lit_liger.runtime.batches``: a training loop of the user's own, litgpt's
+#: pretraining), packing reads the batch's lengths from the device, a host sync that empties the GPU's queue. While
+#: every batch read so far filled its length (no padding: pretraining, where such a batch runs unpacked anyway), a model
+#: reads them only at these batches of its run, then at every multiple of the last; the others run unpacked, unread.
+#: Unpacked is always right (the padding computed, its targets ignored): a padded batch between two reads costs its
+#: padding until the next read finds one, from which on every batch is read (and packed). Found by the single-GPU tests
+#: (``test_gpu_training_step_has_no_host_sync``: a full batch's step read its lengths every time)
+LENGTH_READS = (1, 4, 16, 64, 256)
+
+
+def _reads_lengths_at(n: int) -> bool:
+    """Whether a model whose batches have all filled their length reads the lengths of its ``n``-th (from 1)."""
+    return n in LENGTH_READS or n % LENGTH_READS[-1] == 0
+
+
+def _lengths_sync(idx: torch.Tensor) -> bool:
+    """Reading ``idx``'s lengths is a host sync (a device tensor)."""
+    return idx.device.type != "cpu"
+
+
+@contextlib.contextmanager
+def fused_loss_without_grad(model: nn.Module) -> Iterator[None]:
+    """While active, the forward of a swapped GPT in ``model`` without grad (and without a KV cache) returns :class:`LigerLogits` as
+    in training, for a caller whose loss is ``lit_liger.chunked_cross_entropy``: validation then computes the fused
+    loss and never holds the ``(B, T, V)`` logits (litgpt's ``validate``: 525 MB in bf16 and again in fp32 at 4 x 512
+    tokens of a 128k vocabulary, more than a LoRA training step keeps). The CLI turns it on around litgpt's
+    ``validate``; anything else without grad (generation, a user's own evaluation) gets real logits."""
+    states = list(states_in(model))
+    before = [st.fused_loss_without_grad for st in states]
+    for st in states:
+        st.fused_loss_without_grad = True
+    try:
+        yield
+    finally:
+        for st, b in zip(states, before):
+            st.fused_loss_without_grad = b
+
+
+class _GPTMixin:
+    """In training (grad enabled, no KV cache; also without grad inside :func:`fused_loss_without_grad`) return
+    :class:`LigerLogits` instead of logits.
+
+    With ``seq_buckets`` the token ids are right-padded to a bucket length first (the LigerLogits keeps
+    the caller's rows as its window, the padded rows' targets are ignored); with ``cuda_graphs`` the
+    body (:meth:`_liger_hidden`) runs as captured CUDA graphs where it can (``lit_liger.runtime.graphs``)."""
+
+    def forward(self, idx, input_pos=None, input_pos_maxp1=None, lm_head_chunk_size=0):
+        if getattr(self, "_liger_tied_weights", False) and not torch.compiler.is_compiling():
+            _tied.share_if_tied(self)  # (LigerConfig.tied_weights: one copy of a frozen head equal to the embedding)
+        grad = torch.is_grad_enabled()
+        state = state_of(self)
+        rt = state.runtime  # (lit_liger.runtime.attach: None where only swapped, eager kernels)
+        if input_pos is not None and not grad and rt is not None:  # (generation's one-token steps: CUDA graphs)
+            out = rt.decode_step(self, super().forward, idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+            if out is not None:
+                return out
+        if input_pos is not None or not (grad or state.fused_loss_without_grad) or _zero3_returns_logits(self) \
+                or _int8_head(self):
+            return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+        T = idx.size(1)
+        if self.max_seq_length < T:
+            raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
+        counted = grad and not torch.compiler.is_compiling()
+        if counted:
+            state.tokens["collated"] += idx.numel()
+            if getattr(self, "_liger_fp8_eager_warning", False):
+                _warn_fp8_eager(self)
+            if getattr(self, "_liger_fp8_small_warning", False) and idx.numel() < FP8_SMALL_TOKENS:
+                _warn_fp8_small(self, idx.numel())
+        plan = self._liger_plan(idx) if grad else None
+        if plan is None:
+            out = self._liger_output(idx, counted)
+        else:  # LigerConfig.packing: the samples end to end, no padding computed
+            state.tokens["processed"] += plan.idx.numel()
+            state.tokens["packed"] += idx.numel()
+            x = self._liger_body(plan.idx, None, plan)  # (1, N, C)
+            out = LigerLogits(
+                x[0], self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+                self._liger_flce_mode, None, x.dtype, 0, None, max_chunk_bytes=self._liger_chunk_cap(x),
+                rows=plan.rows, unpacked=functools.partial(self._liger_output, idx, False), left_out=plan.check,
+                x_lora=head_lora_input(self.lm_head, x[0]), state=state,
+            )
+        return [out] if lm_head_chunk_size > 0 else out
+
+    def _liger_plan(self, idx: torch.Tensor) -> _packing.Plan | None:
+        """The packed form of this training batch (``LigerConfig.packing``), or None: packing off or not applicable
+        here (see :func:`_packing_why`), or nothing to save (one row, no padding)."""
+        if not getattr(self, "_liger_packing", False) or idx.dim() != 2 or torch.compiler.is_compiling():
+            return None
+        if getattr(self, "_liger_pack_why", None) is not None or sharded_processes(self):
+            return None
+        if idx.is_cuda:
+            if not _packing_device_ok(self, idx.device, self.transformer.wte.weight.dtype):
+                return None
+        elif not _PACK_ON_CPU:
+            return None
+        bucketed = getattr(self, "_liger_seq_buckets", False)
+        plan = _packing.ready_plan(idx, bucketed, self.cos.size(0))  # planned by the data loader (no host sync)
+        if plan is None:
+            if idx.size(0) < 2:
+                return None  # (one row: nothing to pack)
+            if not self.__dict__.get("_liger_padded_seen") and _lengths_sync(idx):
+                n = self.__dict__["_liger_unread"] = self.__dict__.get("_liger_unread", 0) + 1
+                if not _reads_lengths_at(n):
+                    return None  # (every batch read so far filled its length: unpacked, see LENGTH_READS)
+            plan = _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
+        if plan is not None and plan.real < idx.numel():
+            self.__dict__["_liger_padded_seen"] = True
+        elif plan is not None and not self.__dict__.get("_liger_padded_seen"):
+            # a batch without padding (packing.PACK_FULL) is packed only in a run whose batches have had padding
+            # (instruction data: such a batch is rare there, and packed it needs no shape of its own); where every
+            # batch so far filled its length (pretraining), it runs unpacked, one shape with cuDNN attention
+            return None
+        return plan
+
+    def _liger_output(self, idx: torch.Tensor, counted: bool) -> LigerLogits:
+        """The training output of the batch ``idx`` as LitGPT computes it (padded rows; right-padded further to a
+        bucket with ``seq_buckets``)."""
+        T = idx.size(1)
+        if getattr(self, "_liger_seq_buckets", False) and _buckets_here(idx):
+            T_pad = bucket_length(T, self.max_seq_length)
+            if T_pad != T:
+                idx = F.pad(idx, (0, T_pad - T), value=0)  # (B, T_pad): causal attention, the pad comes last
+        if counted:
+            state_of(self).tokens["processed"] += idx.numel()
+        # Taken first so that, in backward, its copy's gradient reaches the sharded parameter after
+        # every other node of the model (autograd runs the most recently created ready node first):
+        # by then the strategy's pre-backward hook on `hidden` has fired (see LigerLogits).
+        head = _sharded_head_snapshot(self, self.lm_head)
+        x = self._liger_body(idx, head)  # (B, T_pad, C)
+        return LigerLogits(
+            x, self.lm_head, self.config.final_logit_softcapping, self.config.padded_vocab_size,
+            self._liger_flce_mode, head, x.dtype, 0, T if x.shape[1] != T else None,
+            max_chunk_bytes=self._liger_chunk_cap(x),
+            x_lora=head_lora_input(self.lm_head, x),  # (B, T_pad, C): a LoRA head's dropout, drawn where stock does
+            state=state_of(self),
+        )
+
+    def set_kv_cache(self, *args, **kwargs):
+        if (rt := state_of(self).runtime) is not None:
+            rt.decode_drop(self)  # (its graph was captured on the cache being replaced)
+        return super().set_kv_cache(*args, **kwargs)
+
+    def clear_kv_cache(self):
+        if (rt := state_of(self).runtime) is not None:
+            rt.decode_drop(self)
+        return super().clear_kv_cache()
+
+    def _liger_body(self, idx: torch.Tensor, head: GatheredHead | None,
+                    plan: _packing.Plan | None = None) -> torch.Tensor:
+        """:meth:`_liger_hidden`, through the captured CUDA graphs where they apply (``cuda_graphs``)."""
+        x = runner = None
+        if not torch.compiler.is_compiling():  # (Blocks recomputed, inputs offloaded): read by the graphs, the body
+            self._liger_mem_now = _memory_plan_here(self, idx)
+        graphs = getattr(self, "_liger_cuda_graphs", False)  # True, False or None (automatic)
+        rt = state_of(self).runtime
+        if graphs is not False and rt is not None and head is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # (under torch.compile: not traced at all; making the runner registers global module hooks, which a
+            # traced graph must not do)
+            runner = rt.runner(self)
+            x = runner.hidden(idx, auto=graphs is None, plan=plan)  # None where capture does not apply
+        if x is None:
+            x = self._liger_hidden(idx, plan)
+            if runner is not None:
+                runner.note_hidden(x)  # (the first micro-batch runs uncaptured: graphs.EAGER_FIRST)
+        return x
+
+    def _liger_chunk_cap(self, x: torch.Tensor) -> int | None:
+        # With activation checkpointing the step keeps little beside the Blocks' inputs: the loss's logits chunk
+        # is capped at their size, or its buffer (a (rows, V) chunk, 125 MiB at 512 rows of a 128k vocabulary)
+        # would be the step's peak (measured, H100, Llama-3.2-1B LoRA at 1 x 512: 125 of the step's 163 MiB).
+        # Not under torch.compile (the sizes may be symbolic there): the kernel's default chunk.
+        recomputed = getattr(self, "_liger_mem_now", (0, False, 0))[0]
+        if recomputed and not torch.compiler.is_compiling():
+            return recomputed * x.numel() * x.element_size()
+        return None
+
+    def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None,
+                      taps: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``). ``plan``: ``idx``
+        is a packed sequence ``(1, N)`` (its positions and samples' boundaries). Where ``lit_liger._dist.GRADS_READY``
+        has callbacks, the input of each Block at ``_dist.segment_cuts`` goes into ``taps`` (the CUDA graphs' capture
+        splits its backward there) or, without ``taps``, gets a gradient hook that runs the callbacks."""
+        T = idx.size(1)
+        pack = None
+        if plan is not None:  # each token at its position inside its sample
+            cos, sin, pack = self.cos[plan.positions].unsqueeze(0), self.sin[plan.positions].unsqueeze(0), plan.pack
+        else:
+            cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+            sin = self.sin[:T].unsqueeze(0)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.scale_embeddings:
+            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
+        ri = self.config.rope_indices
+        # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
+        # with `offload`) and rerun in backward, the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
+        # lit_liger.runtime.memplan)
+        recompute, offload, mlp = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
+                                   else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
+        cuts = {} if torch.compiler.is_compiling() else {
+            b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
+        for block_idx, block in enumerate(self.transformer.h):
+            if block_idx in cuts:
+                if taps is not None:
+                    taps[block_idx] = x
+                elif x.requires_grad:  # (the Blocks from here up have their gradients when x has its own)
+                    x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
+            c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
+            if block_idx < recompute and offload:  # reentrant: the checkpoint saves its input, which the hooks move
+                if not x.requires_grad:  # (a frozen embedding's output: the reentrant checkpoint needs one input with
+                    x = x.detach().requires_grad_()  # grad, or the Block's trainable parameters get none)
+                with state_of(self).runtime.offloaded(self.config.n_embd):
+                    x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=True,
+                                    preserve_rng_state=True)
+            elif block_idx < recompute:  # only x is kept; the Block reruns in backward
+                if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
+                    x = _checkpoint(block, x, c, s, pack, None, None, use_reentrant=False, preserve_rng_state=True)
+                else:
+                    # without early stop (which ends the recompute by raising from inside the last saving op, here
+                    # glu_mlp's autograd Function: seen to turn into a SystemError under CUDA memory history); the
+                    # recompute then also runs what follows that op in the Block, a residual add
+                    with _checkpoint_early_stop(False):
+                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=False,
+                                        preserve_rng_state=True)
+            elif block_idx < recompute + mlp:
+                with _scoped(block, _MLP_RECOMPUTED):
+                    x = block(x, c, s, pack, None, None)
+            else:
+                x = block(x, c, s, pack, None, None)
+        return self.transformer.ln_f(x)  # (B, T, C)
+
+
+def _segment_ready(gpt: nn.Module, segment: int, grad: torch.Tensor) -> None:
+    """A gradient hook: the trainable parameters of ``segment`` have their gradients (``_dist.GRADS_READY``)."""
+    _dist.grads_ready(gpt, segment)
+
+
+def _packing_device_ok(gpt: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every layer attends packed samples on this CUDA device and dtype: softcap layers through lit-liger's
+    softcap kernel with sample starts, the others through flash attention over cumulative lengths."""
+    flash = None
+    for block in gpt.transformer.h:
+        attn = block.attn
+        if attn.config.attention_logit_softcapping is not None:
+            if not attn._liger_packed_softcap_here(device, dtype):
+                return False
+        else:
+            if flash is None:
+                flash = _packing.flash_varlen_ok(device, dtype, gpt.config.head_size)
+            if not flash:
+                return False
+    return True
+
+
+def _packing_why(gpt: nn.Module) -> str | None:
+    """Why this GPT's training batches cannot be packed (``LigerConfig.packing``), or None: every layer's attention
+    must be lit-liger's and able to attend inside packed samples."""
+    for i, block in enumerate(gpt.transformer.h):
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, _AttentionMixin):
+            return f"transformer.h.{i}.attn is LitGPT's own attention (rope switched off, or latent attention)"
+        if (why := attn._liger_packable()) is not None:
+            return f"transformer.h.{i}.attn: {why}"
+    return None
+
+
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int]:
+    """``(Blocks recomputed, their inputs offloaded, Blocks above them whose MLP inputs are recomputed)`` for this
+    forward of ``idx``: ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None`` (automatic)
+    :func:`lit_liger.runtime.memplan.decide` from the micro-batch's tokens and the device's memory now (a CUDA device, eager
+    mode; the log says each plan that recomputes more than any before it)."""
+    setting = getattr(gpt, "_liger_activation_checkpointing", False)
+    if setting is False or not _checkpoint_blocks_here(gpt):
+        return 0, False, 0
+    n = gpt.config.n_layer
+    if setting is True:
+        return n, False, 0
+    if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return 0, False, 0
+    elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
+    # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
+    rt = state_of(gpt).runtime
+    if rt is None:  # (swapped without the runtime: no memory plan)
+        return 0, False, 0
+    plan = rt.memory_plan(gpt, idx.numel(), idx.device, elt, _dist.whole_model(gpt),
+                          lambda: _mlp_recomputable(gpt, idx))
+    if plan is None:
+        return 0, False, 0
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False, 0])
+    if (plan.recompute, plan.offload, plan.mlp) > tuple(said):
+        said[:] = [plan.recompute, plan.offload, plan.mlp]
+        if _dist.rank_zero():
+            print(plan.line(idx.numel(), n), flush=True)
+    return plan.recompute, plan.offload, plan.mlp
+
+
+def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
+    """Every Block's GLU MLP can leave its two ``(B, T, I)`` inputs to its backward (the memory plan's MLP level):
+    frozen plain projections (``glu_mlp``: it keeps its ``(B, T, C)`` input) or trained ones that
+    ``recompute_mlp`` fuses with ``norm_2``; the Triton path."""
+    if not use_triton(idx) or torch.is_autocast_enabled(idx.device.type):
+        return False
+    for block in gpt.transformer.h:
+        mlp = getattr(block, "mlp", None)
+        if not isinstance(block, _BlockMixin) or not isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)):
+            return False
+        linears = (mlp.fc_1, mlp.fc_2, mlp.proj)
+        if all(_frozen_linear(m) is not None for m in linears):
+            continue  # (glu_mlp)
+        if not (all(_plain_linear(m) for m in linears) and block._liger_fuse_norm_2(structure_only=True)
+                and (mlp.fc_1.weight.requires_grad or mlp.fc_2.weight.requires_grad)):
+            return False  # (LoRA or float8 Linears, or a trained proj beside frozen fc_1 / fc_2: kept as they are)
+    return True
+
+
+def _checkpoint_blocks_here(gpt: nn.Module) -> bool:
+    """``LigerConfig.activation_checkpointing`` (on or automatic) applies to this forward: grad enabled, one process
+    or a replica (a sharding strategy checkpoints its own wrapped Blocks: warned once where it was asked for)."""
+    setting = getattr(gpt, "_liger_activation_checkpointing", False)
+    if setting is False or not torch.is_grad_enabled():
+        return False
+    if sharded_processes(gpt) and setting is None:
+        return False  # (automatic: the strategy's own plan, no word)
+    if sharded_processes(gpt):
+        # (no Python side effects in a trace)
+        if not torch.compiler.is_compiling() and state_of(gpt).warn_once("activation_checkpointing sharded"):
+            import warnings
+
+            warnings.warn(
+                "lit-liger: activation_checkpointing applies to single-process and DDP runs; under this sharding "
+                "strategy it is off (use the strategy's own: litgpt's FSDP recipes checkpoint each Block through "
+                "activation_checkpointing_policy).", stacklevel=3)
+        return False
+    return True
+
+
+def _zero3_returns_logits(gpt: nn.Module) -> bool:
+    """DeepSpeed ZeRO-3 partitions the lm_head weight. Inside a DeepSpeed engine's forward, reading a
+    partitioned parameter outside its module gathers it and registers it with the module whose
+    forward is running, which gathers it again for its backward: so when the loss is computed inside
+    the engine's forward by a module *around* the GPT (Lightning's Trainer: ``training_step`` runs
+    inside the engine's forward), the fused loss reads the weight at loss time and its gradient is
+    accumulated while gathered. When the GPT itself is the engine's module (Fabric + DeepSpeed), the
+    loss runs after the engine's forward, where the weight is a size-0 partition: the model then
+    returns real logits (LitGPT's loss path, every other kernel on), with a warning once.
+    """
+    lm_head = gpt.lm_head
+    weight = getattr(getattr(lm_head, "linear", lm_head), "weight", None)
+    if weight is None or not hasattr(weight, "ds_id"):
+        return False
+    try:
+        from deepspeed.runtime.zero.parameter_offload import FWD_MODULE_STACK
+    except ImportError:  # a `ds_id` without deepspeed: treat the GPT as the top module
+        FWD_MODULE_STACK = []
+    # DeepSpeed pushes each module on this stack in its pre-forward hook, and an engine's own module
+    # once more when the engine is built: below the GPT's own entry sits the module whose forward
+    # called it, or the GPT again when it is the engine's module
+    if len(FWD_MODULE_STACK) >= 2 and FWD_MODULE_STACK[-1] is gpt and FWD_MODULE_STACK[-2] is not gpt:
+        return False  # an outer module's forward computes the loss: fused, weight read at loss time
+    if state_of(gpt).warn_once("zero3 logits"):
+        import warnings
+
+        warnings.warn(
+            "lit-liger: DeepSpeed ZeRO-3 with the GPT as the engine's module: the loss runs after the engine's "
+            "forward, where the lm_head weight is partitioned, so the fused linear cross-entropy is off here (the "
+            "model returns logits; all other kernels stay on). Compute the loss inside the engine's forward (a "
+            "module around the GPT, as Lightning's Trainer does) to keep it.",
+            stacklevel=3,
+        )
+    return True
+
+
+def _int8_head(gpt: nn.Module) -> bool:
+    """The lm_head is a bitsandbytes int8 layer (quantized after ``apply_liger`` ran): its own forward, real logits
+    (see ``lit_liger.swap.loss._linear_weight``)."""
+    w = getattr(getattr(gpt.lm_head, "linear", gpt.lm_head), "weight", None)
+    return w is not None and is_quantized(w) and not is_4bit(w)
+
+
+def _is_zero3(lm_head: nn.Module) -> bool:
+    return hasattr(getattr(getattr(lm_head, "linear", lm_head), "weight", None), "ds_id")
+
+
+def _sharded_head_snapshot(gpt: nn.Module, lm_head: nn.Module) -> GatheredHead | None:
+    """Under a sharding strategy the lm_head weight is gathered only inside the model's forward
+    (FSDP1 may reshard the root's flat parameter when forward returns; FSDP2 holds DTensors;
+    ZeRO-3 is handled by :func:`_zero3_returns_logits`), but the loss runs after it. So in a multi-process run, take the
+    gathered (V, H) weight (and bias) here, inside forward, as an autograd-connected copy: its
+    gradient flows back to the real parameter through the copy, and the sharding strategy reduces it
+    as usual. Costs one (V, H) copy per step; single-process runs read the parameter directly."""
+    if not sharded_processes(gpt) or _is_zero3(lm_head):  # (one process, or a DDP replica: the parameter is whole)
+        return None  # ZeRO-3: read at loss time, inside the engine's forward (see _zero3_returns_logits)
+    weight, bias = lm_head_weight_bias(lm_head)  # DTensors gathered; sharded flat params raise here
+    lora = lm_head_lora(lm_head)  # a LoRA head: (A (r, C), B (V, r), scaling), gathered the same way
+    if lora is not None:
+        lora = (lora[0].clone(), lora[1].clone(), lora[2])
+    return GatheredHead(weight.clone(), bias.clone() if bias is not None else None, lora)
+
+
+class _LLMMixin:
+    """``litgpt.LLM``: ``logits, loss = llm(input_ids, target_ids)`` gets the fused loss."""
+
+    def forward(self, input_ids, target_ids=None, loss_fn=None):
+        logits = self.model(input_ids)
+        if target_ids is None:
+            return logits
+        loss_fn = loss_fn if loss_fn is not None else chunked_cross_entropy
+        return logits, loss_fn(logits[..., :-1, :], target_ids[..., 1:])
