@@ -69,14 +69,15 @@ def test_decide(module, model, lora, device, plan):
         assert "no lighter plan fits" in chosen.why
 
 
-def test_decide_shards_where_asked(monkeypatch):
-    """With AUTO_SHARD the 8B full fine-tune on 80 GB at 4 x 2048 tokens per micro-batch gets ZeRO-2 with recomputed Blocks:
-    the estimate counts whole gradients while micro-batches accumulate (FSDP1 under no_backward_sync); with room for
-    the activations, the replica with its optimizer state sharded comes first."""
-    monkeypatch.setattr(dp, "AUTO_SHARD", True)
+def test_decide_names_zero2_where_only_it_fits():
+    """The 8B full fine-tune on 80 GB at 4 x 2048 tokens per micro-batch: no replica fits, ZeRO-2 with recomputed
+    Blocks would (the estimate counts whole gradients while micro-batches accumulate: FSDP1 under no_backward_sync);
+    ``auto`` keeps litgpt's strategy there and names ``--liger.data_parallel shard`` (not measured on GPUs at that
+    size). With room for the activations, the replica with its optimizer state sharded comes first."""
     est, _, _ = _estimate("litgpt.finetune.full", "Llama-3.1-8B", 80, seq=2048)
     plan = dp.decide(est, 2, can_shard=True)
-    assert plan.name == "shard" and plan.checkpoint
+    assert plan.name == "litgpt" and "ZeRO-2 with recomputed Blocks would fit" in plan.why
+    assert "--liger.data_parallel shard" in plan.why
     assert est.zero2(2, False) - est.zero2(2, False, accumulating=False) == pytest.approx(est.grads / 2)
     assert est.zero1(2) > est.budget
     # where the weights gathered beside their shard fit, the replica with its optimizer state sharded (zero1) fits too
@@ -126,12 +127,6 @@ def test_step_chunks_follow_the_all_reduces_in_the_order_issued():
     assert [[w[0] for w in ws] for ws, _ in together] == [["w-c", "w-a"], ["flat", "w-b"]]
     assert sorted(id(p) for _, ps in together for p in ps) == sorted(map(id, (a, b, c, d, e, f)))
     assert [[p.numel() for p in c] for _, c in dp._step_chunks([a, b], [], 2)] == [[40], [40]]
-    # (STEP_BESIDE_BACKWARD: the uncovered parameters last, alone: they wait for the whole backward)
-    last = dp._step_chunks([a, b, c, d, e, f], pending, 4, rest_last=True)
-    assert [[id(p) for p in ps] for _, ps in last] == [[id(c)], [id(a)], [id(e), id(d)], [id(b)], [id(f)]]
-    assert last[-1][0] == [] and [w[0] for ws, _ in last for w in ws] == ["w-c", "w-a", "flat", "w-b"]
-    assert dp._step_chunks([a, b, c], pending[:2] + pending[3:], 4, rest_last=True)[-1][0]  # (nothing uncovered)
-    assert dp._side_stream(torch.device("cpu")) is None
 
 
 def _args(tmp_path: Path, **over) -> dict:
@@ -184,18 +179,28 @@ def test_plan_line_names_the_way_back():
     assert "optimizer's state sharded" in dp.Plan("zero1", "why").line("finetune_full", 2)
 
 
-def test_segments_follow_the_cuts(monkeypatch):
-    """With a callback registered the Blocks split into _dist.SEGMENTS groups from the top; ln_f goes with the top
-    group, the embedding with the lowest, the lm_head alone (reduced at the end); a tied lm_head (the embedding's
-    Parameter) goes with the embedding, where its last gradient arrives."""
+def test_segments_follow_the_cuts():
+    """With a callback registered on a GPT's state the Blocks split into _dist.SEGMENTS groups from the top; ln_f goes
+    with the top group, the embedding with the lowest, the lm_head alone (reduced at the end); a tied lm_head (the
+    embedding's Parameter) goes with the embedding, where its last gradient arrives. Another GPT without a callback
+    stays one backward graph."""
     from litgpt import GPT, Config
 
-    assert _dist.segment_cuts(16) == []  # (no callback: one backward graph)
-    monkeypatch.setattr(_dist, "GRADS_READY", [lambda gpt, seg: None])
-    assert _dist.segment_cuts(16) == [12, 8, 4] and _dist.segment_cuts(2) == [1]
+    from lit_liger.swap.state import state_of
+
+    def layers(n: int) -> SimpleNamespace:
+        return SimpleNamespace(config=SimpleNamespace(n_layer=n))
+
+    sixteen, two = layers(16), layers(2)
+    assert _dist.segment_cuts(sixteen) == [] and _dist.segment_cuts(None) == []  # (no callback: one backward graph)
+    for m in (sixteen, two):
+        state_of(m).grads_ready.append(lambda gpt, seg: None)
+    assert _dist.segment_cuts(sixteen) == [12, 8, 4] and _dist.segment_cuts(two) == [1]
+    assert _dist.segment_cuts(layers(16)) == []  # (another model: its own callbacks, none)
     with torch.device("meta"):
         gpt = GPT(Config.from_name("pythia-14m", n_layer=6))  # (6 layers, 4 segments: cuts 4, 3, 1)
-    assert _dist.segment_cuts(6) == [4, 3, 1]
+    state_of(gpt).grads_ready.append(lambda gpt, seg: None)
+    assert _dist.segment_cuts(gpt) == [4, 3, 1]
     segments = dp.grad_segments(gpt)
     names = {id(p): n for n, p in gpt.named_parameters()}
     got = [{names[id(p)].split(".")[2] if names[id(p)].startswith("transformer.h.") else names[id(p)].split(".")[1]
@@ -222,14 +227,33 @@ def test_strategy_names_are_litgpts():
         assert isinstance(getattr(importlib.import_module(module_name), class_name), type)
 
 
-def test_replica_ignores_other_models():
-    """The strategy's segment callback runs reductions only for the GPTs it set up (a reference copy's backward in
-    the same process issues no collective)."""
-    strategy = dp.replica_class()()
-    strategy._modules.append(torch.nn.Linear(2, 2))
-    other = SimpleNamespace(config=SimpleNamespace(n_layer=2))
-    strategy._ready(other, 1)  # (would need torch.distributed otherwise)
-    assert strategy.early == 0 and strategy._segments[id(other)] == []
+def test_replica_marks_only_the_models_it_sets_up():
+    """``setup_module`` marks each swapped GPT inside the module it sets up as a replica (``ModelState.replica``) with
+    the strategy's segment callback; a second swapped GPT in the process (a frozen reference) keeps its own state: no
+    callback (its backward issues no collective), not a replica; ``teardown`` undoes the marks."""
+    from lightning.fabric.accelerators import CPUAccelerator
+    from lightning.fabric.plugins import Precision
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from litgpt import GPT, Config
+
+    from lit_liger import apply_liger
+    from lit_liger.swap.state import state_of
+
+    config = Config.from_name("pythia-14m", n_layer=4)
+    policy, reference = GPT(config), GPT(config)
+    apply_liger(policy)
+    apply_liger(reference)
+    strategy = dp.replica_class()(accelerator=CPUAccelerator(), cluster_environment=LightningEnvironment(),
+                                  precision=Precision())
+    wrapper = torch.nn.ModuleDict({"model": policy, "head": torch.nn.Linear(2, 2)})  # (a GPT under a wrapper)
+    assert strategy.setup_module(wrapper) is wrapper
+    strategy.setup_module(wrapper)  # (twice: one callback)
+    mine, other = state_of(policy), state_of(reference)
+    assert mine.replica and mine.grads_ready == [strategy._ready] and _dist.whole_model(policy)
+    assert not other.replica and other.grads_ready == [] and _dist.segment_cuts(reference) == []
+    assert _dist.segment_cuts(policy) == [3, 2, 1]
+    strategy.teardown()
+    assert not mine.replica and mine.grads_ready == [] and _dist.segment_cuts(policy) == []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,7 +373,7 @@ def test_balanced_loader_deals_each_round_of_the_same_micro_batches(world, accum
 
 
 def test_expected_lengths_of_the_dealt_rounds():
-    """The lengths a replica run is expected to feed each process (``graphs.EXPECTED_LENGTHS``, from which its first
+    """The lengths a replica run is expected to feed each process (``ModelState.expected_lengths``, from which its first
     step pre-captures): every process's micro-batches of the pass, by their samples' estimated tokens, each counted
     once per process count at its packed bucket (and its neighbour where the estimate's margin crosses into it); the
     counts come out near the true lengths' buckets."""
@@ -392,33 +416,32 @@ def test_the_command_expects_the_runs_lengths_over_its_iterations(monkeypatch):
 
     data, world = _Texts(n=200), 2
     sampler, _ = balanced_loader(_fabric_loader(data, 1, world, batch_size=4), 1, world, 2, packed=True)
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
     per_epoch = len(sampler)
     total = sum(len(b) > 1 for r in sampler.estimated_sizes(per_epoch) for b in r) / world
-    cli._expect_lengths(sampler, SimpleNamespace(epochs=3, max_steps=None), 2)
-    assert sum(graphs.EXPECTED_LENGTHS.values()) >= 3 * total - 1e-9
-    cli._expect_lengths(sampler, SimpleNamespace(epochs=5, max_steps=4), 2)  # (8 rounds of the pass)
+    three = cli._expect_lengths(sampler, SimpleNamespace(epochs=3, max_steps=None), 2)
+    assert sum(three.values()) >= 3 * total - 1e-9
+    got = cli._expect_lengths(sampler, SimpleNamespace(epochs=5, max_steps=4), 2)  # (8 rounds of the pass)
     eight = graphs.expected_lengths(sampler.estimated_sizes(8), data.max_seq_length)
-    assert graphs.EXPECTED_LENGTHS == eight
+    assert got == eight
     monkeypatch.setattr(cli, "EXPECT_ROUNDS", 5)
-    cli._expect_lengths(sampler, SimpleNamespace(epochs=1, max_steps=None), 2)
+    got = cli._expect_lengths(sampler, SimpleNamespace(epochs=1, max_steps=None), 2)
     five = graphs.expected_lengths(sampler.estimated_sizes(5), data.max_seq_length, scale=per_epoch / 5)
-    assert graphs.EXPECTED_LENGTHS == pytest.approx(five)
+    assert got == pytest.approx(five)
+    monkeypatch.setattr(cli, "EXPECT_ROUNDS", 0)
+    assert cli._expect_lengths(sampler, SimpleNamespace(epochs=1, max_steps=None), 2) is None  # (nothing read)
 
 
-@pytest.mark.parametrize("pack_full", [True, False])
-def test_expected_lengths_counts_unpacked_full_batches_and_skips_single_samples(monkeypatch, pack_full):
-    from lit_liger.swap import packing
+def test_expected_lengths_counts_full_batches_packed_and_skips_single_samples():
     from lit_liger.runtime.graphs import expected_lengths
 
-    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
     full = [[100.0, 100.0, 100.0], [40.0, 30.0, 20.0]]  # (a full batch of max_seq_length 100, and a short one)
     counts = expected_lengths([full, [[97.0, 100.0, 99.0], [50.0]]], cap=100, margin=0.05)
-    # (both full-looking batches, each counted 1/2 per process; packed (the default), at their packed length only)
-    assert counts.get(None) == (None if pack_full else pytest.approx(1.0))
+    # (both full-looking batches, each counted 1/2 per process, at their packed length only: a batch without padding
+    # runs packed too)
+    assert None not in counts
     assert counts[128] == pytest.approx(0.5)  # (90 tokens: 85.5 .. 94.5 within the margin, one bucket)
     assert counts[320] == pytest.approx(1.0)  # (300 and 296 tokens; capped at 3 x 100)
-    assert sum(counts.values()) == pytest.approx(1.5 if pack_full else 2.5)  # (one sample: never packed)
+    assert sum(counts.values()) == pytest.approx(1.5)  # (one sample: never packed)
     assert expected_lengths([[[300.0, 300.0]]], cap=-1, margin=0.0) == {640: 1.0}  # (no cap: never unpacked)
     straddle = expected_lengths([[[300.0, 340.0]]], cap=-1, margin=0.05)  # (608 .. 672: two buckets)
     assert straddle == {640: 1.0, 768: 1.0}
@@ -444,14 +467,15 @@ def test_the_trainer_replicas_expect_their_lengths_from_lightnings_sampler(monke
     """``LigerCallback`` under DDP (``callback._expect_lengths``): every rank's micro-batches rebuilt from the loader's
     ``DistributedSampler`` (its seed and epoch; not dealt) are each rank's own loader's; the expected lengths count them
     over the loop's micro-batches per rank (``max_steps`` x accumulation, or its epochs); nothing where the sampler is
-    a wrapper of the user's, one process, or ``EXPECT_ROUNDS`` 0; cleared at the loop's end."""
+    a wrapper of the user's, one process, or ``EXPECT_ROUNDS`` 0 (the callback keeps them on the models' states for
+    the loop)."""
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import DDPStrategy
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    from lit_liger import LigerCallback, cli
+    from lit_liger import cli
 
     from lit_liger.runtime import graphs
     from lit_liger import callback as callback_mod
@@ -476,18 +500,12 @@ def test_the_trainer_replicas_expect_their_lengths_from_lightnings_sampler(monke
 
     strategy = DDPStrategy.__new__(DDPStrategy)
     trainer = SimpleNamespace(world_size=world, strategy=strategy, max_steps=3, accumulate_grad_batches=4, max_epochs=-1)
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
-    assert callback_mod._expect_lengths(trainer, loader(0))
-    assert graphs.EXPECTED_LENGTHS == graphs.expected_lengths(rounds[:12], data.max_seq_length)
+    got = callback_mod._expect_lengths(trainer, loader(0))
+    assert got == graphs.expected_lengths(rounds[:12], data.max_seq_length)
     trainer.max_steps, trainer.max_epochs = -1, 2  # (two passes: the first read, counted twice)
-    assert callback_mod._expect_lengths(trainer, loader(0))
-    assert graphs.EXPECTED_LENGTHS == pytest.approx(graphs.expected_lengths(rounds, data.max_seq_length, scale=2.0))
+    got = callback_mod._expect_lengths(trainer, loader(0))
+    assert got == pytest.approx(graphs.expected_lengths(rounds, data.max_seq_length, scale=2.0))
     monkeypatch.setattr(cli, "EXPECT_ROUNDS", 0)
-    graphs.EXPECTED_LENGTHS = None
-    assert not callback_mod._expect_lengths(trainer, loader(0)) and graphs.EXPECTED_LENGTHS is None
+    assert callback_mod._expect_lengths(trainer, loader(0)) is None
     monkeypatch.setattr(cli, "EXPECT_ROUNDS", 4096)
-    assert not callback_mod._expect_lengths(SimpleNamespace(**{**vars(trainer), "world_size": 1}), loader(0))
-    cb = LigerCallback()
-    cb._expected = callback_mod._expect_lengths(trainer, loader(0))
-    cb._forget_state_ahead()  # (what on_train_end and teardown call)
-    assert graphs.EXPECTED_LENGTHS is None and not cb._expected
+    assert callback_mod._expect_lengths(SimpleNamespace(**{**vars(trainer), "world_size": 1}), loader(0)) is None

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from lit_liger.swap import gpt as swap_gpt
 
 HERE = os.path.dirname(__file__)
 
@@ -395,8 +396,8 @@ def _ddp_run(rank: int):
     from lit_liger import LigerConfig, apply_liger
     from lit_liger._dist import replicated, sharded_processes
 
-    adapter._PACK_ON_CPU = True
-    adapter._BUCKETS_ON_CPU = True
+    swap_gpt._PACK_ON_CPU = True
+    swap_gpt._BUCKETS_ON_CPU = True
     cfg = _sharded_config("Llama-3.2-1B")
     cfg.block_size = 64
     ref, ours = _pair(cfg)
@@ -409,7 +410,7 @@ def _ddp_run(rank: int):
     real_plan = type(ours)._liger_plan
 
     def plan(self, idx):
-        seen.append((replicated(), sharded_processes(), adapter._checkpoint_blocks_here(self)))
+        seen.append((replicated(self), sharded_processes(self), swap_gpt._checkpoint_blocks_here(self)))
         return real_plan(self, idx)
 
     type(ours)._liger_plan = plan
@@ -422,7 +423,7 @@ def _ddp_run(rank: int):
     loss.backward()
     errs = {n: ((p.grad - q.grad).norm() / q.grad.norm()).item()
             for (n, p), q in zip(ours.named_parameters(), ref.parameters())}
-    outside = (replicated(), sharded_processes())
+    outside = (replicated(ours), sharded_processes(ours))
     return (float(loss), float(loss_ref), errs, seen, packed, outside) if rank == 0 else None
 
 
@@ -550,8 +551,8 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
         apply_liger(ours, LigerConfig(cuda_graphs=graphs, packing=True))
         lengths = [(100, 300, 90), (50, 120), (100, 300, 90)]
     else:
-        adapter._PACK_ON_CPU = True
-        adapter._BUCKETS_ON_CPU = True
+        swap_gpt._PACK_ON_CPU = True
+        swap_gpt._BUCKETS_ON_CPU = True
         cfg = _sharded_config("Llama-3.2-1B")
         cfg.block_size = 64
         ref, ours = _pair(cfg)
@@ -564,7 +565,7 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
     strategy = replica_class()()
     strategy.precision = Precision()
     model = strategy.setup_module(ours)
-    flags = (_dist.whole_model(), _dist.liger_replica(), _dist.replicated(), _dist.sharded_processes())
+    flags = (_dist.whole_model(ours), _dist.liger_replica(ours), _dist.replicated(ours), _dist.sharded_processes(ours))
     batches = {r: [_batch(cfg, ls, seed=10 * r + i) for i, ls in enumerate(lengths)] for r in range(2)}
     for i, (x, y) in enumerate(batches[rank]):
         with strategy._backward_sync_control.no_backward_sync(model, i < 2):
@@ -586,8 +587,6 @@ def _replica_run(rank: int, gpu: bool, graphs: bool = True):
         errs = {n: ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()).item()
                 for (n, p), q in zip(ours.named_parameters(), ref.parameters())}
         result = (errs, strategy.reductions, flags, captures, early)
-    _dist.REPLICA[0] = False
-    _dist.GRADS_READY.clear()
     return result
 
 
@@ -624,7 +623,7 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
     errs, reductions, flags, captures, (early, expected, _) = _replica_result(gpu=True, graphs=graphs)
     assert reductions == 1 and flags == (True, True, True, False)
     assert early == expected >= 1, (early, expected)  # (between the backward graphs of the segments)
-    if graphs:  # (the packed lengths of the first micro-batch's sample count captured at its step: PRECAPTURE_REPLICAS)
+    if graphs:  # (the packed lengths of the first micro-batch's sample count, pre-captured at its step)
         assert captures[1] >= 4 and captures[0] >= captures[1], captures
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 3e-2, (worst, errs[worst])
@@ -633,11 +632,7 @@ def test_gpu_replica_strategy_graphs_direct_grads(graphs):
 # ----------------------------------------------------------------------------------------------
 # zero1: the replica with the optimizer's state sharded (ReplicaStrategy(shard_optimizer=True))
 # ----------------------------------------------------------------------------------------------
-def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False,
-                  beside: bool = False) -> None:
-    from lit_liger.parallel import dataparallel
-
-    dataparallel.STEP_BESIDE_BACKWARD = beside  # (the step's chunks on a side stream: CUDA only)
+def _zero1_worker(rank: int, world: int, port: int, queue, fused: bool, shard: bool = True, gpu: bool = False) -> None:
     _join(rank, world, port, gpu)
     _finish(_zero1_run(rank, world, fused, shard, "cuda" if gpu else "cpu"), queue)
 
@@ -776,7 +771,7 @@ def test_zero1_replica_steps_its_share_and_checkpoints_whole_state(fused, world)
 @pytest.mark.parametrize("fused", [False, True])
 def test_replica_steps_in_chunks_as_its_all_reduces_finish(fused):
     """CPU (gloo), fp32, 2 processes, the replica (no sharding): the optimizer steps in chunks, each once the
-    all-reduces of its gradients are done (``OVERLAP_STEP``), and the weights equal one process's AdamW over both
+    all-reduces of its gradients are done, and the weights equal one process's AdamW over both
     ranks' data, a clipped step included (the clip waits for every all-reduce); the checkpointed state is whole."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
@@ -794,17 +789,15 @@ def test_replica_steps_in_chunks_as_its_all_reduces_finish(fused):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("beside", [False, True])
 @pytest.mark.parametrize("shard", [True, False])
-def test_gpu_zero1_and_replica_step_over_nccl(shard, beside):
+def test_gpu_zero1_and_replica_step_over_nccl(shard):
     """Two GPUs (NCCL), fp32: zero1's point-to-point gradients and parameters (``batch_isend_irecv``), its clip, and
-    the replica's step in chunks after their all-reduces give one process's AdamW weights and state, as on gloo; with
-    ``STEP_BESIDE_BACKWARD`` (the chunks on a side stream) too."""
+    the replica's step in chunks after their all-reduces give one process's AdamW weights and state, as on gloo."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    spawn_ranks(_zero1_worker, (2, _free_port(), queue, True, shard, True, beside))
+    spawn_ranks(_zero1_worker, (2, _free_port(), queue, True, shard, True))
     r = queue.get(timeout=60)
     assert r["ranks_same"] == 0.0 and r["vs_ref"] <= 1e-5 and r["state_err"] <= 1e-5, r
     assert r["steps"] == [4.0] and r["gathered"] == r["n_params"], r

@@ -14,18 +14,20 @@ parameters, precision, micro-batch and longest sequence):
   exactly what one device runs (graphs, packing, the deferred log, the fused optimizer), and the strategy all-reduces
   the trainable parameters' gradients once per optimizer step, in the backward that litgpt's loop runs outside
   ``fabric.no_backward_sync`` (the accumulation micro-batches reduce nothing): each group of upper Blocks' gradients
-  as soon as the backward has passed below them (``lit_liger._dist.GRADS_READY``), the rest when it ends, and the
-  optimizer steps in chunks as those all-reduces finish (:data:`OVERLAP_STEP`);
+  as soon as the backward has passed below them (the swapped GPT's ``grads_ready`` callbacks, on its
+  ``lit_liger.swap.state.ModelState``), the rest when it ends, and the optimizer steps in chunks as those all-reduces
+  finish;
 * ``zero1``: the same replica, with the optimizer's state sharded (ZeRO-1): each device keeps Adam's moments of its
   share of the large parameters only, receives the other devices' gradients of those (point to point,
-  :data:`ZERO1_P2P`), steps them, and sends them to the others after the step (a clip combines the devices' norms).
+  :func:`start_owner_reduce`), steps them, and sends them to the others after the step (a clip combines the devices'
+  norms).
   Chosen
   where a replica with the whole optimizer state does not fit and one with its share does (Llama-3.1-8B full
   fine-tuning on 80 GB cards). A checkpoint holds the whole optimizer state, as stock's (:meth:`get_optimizer_state`
   gathers it on rank 0);
-* ``shard`` (the recipes whose strategy is FSDP1; asked for, or automatic with :data:`AUTO_SHARD`): ``FSDPStrategy``
-  with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and optimizer state sharded, the weights kept gathered from forward to
-  backward), Blocks recomputed only where the estimate says they must be;
+* ``shard`` (the recipes whose strategy is FSDP1; asked for: ``auto`` names it where it would fit, see :func:`decide`):
+  ``FSDPStrategy`` with ``SHARD_GRAD_OP`` (ZeRO-2: gradients and optimizer state sharded, the weights kept gathered
+  from forward to backward), Blocks recomputed only where the estimate says they must be;
 * ``litgpt``: the recipe's own strategy, unchanged.
 
 The plan, why, and the flag that keeps litgpt's strategy are printed once. Checkpoints keep litgpt's format (the
@@ -36,6 +38,7 @@ processes and owns the process group; the replica calls ``torch.distributed`` co
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -85,10 +88,10 @@ class Estimate:
 
     def zero1(self, world: int) -> float:
         """A replica whose optimizer state is split between the ``world`` devices (``zero1``), with the buffers that
-        receive the other ranks' gradients of the parameters this rank steps (:data:`ZERO1_P2P`): at most two
-        groups of them at once (the segment whose backward just ended and the one before; the last group, the
+        receive the other ranks' gradients of the parameters this rank steps (:func:`start_owner_reduce`): at most
+        two groups of them at once (the segment whose backward just ended and the one before; the last group, the
         embedding, lm_head and lowest Blocks, until the step), counted as half of them."""
-        recv = self.grads * (world - 1) / world / 2 if ZERO1_P2P else 0.0
+        recv = self.grads * (world - 1) / world / 2
         return self.weights + self.grads + self.optimizer / world + recv + self.activations + OVERHEAD
 
     def zero2(self, world: int, checkpoint: bool, accumulating: bool = True) -> float:
@@ -145,18 +148,15 @@ def estimate(config: Any, n_params: int, n_trainable: int, param_bytes: int, mic
                     device=device_bytes)
 
 
-#: ``data_parallel="auto"`` picks ``"shard"`` where a replica does not fit and ZeRO-2 does. Off: the plan is
-#: CPU-tested (its strategy, its estimate) and has run on GPUs once, at a size where a replica fits (Llama-3.2-1B full
-#: fine-tuning on 2 x H200, no Block recomputed: it trains, 0.29x the replica's speed,
-#: ``benchmarks/results/h200x2-2026-11-27g``), never where auto would pick it (Llama-3.1-8B-class full fine-tuning on
-#: 80 GB cards, Blocks recomputed); until it has, auto keeps litgpt's strategy there and ``--liger.data_parallel
-#: shard`` asks for it
-AUTO_SHARD = False
-
-
 def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
     """The plan for a training state ``est`` on ``world`` devices (``can_shard``: the recipe's strategy is FSDP1,
-    which ``shard`` replaces; see :data:`AUTO_SHARD`)."""
+    which ``shard`` replaces).
+
+    Where a replica does not fit and ZeRO-2 would, ``auto`` keeps litgpt's strategy and names ``--liger.data_parallel
+    shard`` in the log: that plan is CPU-tested (its strategy, its estimate) and has run on GPUs once, at a size where
+    a replica fits (Llama-3.2-1B full fine-tuning on 2 x H200, no Block recomputed: it trains, 0.29x the replica's
+    speed, ``benchmarks/results/h200x2-2026-11-27g``), never where ``auto`` would pick it (Llama-3.1-8B-class full
+    fine-tuning on 80 GB cards, Blocks recomputed)."""
     need = est.replicated()
     if need <= est.budget:
         return Plan("replicate", f"its training state fits one device (estimated {_gib(need)} of {_gib(est.device)})",
@@ -169,8 +169,6 @@ def decide(est: Estimate, world: int, can_shard: bool) -> Plan:
         for checkpoint in (False, True):
             z2 = est.zero2(world, checkpoint)
             if z2 <= est.budget:
-                if AUTO_SHARD:
-                    return Plan("shard", f"{over}; sharded {_gib(z2)}", checkpoint=checkpoint, estimate=est)
                 how = "with" if checkpoint else "without"
                 return Plan("litgpt", f"{over}; ZeRO-2 {how} recomputed Blocks would fit ({_gib(z2)}: "
                                       "--liger.data_parallel shard, not yet measured on GPUs at this size)",
@@ -467,23 +465,6 @@ ZERO1_CHUNKS = 4
 #: the optimizers ``zero1`` shards: each parameter's update reads its own gradient and state only, so that hiding the
 #: other ranks' gradients for a step (and stepping in chunks) leaves every update as it was
 PER_PARAMETER = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta")
-#: the replica's optimizer steps in :data:`ZERO1_CHUNKS` chunks, in the order the last backward's all-reduces were
-#: issued, each once its own all-reduces are done: the step of the Blocks reduced under the backward runs beside the
-#: all-reduce of the gradients that are final only when backward ends (the lm_head, the lowest Blocks, the embedding)
-OVERLAP_STEP = True
-#: ``zero1`` moves gradients and stepped parameters point to point (:func:`start_owner_reduce`, the step's
-#: exchange): each rank sends the gradients it does not step to their owner, and each owner sends what it stepped to
-#: the others, every message of a group in one batch. Off: gradients all-reduced (the average everywhere), then one
-#: broadcast per stepped parameter (twice the bytes on 2 GPUs, each broadcast one direction of the link at a time)
-ZERO1_P2P = True
-#: the replica's chunked step (:data:`OVERLAP_STEP`) on a side stream: each chunk as soon as its own reductions are done,
-#: beside the backward still running on the compute stream (the upper Blocks' parameters step while the lower Blocks'
-#: backward runs; nothing after their segment reads them), the parameters no reduction covers last, after the whole
-#: backward; the compute stream waits for the side stream before anything after the step. Off (the default, not yet
-#: measured on GPUs): the chunks run on the compute stream after the backward. What it could buy: 1B full fine-tuning
-#: on 2 GPUs spends ~5.45 ms of each ~23.6 ms iteration in AdamW after the backward
-#: (``benchmarks/results/h200x2-2026-11-27b``)
-STEP_BESIDE_BACKWARD = False
 
 
 def _chunks(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:
@@ -504,13 +485,11 @@ def _per_parameter(optimizer: Any) -> bool:
     return type(optimizer).__module__.startswith("torch.optim") and type(optimizer).__name__ in PER_PARAMETER
 
 
-def _step_chunks(params: list[torch.Tensor], pending: list, n: int,
-                 rest_last: bool = False) -> list[tuple[list, list[torch.Tensor]]]:
+def _step_chunks(params: list[torch.Tensor], pending: list, n: int) -> list[tuple[list, list[torch.Tensor]]]:
     """The optimizer step's chunks, ``(the all-reduces to wait for, the parameters to step)``: :func:`start_reduce`'s
     ``pending`` work in the order issued, cut into at most ``n`` runs of about equal elements of ``params`` (the
-    optimizer's), each with the parameters its work reduced; the parameters no work covers step in the first chunk
-    (``rest_last``: in a chunk of their own after the others, where they are any). With nothing pending, ``params`` in
-    order, cut the same way (:func:`_chunks`)."""
+    optimizer's), each with the parameters its work reduced; the parameters no work covers step in the first chunk.
+    With nothing pending, ``params`` in order, cut the same way (:func:`_chunks`)."""
     if not pending:
         return [([], chunk) for chunk in _chunks(params, n)]
     wanted = {id(p): p for p in params}
@@ -522,7 +501,7 @@ def _step_chunks(params: list[torch.Tensor], pending: list, n: int,
         sizes.append((entry, mine))
     rest = [p for p in params if id(p) not in covered]
     total = sum(p.numel() for _, mine in sizes for p in mine) or 1
-    out: list[tuple[list, list[torch.Tensor]]] = [([], [] if rest_last else rest)]
+    out: list[tuple[list, list[torch.Tensor]]] = [([], rest)]
     seen = 0
     for entry, mine in sizes:
         if out[-1][0] and seen >= total * len(out) / n:
@@ -530,22 +509,7 @@ def _step_chunks(params: list[torch.Tensor], pending: list, n: int,
         out[-1][0].append(entry)
         out[-1][1].extend(mine)
         seen += sum(p.numel() for p in mine)
-    if rest_last and rest:
-        out.append(([], rest))
     return out
-
-
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The side stream of :data:`STEP_BESIDE_BACKWARD` on a CUDA ``device`` (one per device), else None."""
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
-    return _SIDE_STREAMS[index]
 
 
 def _drop_others_state(optimizer: Any, owners: dict[int, int], rank: int) -> None:
@@ -600,14 +564,14 @@ def gather_optimizer_state(optimizer: Any, owners: dict[int, int], group: Any = 
 
 
 def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
-    """The trainable parameters of a swapped GPT by segment of ``lit_liger._dist.GRADS_READY``: ``[0]`` outside the
+    """The trainable parameters of a swapped GPT by segment of its ``grads_ready`` callbacks: ``[0]`` outside the
     Blocks, embedding and ``ln_f`` (the lm_head: no callback, reduced when backward ends); ``[j]`` the Blocks from
     ``segment_cuts[j - 1]`` up to the previous cut (``ln_f`` in ``[1]``); the last, the lowest Blocks and the
     embedding (reduced when backward ends). A parameter under several names (a tied lm_head) belongs to the latest of
     its segments."""
     from .. import _dist
 
-    cuts = _dist.segment_cuts(gpt.config.n_layer)
+    cuts = _dist.segment_cuts(gpt)
     last = len(cuts) + 1
     where: dict[int, int] = {}
     params: dict[int, torch.nn.Parameter] = {}
@@ -619,6 +583,15 @@ def grad_segments(gpt: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     for key, p in params.items():
         out[where[key]].append(p)
     return out
+
+
+def _swapped_gpts(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The GPTs inside ``module`` that ``apply_liger`` swapped (their backward calls the ``grads_ready`` callbacks)."""
+    from litgpt.model import GPT
+
+    from ..swap.adapter import is_swapped
+
+    return [m for m in module.modules() if isinstance(m, GPT) and is_swapped(m)]
 
 
 def _strategy_base() -> type:
@@ -668,9 +641,10 @@ def _make_replica_class() -> type:
             self.early = 0  # segments whose all-reduce started during a backward
             self._pending: list = []  # all-reduces started in this backward
             self._unfinished: list = []  # ... and left to the optimizer step (after the backward)
-            self.split_steps = 0  # optimizer steps taken in chunks (OVERLAP_STEP, zero1)
+            self.split_steps = 0  # optimizer steps taken in chunks
             self._started: set[int] = set()
             self._segments: dict[int, list] = {}
+            self._marked: list = []  # the ModelStates of the swapped GPTs set up here (marked as replicas)
 
         def module_init_context(self, empty_init: bool | None = None) -> Any:
             # litgpt asks for empty_init on several devices (FSDP materializes its meta tensors later); a replica's
@@ -678,9 +652,12 @@ def _make_replica_class() -> type:
             return super().module_init_context(empty_init=False)
 
         def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            """Rank 0's parameters and buffers broadcast to the others; each swapped GPT inside marked as a replica
+            (``ModelState.replica``: what runs on one device runs on each as it is) with :meth:`_ready` among its
+            ``grads_ready`` callbacks (its upper segments' all-reduces start under its backward)."""
             import torch.distributed as dist
 
-            from .. import _dist
+            from ..swap.state import state_of
 
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 with torch.no_grad():
@@ -691,9 +668,13 @@ def _make_replica_class() -> type:
                         seen.add(id(t))
                         dist.broadcast(t.data, src=0)
             self._modules.append(module)
-            _dist.REPLICA[0] = True
-            if self._ready not in _dist.GRADS_READY:
-                _dist.GRADS_READY.append(self._ready)
+            for gpt in _swapped_gpts(module):
+                state = state_of(gpt)
+                state.replica = True
+                if self._ready not in state.grads_ready:
+                    state.grads_ready.append(self._ready)
+                if state not in self._marked:
+                    self._marked.append(state)
             return module
 
         def _rank_world(self) -> tuple[int, int]:
@@ -736,22 +717,21 @@ def _make_replica_class() -> type:
             return optimizer
 
         def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-            """The step of the gradients the last synchronizing backward reduced, in chunks in the order their
-            all-reduces were issued: each chunk steps once its own all-reduces are done, beside the later ones
-            (:data:`OVERLAP_STEP`; an optimizer :data:`PER_PARAMETER` of ``torch.optim`` without a closure, else the
-            gradients are all reduced first and the optimizer steps once). ``zero1``: each chunk steps this rank's
-            share only (the other parameters' gradients are hidden from it for the step), then sends each of its
-            parameters from the rank that stepped it to the others (:meth:`_share_stepped`), beside the next chunk's
-            step."""
+            """The step of the gradients the last synchronizing backward reduced, in :data:`ZERO1_CHUNKS` chunks in
+            the order their all-reduces were issued: each chunk steps once its own all-reduces are done, so the step
+            of the Blocks reduced under the backward runs beside the all-reduce of the gradients that are final only
+            when backward ends (the lm_head, the lowest Blocks, the embedding). That needs an optimizer
+            :data:`PER_PARAMETER` of ``torch.optim`` without a closure; otherwise the gradients are all reduced first
+            and the optimizer steps once. ``zero1``: each chunk steps this rank's share only (the other parameters'
+            gradients are hidden from it for the step), then sends each of its parameters from the rank that stepped
+            it to the others (:meth:`_share_stepped`), beside the next chunk's step."""
             pending, self._unfinished = self._unfinished, []
             inner = getattr(optimizer, "optimizer", optimizer)
-            split = not kwargs and _per_parameter(inner) and (bool(self.owners) or (OVERLAP_STEP and bool(pending)))
+            split = not kwargs and _per_parameter(inner) and (bool(self.owners) or bool(pending))
             if not split:
                 finish_reduce(pending)
                 if not self.owners or kwargs:  # (a closure runs once: zero1 then steps every parameter)
                     return super().optimizer_step(optimizer, **kwargs)
-            import torch.distributed as dist
-
             rank, _ = self._rank_world()
             params = _optimizer_params(inner)
             grads = {id(p): p.grad for p in params}
@@ -759,26 +739,16 @@ def _make_replica_class() -> type:
                 if self.owners.get(id(p), rank) != rank:
                     inner.state.pop(p, None)
             works, out = [], None
-            # (STEP_BESIDE_BACKWARD: the chunks on a side stream, the compute stream waiting for it after them. What the
-            # side stream reads that the compute stream allocated (the reductions' flat and received buffers, freed
-            # on the host during the loop) is safe: the compute stream allocates nothing before it waits)
-            side = _side_stream(params[0].device) if STEP_BESIDE_BACKWARD and pending and params else None
-            compute = torch.cuda.current_stream(params[0].device) if side is not None else None
             try:
-                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                    for entries, chunk in _step_chunks(params, pending, ZERO1_CHUNKS, rest_last=side is not None):
-                        if side is not None and not entries:
-                            side.wait_stream(compute)  # (gradients no reduction covers: final after the backward)
-                        finish_reduce(entries)
-                        mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
-                        for p in params:
-                            p.grad = grads[id(p)] if id(p) in mine else None
-                        if mine:
-                            out = super().optimizer_step(optimizer, **kwargs)
-                        works += self._share_stepped([p for p in chunk if id(p) in self.owners])
+                for entries, chunk in _step_chunks(params, pending, ZERO1_CHUNKS):
+                    finish_reduce(entries)
+                    mine = {id(p) for p in chunk if self.owners.get(id(p), rank) == rank}
+                    for p in params:
+                        p.grad = grads[id(p)] if id(p) in mine else None
+                    if mine:
+                        out = super().optimizer_step(optimizer, **kwargs)
+                    works += self._share_stepped([p for p in chunk if id(p) in self.owners])
             finally:
-                if side is not None:
-                    compute.wait_stream(side)
                 for p in params:
                     p.grad = grads[id(p)]
             for work in works:
@@ -789,13 +759,12 @@ def _make_replica_class() -> type:
 
         def _share_stepped(self, params: list[torch.Tensor]) -> list:
             """zero1: each of ``params`` (stepped by its owner) from its owner to every other rank, asynchronously:
-            point-to-point sends and receives in one batch (:data:`ZERO1_P2P`), else one broadcast each."""
+            point-to-point sends and receives in one batch (on 2 GPUs both directions of the link at once; one
+            broadcast per parameter moved twice the bytes, one direction at a time, ``docs/performance-trail.md``)."""
             import torch.distributed as dist
 
             if not params:
                 return []
-            if not ZERO1_P2P:
-                return [dist.broadcast(p.data, src=self.owners[id(p)], async_op=True) for p in params]
             rank, world = self._rank_world()
             ops = []
             for p in params:
@@ -816,11 +785,11 @@ def _make_replica_class() -> type:
 
         def clip_gradients_norm(self, module: Any, optimizer: Any, max_norm: float | int, norm_type: float | int = 2.0,
                                 error_if_nonfinite: bool = True) -> torch.Tensor:
-            """Clip by the norm of the whole averaged gradient. zero1 (:data:`ZERO1_P2P`): a parameter's averaged
-            gradient is on its owner only, so each rank takes the norm of those it steps (and a share of those every
-            rank steps) and the ranks combine them: the norm one process would see."""
+            """Clip by the norm of the whole averaged gradient. zero1 (:func:`start_owner_reduce`): a parameter's
+            averaged gradient is on its owner only, so each rank takes the norm of those it steps (and a share of
+            those every rank steps) and the ranks combine them: the norm one process would see."""
             self.finish_gradients()
-            if not (self.owners and ZERO1_P2P and self._rank_world()[1] > 1):
+            if not (self.owners and self._rank_world()[1] > 1):
                 return super().clip_gradients_norm(module, optimizer, max_norm, norm_type=norm_type,
                                                    error_if_nonfinite=error_if_nonfinite)
             import torch.distributed as dist
@@ -862,16 +831,13 @@ def _make_replica_class() -> type:
             return gather_optimizer_state(getattr(optimizer, "optimizer", optimizer), self.owners)
 
         def _ready(self, gpt: torch.nn.Module, segment: int) -> None:
-            """``_dist.GRADS_READY``: in a synchronizing backward, start the all-reduce of ``segment``'s gradients
-            (the backward of the Blocks below runs meanwhile)."""
+            """A ``grads_ready`` callback of the swapped GPTs set up here: in a synchronizing backward, start the
+            all-reduce of ``segment``'s gradients (the backward of the Blocks below runs meanwhile)."""
             if self.accumulating:
                 return
             segments = self._segments.get(id(gpt))
             if segments is None:
-                mine = any(gpt is sub for m in self._modules for sub in m.modules())
-                segments = self._segments[id(gpt)] = grad_segments(gpt) if mine else []
-            if not segments:
-                return  # (another model's backward in this process: not this replica's to reduce)
+                segments = self._segments[id(gpt)] = grad_segments(gpt)
             if segment <= 0 or segment >= len(segments) - 1:
                 return  # (reduced when backward ends)
             params = [p for p in segments[segment] if id(p) not in self._started]
@@ -886,9 +852,9 @@ def _make_replica_class() -> type:
             self.early += bool(params)
 
         def _start(self, params: list[torch.nn.Parameter]) -> list:
-            """Start reducing ``params``' gradients: zero1 (:data:`ZERO1_P2P`) sends each stepped-by-one-rank
-            parameter's gradient to that rank (:func:`start_owner_reduce`); the rest are all-reduced."""
-            if not (self.owners and ZERO1_P2P):
+            """Start reducing ``params``' gradients: zero1 sends each stepped-by-one-rank parameter's gradient to
+            that rank (:func:`start_owner_reduce`); the rest are all-reduced."""
+            if not self.owners:
                 return start_reduce(params)
             owned = [p for p in params if id(p) in self.owners]
             shared = [p for p in params if id(p) not in self.owners]
@@ -910,13 +876,13 @@ def _make_replica_class() -> type:
                 self._pending, self._started = [], set()
 
         def teardown(self) -> None:
-            from .. import _dist
-
             self.finish_gradients()
-
-            _dist.REPLICA[0] = False
-            if self._ready in _dist.GRADS_READY:
-                _dist.GRADS_READY.remove(self._ready)
+            for state in self._marked:  # (what setup_module marked, undone)
+                state.replica = False
+                if self._ready in state.grads_ready:
+                    state.grads_ready.remove(self._ready)
+            self._marked.clear()
+            self._segments.clear()
             self._modules.clear()
             self.owners.clear()
             super().teardown()
@@ -924,15 +890,11 @@ def _make_replica_class() -> type:
     return ReplicaStrategy
 
 
-_REPLICA_CLASS: list[type] = []
-
-
+@functools.cache
 def replica_class() -> type:
-    """:class:`ReplicaStrategy` (a subclass of Lightning's ``DDPStrategy``, built on first use: importing lit-liger
-    does not import Lightning)."""
-    if not _REPLICA_CLASS:
-        _REPLICA_CLASS.append(_make_replica_class())
-    return _REPLICA_CLASS[0]
+    """:class:`ReplicaStrategy` (a subclass of Lightning's ``DDPStrategy``, made on first use and cached: importing
+    lit-liger does not import Lightning)."""
+    return _make_replica_class()
 
 
 def __getattr__(name: str) -> Any:

@@ -20,11 +20,7 @@ import gc
 import time
 from collections.abc import Iterator
 
-__all__ = ["FREEZE", "GcWatch", "quiet", "report"]
-
-#: freeze the objects alive when the loop starts (off: the collector as Python runs it; the recipe benchmark's
-#: ``liger-gc`` variant)
-FREEZE = True
+__all__ = ["GcWatch", "quiet", "report"]
 
 
 class GcWatch:
@@ -44,23 +40,20 @@ class GcWatch:
 
 
 @contextlib.contextmanager
-def quiet(freeze: bool | None = None) -> Iterator[GcWatch]:
-    """For the block: every collection timed; with ``freeze`` (default :data:`FREEZE`) one collection first, then
-    the surviving objects frozen until the block ends."""
-    freeze = FREEZE if freeze is None else freeze
+def quiet() -> Iterator[GcWatch]:
+    """For the block: one collection first, then the surviving objects frozen until the block ends, and every
+    collection meanwhile timed."""
     watch = GcWatch()
-    if freeze:
-        gc.collect()
-        gc.freeze()
-        watch.frozen = gc.get_freeze_count()
+    gc.collect()
+    gc.freeze()
+    watch.frozen = gc.get_freeze_count()
     gc.callbacks.append(watch)
     try:
         yield watch
     finally:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(watch)
-        if freeze:
-            gc.unfreeze()
+        gc.unfreeze()
 
 
 def report(watch: GcWatch, anywhere: float | None = None) -> str | None:
@@ -70,8 +63,7 @@ def report(watch: GcWatch, anywhere: float | None = None) -> str | None:
         return None
     full = watch.pauses.get(2, [])
     every = [p for ps in watch.pauses.values() for p in ps]
-    how = (f"{watch.frozen:,} objects alive at the start frozen (gc.freeze)" if watch.frozen else
-           "nothing frozen")
+    how = f"{watch.frozen:,} objects alive at the start frozen (gc.freeze)"
     other = "" if anywhere is None else f"; the longest full collection of any process {anywhere * 1e3:.1f} ms"
     return (f"lit-liger: Python's garbage collector in the training loop: {len(every):,} collections, "
             f"{sum(every) * 1e3:.0f} ms in all; {len(full)} of the oldest generation, the longest "

@@ -7,7 +7,8 @@ host then prepares the next iteration (data, the packed plan, launching the repl
 
 Here, for one training process:
 
-* :class:`RunningMean` (put in place of torchmetrics' for the recipe's ``fit``) keeps the window on the device and
+* :class:`RunningMean` (made by :class:`RunningMeans`, which the recipe's ``RunningMean`` name points to while the
+  command runs it, for the ``fit`` whose :class:`DeferredLog` it holds) keeps the window on the device and
   computes the same float32 mean in the same order (NaN values left out, as torchmetrics' ``nan_strategy="warn"``
   does, the warning given when the value is read). ``compute()`` starts a copy of the mean to the host and returns it
   as a :class:`_Pending` value, whose ``item()`` waits only for the value :data:`LAG` logs back: the host runs at most
@@ -24,28 +25,26 @@ the GPU :data:`LAG` iterations behind, it is the iteration's period in the runni
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["ACTIVE", "LAG", "DeferredLog", "RunningMean", "running_mean_factory"]
+__all__ = ["LAG", "DeferredLog", "RunningMean", "RunningMeans", "running_mean_factory"]
 
 #: how many logs the host may run ahead of the GPU: a log's ``item()`` waits for the value this many logs back (the
 #: lines are printed that many iterations late, all of them at the end of ``fit`` or before any other line). More than
 #: one was meant to let the host build a lead of queued GPU work, beside which a new shape's capture is recorded
-#: (``lit_liger.runtime.graphs.SYNC_BEFORE_CAPTURE``). Measured at 8 on an H200 (Llama-3.2-1B LoRA and full fine-tuning,
+#: (the captures run without a device synchronize first). Measured at 8 on an H200 (Llama-3.2-1B LoRA and full fine-tuning,
 #: litgpt's CLI, 200 iterations, ``benchmarks/results/h200-2026-11-29c``): the GPU waited 0-15% less for the captures
 #: and the runs were no faster (tokens/s 1-3% lower, the fit's wall time within its spread): at micro-batch 4 the
 #: replayed iteration's host work (~8 ms) is close to its GPU time (~12 ms), so little lead builds, and the captures
 #: come in the run's first iterations, before any has
 LAG = 1
-
-#: the :class:`DeferredLog` of the ``fit`` running now (one process), else None
-ACTIVE: list[DeferredLog | None] = [None]
 
 _TOKEN = re.compile("\ue000(\\d+)\ue001")
 _ids = itertools.count()
@@ -216,14 +215,31 @@ class RunningMean:
         return pending
 
 
-def running_mean_factory(real: Callable[..., Any]) -> Callable[..., Any]:
-    """What a recipe's ``RunningMean`` name points to: :class:`RunningMean` while a :class:`DeferredLog` is active and
-    the arguments are litgpt's (a window, ``sync_on_compute``), else torchmetrics' own (``real``)."""
+class RunningMeans:
+    """What a recipe's ``RunningMean`` name points to while the ``lit-liger`` command runs it: called as litgpt calls
+    torchmetrics' class, a :class:`RunningMean` feeding :attr:`log` while a ``fit`` defers its log (:meth:`deferring`)
+    and the arguments are litgpt's (a window, ``sync_on_compute``), else torchmetrics' own (``real``)."""
 
-    def make(window: int = 5, sync_on_compute: bool = True, **kwargs: Any) -> Any:
-        log = ACTIVE[0]
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.log: DeferredLog | None = None  # the DeferredLog of the fit running now, else None
+
+    def __call__(self, window: int = 5, sync_on_compute: bool = True, **kwargs: Any) -> Any:
+        log = self.log
         if log is None or kwargs.get("nan_strategy", "warn") != "warn" or set(kwargs) - {"nan_strategy"}:
-            return real(window=window, sync_on_compute=sync_on_compute, **kwargs)
+            return self.real(window=window, sync_on_compute=sync_on_compute, **kwargs)
         return RunningMean(window, log)
 
-    return make
+    @contextlib.contextmanager
+    def deferring(self, log: DeferredLog) -> Iterator[DeferredLog]:
+        """For the block (litgpt's ``fit``), the running means made feed ``log``."""
+        before, self.log = self.log, log
+        try:
+            yield log
+        finally:
+            self.log = before
+
+
+def running_mean_factory(real: Callable[..., Any]) -> RunningMeans:
+    """:class:`RunningMeans` over torchmetrics' ``RunningMean`` (``real``)."""
+    return RunningMeans(real)
