@@ -178,6 +178,8 @@ def run_one(args: list[str], run_dir: Path, *, warmup: int, in_process: bool = F
     return res
 
 
+#: the child's stats file, handed to the ranks that Lightning's launcher starts (they run this module again with the
+#: lit-liger arguments only; see :func:`main`): internal plumbing, set by the child itself
 _STATS_ENV = "LIT_LIGER_BENCH_STATS"
 
 
@@ -210,89 +212,58 @@ def _count_syncs(path: str) -> None:
     atexit.register(dump)
 
 
+#: the environment variable that turns a run's diagnostics on in its processes (the child and, on several devices, the
+#: ranks Lightning starts): ``key=value`` entries separated by ``;`` (:data:`DIAGNOSTICS`), e.g.
+#: ``LIT_LIGER_BENCH_DIAG="syncs=/tmp/syncs.txt;time=litgpt.finetune.lora:fit"``
+DIAG_ENV = "LIT_LIGER_BENCH_DIAG"
+#: the keys of :data:`DIAG_ENV`'s entries and what each does in a run's process
+DIAGNOSTICS = {
+    "syncs": "FILE: every device sync's Python stack counted (torch.cuda.set_sync_debug_mode), written to FILE at "
+             "exit, most frequent first (run one variant at a time)",
+    "time": "module:function,module:Class.method,...: each such call of 50 ms or more printed (bench-timer: NAME S s)",
+    "cprofile": "module:function,...: each such call run under cProfile, its stats written as function-N.pstats "
+                "(N: the call's number, from 1) to cprofile_dir",
+    "cprofile_dir": "DIR: where cprofile's stats go (default: the run's folder)",
+    "fit": "FILE: cProfile over litgpt's fit (one process), its stats written to FILE",
+}
+
+
+def diagnostics(spec: str) -> dict[str, str]:
+    """:data:`DIAG_ENV`'s ``spec`` as ``{key: value}``; an unknown key or an entry without ``=`` raises
+    ``ValueError``."""
+    out = {}
+    for entry in filter(None, (e.strip() for e in spec.split(";"))):
+        key, eq, value = entry.partition("=")
+        if not eq or key.strip() not in DIAGNOSTICS:
+            raise ValueError(f"{DIAG_ENV}: {entry!r} is not KEY=VALUE with KEY one of {', '.join(DIAGNOSTICS)}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def _child(stats_path: str, argv: list[str], via_litgpt: bool = False) -> None:
     """Child entry point: ``lit_liger.demo._run_and_record`` (peak memory of the training steps and of
     the whole run, wall time; the peak counter is reset after each validation pass); ``via_litgpt``: the run through
-    the ``litgpt`` console script and lit-liger's plugin (the recipe's ``liger-via-litgpt`` variant)."""
+    the ``litgpt`` console script and lit-liger's plugin (the recipe's ``liger-via-litgpt`` variant). The environment
+    may set: ``LIT_LIGER_BENCH_NO_CUDNN_SDPA=1`` (the recipe's ``stock-no-cudnn``: cuDNN attention off),
+    ``LIT_LIGER_BENCH_DEVICE_GIB`` (a smaller card's memory on a larger one, the recipe's ``*-80gb``:
+    :func:`_cap_device`) and :data:`DIAG_ENV` (the diagnostics)."""
     from lit_liger.demo import _run_and_record
 
     if os.environ.get("LIT_LIGER_BENCH_NO_CUDNN_SDPA") == "1":  # the recipe's stock-no-cudnn variant
         import torch
 
         torch.backends.cuda.enable_cudnn_sdp(False)
-    direct = os.environ.get("LIT_LIGER_BENCH_DIRECT_GRADS")  # the recipe's *-direct / *-no-direct variants (issue 32)
-    if direct in ("0", "1"):
-        from lit_liger.runtime import graphs
-
-        graphs.DIRECT_GRADS = graphs.CAPTURE_FULL_TRAINING = direct == "1"
-    if os.environ.get("LIT_LIGER_BENCH_SYNC_DEBUG"):  # a file: every device sync's Python stack, counted (diagnosis)
-        _count_syncs(os.environ["LIT_LIGER_BENCH_SYNC_DEBUG"])
-    if os.environ.get("LIT_LIGER_BENCH_GEMM_INTO_GRAD") == "0":  # the recipe's liger-grads-after-gemm variant
-        from lit_liger.runtime import graphs
-
-        graphs.GEMM_INTO_GRAD = False
     if os.environ.get("LIT_LIGER_BENCH_DEVICE_GIB"):  # a smaller card's memory on a larger one (the recipe's *-80gb)
         _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
-    if os.environ.get("LIT_LIGER_BENCH_MEMORY_FRACTION"):  # the memory plan's share of the device (a sweep)
-        from lit_liger.runtime import memplan
-
-        memplan.MEMORY_FRACTION = float(os.environ["LIT_LIGER_BENCH_MEMORY_FRACTION"])
-    if os.environ.get("LIT_LIGER_BENCH_STEP_OVERLAP") == "0":  # the recipe's liger-step-after-reduce variant
-        from lit_liger.parallel import dataparallel
-
-        dataparallel.OVERLAP_STEP = False
-    if os.environ.get("LIT_LIGER_BENCH_WARMUP_ONCE") == "0":  # the recipe's liger-warmup-each variant
-        from lit_liger.runtime import graphs
-
-        graphs.WARMUP_ONCE = False
-    if os.environ.get("LIT_LIGER_BENCH_EMBEDDING_INTO") in ("0", "1"):  # the recipe's liger-embedding-* variants
-        from lit_liger.swap import adapter
-
-        adapter.EMBEDDING_GRAD_INTO = os.environ["LIT_LIGER_BENCH_EMBEDDING_INTO"] == "1"
-    if os.environ.get("LIT_LIGER_BENCH_GC_FREEZE") == "0":  # the recipe's liger-gc variant
-        from lit_liger.runtime import hostgc
-
-        hostgc.FREEZE = False
-    if os.environ.get("LIT_LIGER_BENCH_PRECAPTURE_ALL") == "1":  # the recipe's liger-precapture-all variant
-        from lit_liger import cli
-        from lit_liger.runtime import graphs
-
-        cli.EXPECT_ROUNDS, graphs.CAPTURE_AFTER = 0, 1
-    if os.environ.get("LIT_LIGER_BENCH_STEP_BESIDE") == "1":  # the recipe's liger-step-beside-backward variant
-        from lit_liger.parallel import dataparallel
-
-        dataparallel.STEP_BESIDE_BACKWARD = True
-    if os.environ.get("LIT_LIGER_BENCH_SYNC_CAPTURE") == "1":  # the recipe's liger-synced-captures, -prior variants
-        from lit_liger.runtime import graphs
-
-        graphs.SYNC_BEFORE_CAPTURE = True
-    if os.environ.get("LIT_LIGER_BENCH_LOG_LAG"):  # the recipe's liger-lag8 variant
-        from lit_liger.runtime import lazylog
-
-        lazylog.LAG = int(os.environ["LIT_LIGER_BENCH_LOG_LAG"])
-    if os.environ.get("LIT_LIGER_BENCH_PACK_FULL") == "0":  # the recipe's liger-unpacked-full variant
-        from lit_liger.swap import packing
-
-        packing.PACK_FULL = False
-    if os.environ.get("LIT_LIGER_BENCH_ZERO1_P2P") == "0":  # the recipe's liger-dp-zero1-bcast variant
-        from lit_liger.parallel import dataparallel
-
-        dataparallel.ZERO1_P2P = False
-    if os.environ.get("LIT_LIGER_BENCH_BY_VALUE") == "0":  # the recipe's liger-shared-batches and liger-prior variants
-        from lit_liger.runtime import batches
-
-        batches.BY_VALUE_BYTES = 0
-    if os.environ.get("LIT_LIGER_BENCH_LENGTH_WORKERS"):  # the recipe's liger-serial-lengths variant (0)
-        from lit_liger.runtime import lengths
-
-        lengths.MAX_WORKERS = int(os.environ["LIT_LIGER_BENCH_LENGTH_WORKERS"])
-    if os.environ.get("LIT_LIGER_BENCH_TIME_CALLS"):  # "module:function,...": each call's wall time printed (diagnosis)
-        _time_calls(os.environ["LIT_LIGER_BENCH_TIME_CALLS"])
-    if os.environ.get("LIT_LIGER_BENCH_CPROFILE_CALLS"):  # "module:function,...": each call's cProfile stats kept
-        _time_calls(os.environ["LIT_LIGER_BENCH_CPROFILE_CALLS"], 0.0,
-                    os.environ.get("LIT_LIGER_BENCH_CPROFILE_DIR") or str(Path(stats_path).parent))
-    if os.environ.get("LIT_LIGER_BENCH_CPROFILE_FIT"):  # the host's time during litgpt's fit, by function (a pstats file)
-        _profile_fit(os.environ["LIT_LIGER_BENCH_CPROFILE_FIT"])
+    diag = diagnostics(os.environ.get(DIAG_ENV, ""))
+    if diag.get("syncs"):
+        _count_syncs(diag["syncs"])
+    if diag.get("time"):
+        _time_calls(diag["time"])
+    if diag.get("cprofile"):
+        _time_calls(diag["cprofile"], 0.0, diag.get("cprofile_dir") or str(Path(stats_path).parent))
+    if diag.get("fit"):
+        _profile_fit(diag["fit"])
     _run_and_record(stats_path, argv, via_litgpt=via_litgpt)
 
 

@@ -72,19 +72,10 @@ VARIANTS = {
     "liger-ckpt": ["--liger.activation_checkpointing", "true"],  # captured (torch >= 2.10)
     "liger-ckpt-no-graphs": ["--liger.activation_checkpointing", "true", "--liger.cuda_graphs", "false"],
     "liger-ckpt-lean": ["--liger.activation_checkpointing", "true", "--liger.flce_mode", "lean"],
-    # issue 32: packing, and the captured backward's gradients straight into .grad (full fine-tuning captured). Since
-    # h100-2026-11-25d the second is lit-liger's default and packing is not: "liger" is "liger-direct" (and
-    # "liger-padded"); "liger-packed" keeps its first meaning (packing, direct gradients off), "liger-no-direct" is
-    # the earlier default (full fine-tuning uncaptured)
-    "liger-packed": ["--liger.packing", "true"],
-    "liger-direct": ["--liger.packing", "false"],
-    "liger-packed-direct": ["--liger.packing", "true"],
+    # issue 32: packing off (on by default since 2026-11-26)
     "liger-padded": ["--liger.packing", "false"],
-    "liger-no-direct": ["--liger.packing", "false"],
-    # issue 32, full fine-tuning: AdamW left as litgpt builds it (foreach), and the captured backward's weight
-    # gradients added into .grad by a separate pass after their GEMMs (lit_liger.runtime.graphs.GEMM_INTO_GRAD off)
+    # issue 32, full fine-tuning: AdamW left as litgpt builds it (foreach)
     "liger-unfused-opt": ["--liger.fused_optimizer", "false"],
-    "liger-grads-after-gemm": ["--liger", "true"],
     # ... and litgpt's loop waiting for the GPU at each iteration's log (LigerConfig.defer_loss_sync off)
     "liger-sync": ["--liger.defer_loss_sync", "false"],
     # issue 33 / 46: the data-parallel plan on several devices (lit_liger.parallel.dataparallel): "liger" is automatic
@@ -92,40 +83,11 @@ VARIANTS = {
     "liger-dp-shard": ["--liger.data_parallel", "shard"],
     "liger-dp-zero1": ["--liger.data_parallel", "zero1"],
     "liger-dp-zero1-no-graphs": ["--liger.data_parallel", "zero1", "--liger.cuda_graphs", "false"],
-    # ... zero1 with gradients all-reduced and each stepped parameter broadcast (lit_liger.parallel.dataparallel.ZERO1_P2P off)
-    "liger-dp-zero1-bcast": ["--liger.data_parallel", "zero1"],
     "liger-dp-litgpt": ["--liger.data_parallel", "litgpt"],
     # ... and each device's micro-batches in litgpt's order (LigerConfig.balance_ranks off: not dealt by length)
     "liger-no-balance": ["--liger.balance_ranks", "false"],
-    # ... and the replica's optimizer step after every all-reduce (lit_liger.parallel.dataparallel.OVERLAP_STEP off)
-    "liger-step-after-reduce": ["--liger", "true"],
-    # issue 47: every captured shape warmed up by its own uncaptured pass first (lit_liger.runtime.graphs.WARMUP_ONCE off)
-    "liger-warmup-each": ["--liger", "true"],
-    # the token embedding's gradient added into .grad by its own kernel in captured steps (adapter.EMBEDDING_GRAD_INTO;
-    # the default since h200x2-2026-11-27g), and (-after) as a new (V, C) gradient that a second pass adds
-    "liger-embedding-into": ["--liger", "true"],
-    "liger-embedding-after": ["--liger", "true"],
-    # Python's garbage collector as Python runs it (lit_liger.runtime.hostgc.FREEZE off: nothing frozen for the loop)
-    "liger-gc": ["--liger", "true"],
-    # issue 47: the replicas pre-capture the whole ladder of packed lengths and capture any other shape at once
-    # (lit_liger.cli.EXPECT_ROUNDS 0: the data's lengths not estimated; lit_liger.runtime.graphs.CAPTURE_AFTER 1)
-    "liger-precapture-all": ["--liger", "true"],
-    # issue 46: the replica's optimizer step on a side stream beside the backward
-    # (lit_liger.parallel.dataparallel.STEP_BESIDE_BACKWARD on)
-    "liger-step-beside-backward": ["--liger", "true"],
-    # issue 47: every capture after a device synchronize (lit_liger.runtime.graphs.SYNC_BEFORE_CAPTURE on), the host one log
-    # ahead of the GPU; (-lag8) the host up to 8 logs ahead (lit_liger.runtime.lazylog.LAG 8; h200-2026-11-29c's calls c1-c5 ran
-    # it as the default "liger", and c4-c5 the default as "liger-lag1")
-    "liger-synced-captures": ["--liger", "true"],
-    "liger-lag8": ["--liger", "true"],
-    # ... a batch's tensors from the data loader's workers through shared memory (lit_liger.runtime.batches.BY_VALUE_BYTES 0),
-    # and (-prior) that and the synchronized captures, as before h200-2026-11-29c
-    "liger-shared-batches": ["--liger", "true"],
-    "liger-prior": ["--liger", "true"],
-    # litgpt's pass over the data for its longest sample in its own process, not lit_liger.runtime.lengths' workers
-    "liger-serial-lengths": ["--liger", "true"],
-    # issue 47: a micro-batch without padding run unpacked, as its own shape (lit_liger.swap.packing.PACK_FULL off)
-    "liger-unpacked-full": ["--liger", "true"],
+    # (the variants that flipped a module switch from outside, their winners now the code's, are gone: issue 67,
+    # docs/performance-trail.md's "Switches retired in issue 67")
     # issue 46: zero1 as on an 80 GB card (an H100's 79.19 GiB), memory only: on a larger card (an H200) the allocator
     # is capped there and lit-liger's memory plans see that card (benchmarks.finetune._cap_device); its speed is the
     # real card's
@@ -135,26 +97,7 @@ VARIANTS = {
     "liger-fp8-rowwise": ["--liger.fp8", "rowwise"],
 }
 # variants that run in a child with this environment (read by benchmarks.finetune._child)
-_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "1"}  # lit_liger.runtime.graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on
-_NO_DIRECT = {"LIT_LIGER_BENCH_DIRECT_GRADS": "0"}  # both off: full training uncaptured in auto mode (as before)
-VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"}, "liger-direct": _DIRECT,
-               "liger-packed-direct": _DIRECT, "liger-no-direct": _NO_DIRECT, "liger-packed": _NO_DIRECT,
-               "liger-grads-after-gemm": {"LIT_LIGER_BENCH_GEMM_INTO_GRAD": "0"},
-               "liger-step-after-reduce": {"LIT_LIGER_BENCH_STEP_OVERLAP": "0"},
-               "liger-dp-zero1-bcast": {"LIT_LIGER_BENCH_ZERO1_P2P": "0"},
-               "liger-warmup-each": {"LIT_LIGER_BENCH_WARMUP_ONCE": "0"},
-               "liger-embedding-into": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "1"},
-               "liger-embedding-after": {"LIT_LIGER_BENCH_EMBEDDING_INTO": "0"},
-               "liger-gc": {"LIT_LIGER_BENCH_GC_FREEZE": "0"},
-               "liger-precapture-all": {"LIT_LIGER_BENCH_PRECAPTURE_ALL": "1"},
-               "liger-unpacked-full": {"LIT_LIGER_BENCH_PACK_FULL": "0"},
-               "liger-step-beside-backward": {"LIT_LIGER_BENCH_STEP_BESIDE": "1"},
-               "liger-synced-captures": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1"},
-               "liger-lag8": {"LIT_LIGER_BENCH_LOG_LAG": "8"},
-               "liger-shared-batches": {"LIT_LIGER_BENCH_BY_VALUE": "0"},
-               "liger-prior": {"LIT_LIGER_BENCH_SYNC_CAPTURE": "1", "LIT_LIGER_BENCH_LOG_LAG": "1",
-                               "LIT_LIGER_BENCH_BY_VALUE": "0"},
-               "liger-serial-lengths": {"LIT_LIGER_BENCH_LENGTH_WORKERS": "0"},
+VARIANT_ENV = {"stock-no-cudnn": {"LIT_LIGER_BENCH_NO_CUDNN_SDPA": "1"},
                "liger-dp-zero1-80gb": {"LIT_LIGER_BENCH_DEVICE_GIB": "79.19"}}
 # variants run through the `litgpt` console script and lit-liger's plugin (benchmarks.finetune.run_one's via_litgpt)
 VIA_LITGPT = ("liger-via-litgpt",)
@@ -292,13 +235,13 @@ def padding_from_log(text: str) -> dict[str, Any]:
         if share:  # (issue 47: capture time <= 5% of a recipe's run, the training loop's wall time)
             out["graph_capture_share"], out["train_wall_s"] = float(share.group(1)) / 100, float(share.group(2))
         wait = re.search(r"the GPU waited ([\d.]+) s for them", text)
-        if wait:  # (lit_liger.runtime.graphs.SYNC_BEFORE_CAPTURE: the part of the captures the GPU waited for)
+        if wait:  # (the part of the captures the GPU waited for: they record without a device synchronize)
             out["graph_gpu_wait_s"] = float(wait.group(1))
         first = re.search(r"the process's first warm-up pass \(([\d.]+) s\)", text)
         if first:  # (its first calls: Triton's compilations without a disk cache, which an uncaptured run makes too)
             out["graph_first_warmup_s"] = float(first.group(1))
         warmed = re.search(r"(\d+) of the captures warmed up first", text)
-        if warmed:  # (lit_liger.runtime.graphs.WARMUP_ONCE)
+        if warmed:  # (the captures that ran a warm-up pass: most record without one)
             out["graph_warmed"] = int(warmed.group(1))
     return out
 

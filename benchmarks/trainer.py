@@ -2,6 +2,7 @@
 ``LigerCallback``.
 
     python -m benchmarks trainer [--devices 1,2] [--variants stock,liger] [--batches 300] [--warm 40] [--out DIR]
+                                 [--cprofile DIR,FIRST,COUNT]
 
 LoRA (q, v; r 8, dropout 0.05) on a random-init Llama-3.2-1B (all 16 layers, its real widths), litgpt's ``JSON`` data
 module and SFT collate over Alpaca-shaped samples (``benchmarks.recipe.make_alpaca_like``), micro-batch 4,
@@ -31,7 +32,7 @@ WORK = C.SMOKE_DIR / "finetune-work"
 VARIANTS = ("stock", "liger", "liger-padded")
 
 
-def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devices: int) -> None:
+def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devices: int, cprofile: str = "") -> None:
     import lightning as L
     import torch
     from litgpt.data import JSON
@@ -63,9 +64,9 @@ def child(ckpt: str, data_json: str, variant: str, batches: int, warm: int, devi
             from lit_liger.runtime import profiling
 
             self.profile = profiling.window_from_env(int(os.environ.get("LOCAL_RANK", "0")))
-            # LIT_LIGER_BENCH_CPROFILE=DIR,FIRST,COUNT: the host's Python (cProfile) over those batches, per rank:
+            # --cprofile DIR,FIRST,COUNT: the host's Python (cProfile) over those batches, per rank:
             # DIR/cprofile-{devices}gpu-rank{R}.txt (where a host-bound step's time goes; it slows that window)
-            spec = os.environ.get("LIT_LIGER_BENCH_CPROFILE", "").split(",")
+            spec = cprofile.split(",")
             self.cprof = (Path(spec[0]), int(spec[1]), int(spec[2])) if len(spec) == 3 else None
             self.seen = 0
 
@@ -167,6 +168,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--samples", type=int, default=4000, help="samples in the data set")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    p.add_argument("--cprofile", default="", metavar="DIR,FIRST,COUNT",
+                   help="the host's Python under cProfile over batches FIRST..FIRST+COUNT-1 of each run, per rank: "
+                        "DIR/cprofile-{devices}gpu-rank{R}.txt (it slows that window)")
     opts = p.parse_args(argv)
     from . import finetune as F
     from .recipe import make_alpaca_like
@@ -179,7 +183,7 @@ def main(argv: list[str]) -> None:
     for devices in (int(d) for d in opts.devices.split(",")):
         for variant in opts.variants.split(","):
             cmd = [sys.executable, "-m", "benchmarks.trainer", "child", str(ckpt), str(data), variant,
-                   str(opts.batches), str(opts.warm), str(devices)]
+                   str(opts.batches), str(opts.warm), str(devices), opts.cprofile]
             _, text, err = C.run_with_timeout(cmd, opts.timeout)  # (a timeout: what it printed, progress included)
             rows = [line[4:] for line in text.splitlines() if line.startswith("ROW ")]
             if rows:
@@ -200,6 +204,6 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         a = sys.argv[2:]
-        child(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]))
+        child(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), *a[6:7])
     else:
         main(sys.argv[1:])
