@@ -58,10 +58,11 @@ def _swapped(base: GPT, liger: LigerConfig) -> GPT:
     return gpt
 
 
-def _policy(base: GPT, liger: LigerConfig) -> LoRAGPT:
-    """A swapped ``litgpt.lora.GPT`` on ``base``'s weights (LoRA on q, v and the head, non-zero B, dropout); only the
-    LoRA parameters train. The same every call."""
-    cfg = tiny_config(base.config.name, config_cls=LoRAConfig, **LORA, **EXTRA[base.config.name])
+def _policy(base: GPT, liger: LigerConfig, dropout: float = LORA["lora_dropout"]) -> LoRAGPT:
+    """A swapped ``litgpt.lora.GPT`` on ``base``'s weights (LoRA on q, v and the head, non-zero B, ``dropout``); only
+    the LoRA parameters train. The same every call."""
+    lora = {**LORA, "lora_dropout": dropout}
+    cfg = tiny_config(base.config.name, config_cls=LoRAConfig, **lora, **EXTRA[base.config.name])
     torch.manual_seed(1)
     policy = LoRAGPT(cfg)
     missing, unexpected = policy.load_state_dict(base.state_dict(), strict=False)  # (LitGPT maps the base's keys)
@@ -216,6 +217,12 @@ def _two_models_in_alternation(device: str, liger: LigerConfig, on_step=None):
     return {n: r.model for n, r in runs.items()}, {n: r.model for n, r in alone.items()}
 
 
+def _captures(gpt: torch.nn.Module) -> dict:
+    from lit_liger.swap.state import state_of
+
+    return dict(state_of(gpt).captures)
+
+
 def _tokens(gpt: torch.nn.Module) -> int:
     B, T = SHAPES[gpt.config.name]
     return B * T
@@ -285,20 +292,29 @@ def test_token_counters_count_each_models_own_training_forwards(reference_math):
         assert all(v == 0 for v in state_of(m).captures.values()) and all(v == 0 for v in state_of(m).decode.values())
 
 
-def test_deepcopy_gets_fresh_state_and_trains_like_the_original(reference_math):
-    """A deep copy of a swapped model taken after two steps (its optimizer's state loaded into the copy's) starts with
-    a fresh ``state_of`` (its own object, every counter at zero, no warnings), is still swapped, and trains the next two
-    steps to the original's losses and weights (bit for bit); each counts its own tokens."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_deepcopy_gets_fresh_state_and_trains_like_the_original(device, monkeypatch):
+    """A deep copy of a swapped LoRA model taken after two steps (its optimizer's state loaded into the copy's) starts
+    with a fresh ``state_of`` (its own object, every counter at zero, no warnings, no graph runner, the same
+    runtime), is still swapped, and trains the next two steps to the original's losses and weights (bit for bit on
+    CPU); each counts its own tokens. CUDA: ``cuda_graphs=True`` and no dropout (the copy's first step warms its
+    capture up, which draws dropout masks the original's replays do not); the copy captures its own graphs (one, two
+    replays) while the original's counters go on from theirs (one capture, four replays)."""
     from lit_liger.swap.adapter import is_swapped
     from lit_liger.swap.state import state_of
 
-    base = _base("Llama-3.2-1B", "cpu")
-    data = _batches(base, "cpu", seed=5)
-    orig = _Run(_policy(base, LigerConfig()))
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the kernels' reference math, see reference_math)
+    liger = LigerConfig(cuda_graphs=True) if device == "cuda" else LigerConfig()
+    base = _base("Llama-3.2-1B", device)
+    data = _batches(base, device, seed=5)
+    orig = _Run(_policy(base, liger, dropout=LORA["lora_dropout"] if device == "cpu" else 0.0))
     torch.manual_seed(DROPOUT_SEED)
     for x, y in data[:2]:
         orig.step(x, y)
     assert state_of(orig.model).tokens["collated"] == 2 * _tokens(orig.model)
+    if device == "cuda":
+        assert _captures(orig.model)["captures"] == 1 and _captures(orig.model)["replays"] == 2
 
     dup = _Run(copy.deepcopy(orig.model))
     dup.opt.load_state_dict(copy.deepcopy(orig.opt.state_dict()))  # (load_state_dict keeps the tensors it is given)
@@ -306,6 +322,7 @@ def test_deepcopy_gets_fresh_state_and_trains_like_the_original(reference_math):
     assert st is not state_of(orig.model) and is_swapped(dup.model)
     assert st.tokens == {"collated": 0, "processed": 0, "packed": 0}
     assert all(v == 0 for c in st.counters().values() for v in c.values()) and not st.warned
+    assert st.runner is None and st.runtime is not None and st.runtime is state_of(orig.model).runtime
     assert state_of(orig.model).tokens["collated"] == 2 * _tokens(orig.model)  # (the copy took nothing away)
 
     rng = torch.get_rng_state()
@@ -314,22 +331,21 @@ def test_deepcopy_gets_fresh_state_and_trains_like_the_original(reference_math):
     torch.set_rng_state(rng)  # (the same dropout masks)
     for x, y in data[2:]:
         dup.step(x, y)
-    _assert_same(torch.stack(dup.losses), torch.stack(orig.losses[2:]), "cpu")
+    _assert_same(torch.stack(dup.losses), torch.stack(orig.losses[2:]), device)
     got, want = _trained(dup.model), _trained(orig.model)
     assert got.keys() == want.keys() and got
     for n in got:
-        _assert_same(got[n], want[n], "cpu")
+        _assert_same(got[n], want[n], device)
     assert state_of(orig.model).tokens["collated"] == 4 * _tokens(orig.model)
     assert state_of(dup.model).tokens["collated"] == 2 * _tokens(dup.model)
+    if device == "cuda":
+        assert state_of(dup.model).runner is not state_of(orig.model).runner
+        c, c_dup = _captures(orig.model), _captures(dup.model)
+        assert c["captures"] == 1 and c["replays"] == 4, c
+        assert c_dup["captures"] == 1 and c_dup["replays"] == 2, c_dup
 
 
 # ------------------------------------------------------------------------------------- 4: CUDA, CUDA graphs on
-def _captures(gpt: torch.nn.Module) -> dict:
-    from lit_liger.swap.state import state_of
-
-    return dict(state_of(gpt).captures)
-
-
 @pytest.mark.gpu
 def test_gpu_policy_beside_frozen_reference_with_graphs():
     """Item 1 on CUDA with ``cuda_graphs=True`` (the policy's first micro-batch captured: conftest turns
