@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:  # `benchmarks/` is a folder of the repository, no
 
 from benchmarks import __main__ as bench  # after the path set-up
 from benchmarks import convergence
+from lit_liger.swap import fp8 as swap_fp8
 
 PARITY_TOL = 1e-3  # fp32: relative loss difference per step after the warm-up (seen: < 1e-6)
 
@@ -116,8 +117,8 @@ def test_convergence_smoke_fp8_against_the_lit_liger_curve(tmp_path, argv_guard,
     pytest.importorskip("torchao.float8")
     from lit_liger.swap import adapter
 
-    real_why = adapter.fp8_why
-    monkeypatch.setattr(adapter, "fp8_why", lambda r: "no float8 here (test)" if r == "rowwise" else real_why(r))
+    real_why = swap_fp8.fp8_why
+    monkeypatch.setattr(swap_fp8, "fp8_why", lambda r: "no float8 here (test)" if r == "rowwise" else real_why(r))
     out = tmp_path / "out"
     bench.main(["convergence", "--smoke", "--steps", "8", "--warmup", "3", "--fp8", "tensorwise,rowwise",
                 "--out", str(out), "--work_dir", str(tmp_path / "work")])
@@ -184,11 +185,12 @@ def test_fp8_run_without_float8_linears_is_skipped(monkeypatch):
     cfg = Config.from_name("Llama-3.2-1B", n_layer=1, n_embd=64, n_head=4, n_query_groups=2, intermediate_size=176,
                            vocab_size=256, padded_vocab_size=256, block_size=64)
     kw = dict(steps=1, seq_len=8, dtype=torch.float32, lr=1e-3, warmup=1, seed=0, val_batches=1)
-    monkeypatch.setattr(adapter, "fp8_why", lambda r: "torchao missing (test)")
+    monkeypatch.setattr(swap_fp8, "fp8_why", lambda r: "torchao missing (test)")
     with pytest.raises(convergence.Skipped, match=r"^fp8 off: torchao missing \(test\)"):
         convergence.train(cfg, None, "lit-liger+fp8-tensorwise", **kw)  # data is never read
-    monkeypatch.setattr(adapter, "fp8_why", lambda r: None)
-    monkeypatch.setattr(adapter, "_convert_fp8", lambda *a: None)  # a conversion that silently did nothing
+    monkeypatch.setattr(swap_fp8, "fp8_why", lambda r: None)
+    # (a conversion that silently did nothing: the name the swap's walk calls)
+    monkeypatch.setattr(adapter, "_convert_fp8", lambda *a: None)
     with pytest.raises(convergence.Skipped, match="none of the 5 Block projections a Float8Linear"):
         convergence.train(cfg, None, "lit-liger+fp8-rowwise", **kw)
     with pytest.raises(ValueError, match="unknown variant"):
@@ -274,7 +276,7 @@ def test_convergence_gpu_fp8_within_one_percent_of_bf16(tmp_path):
     """The issue's bar for float8 training: 300 steps, tensorwise and rowwise, loss within 1% of the bf16 lit-liger
     run after the warm-up (largest and final step). Skipped where float8 cannot run (below sm_89, no torchao)."""
     pytest.importorskip("torchao.float8")
-    from lit_liger.swap.adapter import fp8_why
+    from lit_liger.swap.fp8 import fp8_why
 
     if fp8_why("tensorwise"):
         pytest.skip(fp8_why("tensorwise"))
@@ -572,13 +574,27 @@ def test_recipe_runs_a_shipped_config_as_shipped(tmp_path, capsys, monkeypatch):
     assert cfg["eval"]["interval"] == shipped["eval"]["interval"]
 
 
-def test_bench_call_timer_prints_the_slow_calls(capsys):
-    """``LIT_LIGER_BENCH_TIME_CALLS``: a module function and a class's method wrapped; a call under the threshold says
-    nothing, one over it says its seconds."""
+def test_bench_diagnostics_spec():
+    """``LIT_LIGER_BENCH_DIAG``: ``key=value`` entries separated by ``;`` (values keep their ``,`` and ``:``); an
+    unknown key or an entry without ``=`` is an error, not a diagnostic silently off."""
+    from benchmarks.finetune import DIAGNOSTICS, diagnostics
+
+    assert diagnostics("") == {}
+    assert diagnostics(" syncs=/tmp/s.txt ; time=a.b:f,a.b:C.m;") == {"syncs": "/tmp/s.txt", "time": "a.b:f,a.b:C.m"}
+    assert set(DIAGNOSTICS) == {"syncs", "time", "cprofile", "cprofile_dir", "fit"}
+    for bad in ("sync=/tmp/s.txt", "time", "fit=x;bogus=1"):
+        with pytest.raises(ValueError, match="LIT_LIGER_BENCH_DIAG"):
+            diagnostics(bad)
+
+
+def test_bench_call_timer_prints_the_slow_calls(capsys, monkeypatch):
+    """``LIT_LIGER_BENCH_DIAG="time=..."`` in a run's child: a module function and a class's method wrapped; a call
+    under the threshold says nothing, one over it says its seconds."""
     import time as time_mod
     import types
 
-    from benchmarks.finetune import _time_calls
+    import lit_liger.demo as demo
+    from benchmarks import finetune
 
     mod = types.ModuleType("bench_timer_probe")
 
@@ -590,7 +606,9 @@ def test_bench_call_timer_prints_the_slow_calls(capsys):
     mod.Slow, mod.f = Slow, lambda s: time_mod.sleep(s) or "done"
     sys.modules["bench_timer_probe"] = mod
     try:
-        _time_calls("bench_timer_probe:f,bench_timer_probe:Slow.wait", least_s=0.05)
+        monkeypatch.setenv(finetune.DIAG_ENV, "time=bench_timer_probe:f,bench_timer_probe:Slow.wait")
+        monkeypatch.setattr(demo, "_run_and_record", lambda stats, argv, **kw: None)
+        finetune._child("stats.json", [])
         assert mod.f(0.0) == "done" and Slow().wait(0.0) == 0.0
         assert "bench-timer" not in capsys.readouterr().out
         assert mod.f(0.06) == "done" and Slow().wait(0.06) == 0.06
@@ -601,13 +619,14 @@ def test_bench_call_timer_prints_the_slow_calls(capsys):
         del sys.modules["bench_timer_probe"]
 
 
-def test_bench_call_profiler_keeps_each_calls_stats(tmp_path, capsys):
-    """``LIT_LIGER_BENCH_CPROFILE_CALLS``: each call of the wrapped function runs under cProfile, its stats in a file
-    numbered by the call, which name the function's own callees."""
+def test_bench_call_profiler_keeps_each_calls_stats(tmp_path, capsys, monkeypatch):
+    """``LIT_LIGER_BENCH_DIAG="cprofile=...;cprofile_dir=DIR"`` in a run's child: each call of the wrapped function runs
+    under cProfile, its stats in a file numbered by the call, which name the function's own callees."""
     import pstats
     import types
 
-    from benchmarks.finetune import _time_calls
+    import lit_liger.demo as demo
+    from benchmarks import finetune
 
     mod = types.ModuleType("bench_profile_probe")
 
@@ -618,8 +637,15 @@ def test_bench_call_profiler_keeps_each_calls_stats(tmp_path, capsys):
     mod.outer = lambda n: mod.inner(n) + 1
     sys.modules["bench_profile_probe"] = mod
     try:
-        _time_calls("bench_profile_probe:outer", 0.0, str(tmp_path))
-        assert mod.outer(10) == 46 and mod.outer(3) == 4
+        monkeypatch.setenv(finetune.DIAG_ENV, f"cprofile=bench_profile_probe:outer;cprofile_dir={tmp_path}")
+        calls = []
+
+        def run(stats, argv, **kw):  # (the run itself: two calls of the wrapped function)
+            calls.extend([mod.outer(10), mod.outer(3)])
+
+        monkeypatch.setattr(demo, "_run_and_record", run)
+        finetune._child(str(tmp_path / "stats.json"), [])
+        assert calls == [46, 4]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["outer-1.pstats", "outer-2.pstats"]
         funcs = {name for (_, _, name) in pstats.Stats(str(tmp_path / "outer-1.pstats")).stats}
         assert "inner" in funcs

@@ -47,7 +47,6 @@ __all__ = ["LAG", "DeferredLog", "RunningMean", "RunningMeans", "running_mean_fa
 LAG = 1
 
 _TOKEN = re.compile("\ue000(\\d+)\ue001")
-_ids = itertools.count()
 
 
 class _Pending:
@@ -83,7 +82,7 @@ class _LazyFloat:
     """A logged float not read yet: formatted as a token that :class:`DeferredLog` fills in; ``float()`` reads it."""
 
     def __init__(self, pending: _Pending) -> None:
-        self.pending, self.id = pending, next(_ids)
+        self.pending, self.id = pending, next(pending.log.ids)
 
     def value(self) -> float:
         self.pending.wait()
@@ -108,6 +107,7 @@ class DeferredLog:
         # (kind, args, kwargs, pendings to wait for, the logs advanced before it was kept)
         self.queue: list[tuple[str, tuple, dict, list, int]] = []
         self.formats: dict[int, tuple[_LazyFloat, str]] = {}
+        self.ids = itertools.count()  # the numbers of this log's lazy values (their tokens in the kept lines)
         self.ahead: list[_Pending] = []  # the logs' values not waited for, oldest first
         self.advanced = 0
 
