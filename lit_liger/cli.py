@@ -292,7 +292,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         gpt = _swapped_gpt(model) if isinstance(model, torch.nn.Module) else None
         states = list(states_in(model)) if isinstance(model, torch.nn.Module) else []
 
-        def whole_model() -> bool:
+        def whole_model() -> bool:  # (_dist.whole_model of this run's swapped GPT)
             return _whole_model(gpt)
 
         def counts(kind: str) -> dict:  # (this run's model's counters, summed over its swapped GPTs)

@@ -526,7 +526,7 @@ class _Graphs:
                                                 out_buf)
         self._t2 = time.perf_counter()
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
-        # one backward graph per segment of _dist.GRADS_READY (one in all where it has no callback): graph j takes the
+        # one backward graph per segment of the model's grads_ready callbacks (one in all where it has no callback): graph j takes the
         # gradient of segment j-1's lowest input (a shared buffer, copied in at the end of graph j-1) to segment j's
         # parameters and its own lowest input; the last one takes every parameter left
         # (a cut whose input needs no gradient, nothing below it training, is left out; each boundary kept runs its

@@ -44,7 +44,6 @@ ACT_N_EMBD, ACT_INTERMEDIATE = 6, 2
 #: (benchmarks/results/h100-2026-11-26f), over issue 47's 64 GB (half of stock's). At 0.75 the plan recomputes the MLP
 #: inputs of 15 of 32 Blocks there (the fewest whole Blocks that fit, 9, would add 12% of step FLOPs): 12,014 tok/s
 #: (5.9% under keeping everything) at a 61.0 GB peak (benchmarks/results/h100-2026-11-27b).
-#: ``LIT_LIGER_BENCH_MEMORY_FRACTION`` sets it in a benchmark's runs
 MEMORY_FRACTION = 0.75
 #: the fused loss's working memory beside the hidden states: its fp32 logits chunk (bytes)
 LOSS_CHUNK = 2**30

@@ -250,7 +250,7 @@ class _GPTMixin:
     def _liger_hidden(self, idx: torch.Tensor, plan: _packing.Plan | None = None,
                       taps: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Token ids ``(B, T)`` -> final hidden states ``(B, T, C)`` (embedding, blocks, ``ln_f``). ``plan``: ``idx``
-        is a packed sequence ``(1, N)`` (its positions and samples' boundaries). Where ``lit_liger._dist.GRADS_READY``
+        is a packed sequence ``(1, N)`` (its positions and samples' boundaries). Where the model's ``ModelState.grads_ready``
         has callbacks, the input of each Block at ``_dist.segment_cuts`` goes into ``taps`` (the CUDA graphs' capture
         splits its backward there) or, without ``taps``, gets a gradient hook that runs the callbacks."""
         T = idx.size(1)
@@ -303,7 +303,7 @@ class _GPTMixin:
 
 
 def _segment_ready(gpt: nn.Module, segment: int, grad: torch.Tensor) -> None:
-    """A gradient hook: the trainable parameters of ``segment`` have their gradients (``_dist.GRADS_READY``)."""
+    """A gradient hook: the trainable parameters of ``segment`` have their gradients (``ModelState.grads_ready``)."""
     _dist.grads_ready(gpt, segment)
 
 
