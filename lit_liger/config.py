@@ -158,10 +158,9 @@ class LigerConfig:
             time rather than the host's launch time (the loss and the optimizer step run as before; LoRA
             dropout is captured, a replay draws fresh masks). ``None`` (default, "auto"): on for LoRA, adapters,
             full fine-tuning and pretraining alike; the replayed backward adds the gradients straight into the
-            parameters' ``.grad`` (``graphs.DIRECT_GRADS``: one copy of each, the uncaptured run's memory), except
+            parameters' ``.grad`` (one copy of each, the uncaptured run's memory), except
             where a parameter has a tensor hook or several processes train (autograd accumulates there; in a DDP
-            replica auto therefore captures LoRA-style runs only). ``graphs.CAPTURE_FULL_TRAINING = False``
-            leaves full training uncaptured in auto mode, as before. ``True``: on whenever it can apply;
+            replica auto therefore captures LoRA-style runs only). ``True``: on whenever it can apply;
             ``False``: off. Inside a DDP forward the graphs replay and DDP reduces the gradients. Falls
             back to uncaptured steps (with one warning) where capture cannot apply: a sharding multi-process
             strategy (FSDP/DeepSpeed), autocast (use a ``*-true`` precision),

@@ -60,8 +60,7 @@ def attach(prefix: str, gpt: nn.Module, cfg: LigerConfig, report: Any) -> None:
     if cfg.cuda_graphs is not False:
         when = "one CUDA device"
         if cfg.cuda_graphs is None:
-            when += (" (automatic)" if graphs.CAPTURE_FULL_TRAINING
-                     else ", when at most 1/8 of the parameters are trained (automatic)")
+            when += " (automatic)"
         report.add(prefix, gpt, f"training forward+backward captured as CUDA graphs per (batch, bucket) shape on "
                                 f"{when}, up to {gpt._liger_graphs_max_tokens:,} tokens per micro-batch (cuda_graphs, "
                                 "cuda_graphs_max_tokens)")

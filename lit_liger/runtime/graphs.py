@@ -11,11 +11,11 @@ trainable parameters. The fused loss (lm_head + cross-entropy: a few launches), 
 everything else the training loop does run as before. :class:`_Replay` joins them to autograd: its
 forward replays the forward graph; its backward replays the backward graph and hands autograd the
 parameters' gradients, which it accumulates into ``.grad`` as usual (gradient accumulation works); with
-:data:`DIRECT_GRADS` (off until measured on a GPU) the replay adds them straight into ``.grad`` instead.
+in one process (or lit-liger's replica plan) the replay adds them straight into ``.grad`` instead.
 
 Memory: every shape's graphs share one memory pool (one set of activations, the largest bucket's), one
 set of gradient buffers for the trainable parameters (a LoRA's are tiny; full fine-tuning pays one copy of
-the trainable parameters' size, none with :data:`DIRECT_GRADS`, where they serve as ``.grad``) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
+the trainable parameters' size, none where they serve as ``.grad``) and one buffer each for the hidden states and their gradient. Each shape's warm-up allocates from that pool too, so the warm-ups never sit beside
 it (measured: they set the run's peak reserved memory before). Dropout (LoRA dropout) draws fresh random numbers on every replay
 (PyTorch's generator is graph-aware).
 
@@ -80,26 +80,26 @@ WARMUP_IN_POOL = True
 
 #: the warm-up pass above runs only where a capture would otherwise record first-call work: a model's first capture
 #: since its graphs were last released (the capture stream's own state), a shape whose attention builds per-shape state
-#: (unpacked micro-batches, rare under packing (``packing.PACK_FULL``): cuDNN attention plans each (batch, length);
+#: (unpacked micro-batches, rare under packing (``lit_liger.swap.packing.plan``): cuDNN attention plans each (batch, length);
 #: FlexAttention layers compile per length), a driver
 #: older than CUDA 12.3 (which cannot load a kernel's module inside a capture). A packed length after the first is
 #: recorded with no warm-up (flash attention over cumulative lengths has no per-length state), under
 #: :func:`_compile_guard`: a Triton kernel that would compile there stops the capture, which starts again with a
-#: warm-up. That includes the replicas' first-step pre-capture (:data:`PRECAPTURE_REPLICAS`). Measured before it
+#: warm-up. That includes the replicas' first-step pre-capture (``GraphRunner._precapture``). Measured before it
 #: (``benchmarks/results/h200x2-2026-11-27d``, ``h100-2026-11-27b``): the warm-ups were 4.79 of 7.05 s of captures at
-#: Llama-3.1-8B full fine-tuning on 2 GPUs (18% of a 39 s run) and 0.61 of 1.09 s at Llama-3.2-1B LoRA. False: every
-#: capture warms its shape up first, as before
-WARMUP_ONCE = True
+#: Llama-3.1-8B full fine-tuning on 2 GPUs (18% of a 39 s run) and 0.61 of 1.09 s at Llama-3.2-1B LoRA (the switch
+#: that compared them left in issue 67: docs/performance-trail.md). So only a model's first capture warms up
+#: (:meth:`GraphRunner._warmup_needed`)
 
 #: the first micro-batch since a model's graphs were made or released runs uncaptured, as the run's real step, and
 #: tells the runner the hidden states' width and dtype (:meth:`GraphRunner.note_hidden`); the captures from the next
-#: micro-batch on are then recorded without a warm-up pass where :data:`WARMUP_ONCE` allows (packed lengths, guarded
+#: micro-batch on are then recorded without a warm-up pass where they may be (packed lengths, guarded
 #: by :func:`_compile_guard`). The warm-up pass before a model's first capture was a forward and backward whose results
 #: were thrown away, and in a new process it also made every kernel's first call and Triton's compilations
 #: (0.14-0.16 s of a shipped Llama-3.2-1B recipe's captures on an H200 with Triton's disk cache, 0.9-1.3 s without,
 #: ``benchmarks/results/h200-2026-11-29e``); the uncaptured step makes those first calls as part of the training.
 #: Where a trainable parameter's ``.grad`` from that step is a plain tensor and the replay adds into ``.grad`` directly
-#: (:data:`DIRECT_GRADS`), it becomes that parameter's gradient buffer (:meth:`GraphRunner.grad_buffers`): no second
+#: (one process), it becomes that parameter's gradient buffer (:meth:`GraphRunner.grad_buffers`): no second
 #: copy of the gradients (16 GB at Llama-3.1-8B full fine-tuning). One process only: several processes (DDP, lit-liger's
 #: replicas and their first-step pre-capture) warm up as before, since no 2-GPU machine was lent to measure it there.
 #: Measured on an H200 through the shipped 1B recipes (``benchmarks/results/h200-2026-11-29f``): the captures' share of
@@ -137,11 +137,10 @@ EMPTY_CACHE_BEFORE_CAPTURE = True
 #: (:data:`RELEASE_BELOW_FREE`). ``tests/test_buckets.py`` checks a capture recorded behind ~2 s of queued GPU work
 #: (losses, gradients, the GPU's wait) and full fine-tuning queued far ahead of the GPU. Measured through litgpt's CLI
 #: (Llama-3.2-1B, 200 iterations, H200, ``benchmarks/results/h200-2026-11-29c``): the GPU waits 0.5-0.7 s for a run's
-#: 8 captures, about their host time, since the host is rarely ahead when they come. True: ``torch.cuda.graph``, as
-#: before
-SYNC_BEFORE_CAPTURE = False
+#: 8 captures, about their host time, since the host is rarely ahead when they come (against ``torch.cuda.graph``'s
+#: synchronize before each: the switch left in issue 67, docs/performance-trail.md). See :func:`_recording`
 
-#: (:data:`SYNC_BEFORE_CAPTURE` off) a capture first synchronizes and empties the allocator's cache
+#: a capture first synchronizes and empties the allocator's cache
 #: (:data:`EMPTY_CACHE_BEFORE_CAPTURE`) only where it is the model's first since its pool was made, or the device's
 #: free memory is below this fraction of its total: the memory the graphs' pool grows into. A capture needs a fraction
 #: of a GiB at Llama-3.2-1B's recipes and the pool's growth at 8B and 16k tokens is a few GiB
@@ -188,35 +187,31 @@ def checkpointed_capture_why() -> str | None:
 #: them to autograd, which copies each into a new ``.grad`` where there was none: a second copy of every trained
 #: parameter (nothing for LoRA, 2.5 GB for a 1B model's full fine-tuning). Measured on an H100 (Llama-3.2-1B, litgpt's
 #: full recipe, micro-batch 4, ``benchmarks/results/h100-2026-11-25d``): peak allocated equal to the uncaptured run's
-#: (15.1 GB), 1.8-2.0x its tokens/s
-DIRECT_GRADS = True
-
-#: with :data:`DIRECT_GRADS`, the captured backward's GEMMs that make a weight's gradient add it into ``.grad`` themselves
+#: (15.1 GB), 1.8-2.0x its tokens/s. Where autograd's accumulation must see them (a DDP replica, a tensor hook) they go
+#: through autograd.
+#:
+#: the captured backward's GEMMs that make a weight's gradient add it into ``.grad`` themselves
 #: (``kernels._grad_into``: the fused norm -> Linear, the GLU MLP's proj, the attention's proj), instead of writing it
 #: to a new tensor that one ``_foreach_add_`` then adds to ``.grad``: two reads and a write of every such gradient
-#: less per micro-batch. False: every gradient through the ``_foreach_add_`` (``python -m benchmarks recipe``'s
-#: ``liger-grads-after-gemm`` variant)
-GEMM_INTO_GRAD = True
-
+#: less per micro-batch (the variant that measured it left in issue 67: docs/performance-trail.md).
+#:
 #: ``cuda_graphs=None`` (automatic) captures full fine-tuning and pretraining too, not only runs that train at most 1/8
 #: of the parameters (LoRA, adapters). It used to leave them uncaptured: the replayed backward's gradient buffers sat
 #: beside autograd's ``.grad`` copies, a second copy of every trained parameter (measured on an H100, Llama-3.2-1B,
 #: litgpt's full recipe at micro-batch 4: 18.06 vs 15.09 GB). The buffers are now the ``.grad`` tensors themselves
-#: (see :class:`_Replay`, :data:`DIRECT_GRADS`). False: automatic mode captures only where few parameters train, as
-#: before (see :data:`DIRECT_GRADS` for what was measured). Only where the gradients can go straight into ``.grad``
-#: (:data:`DIRECT_GRADS` on, one process): inside a DDP replica the automatic mode still captures only LoRA-style runs
-CAPTURE_FULL_TRAINING = True
+#: (see :class:`_Replay`). Only where the gradients can go straight into ``.grad`` (one process, or lit-liger's replica
+#: plan): inside a DDP replica the automatic mode still captures only LoRA-style runs (:meth:`GraphRunner.hidden`)
 
 #: distinct input shapes captured per model; a new shape beyond this runs uncaptured (with a warning)
 MAX_GRAPHS = 48
 
 #: ``ModelState.captures`` (``lit_liger.swap.state``), on each model: what its captures cost (host seconds per phase;
 #: the CLI reports its model's after a run, see :func:`capture_report`); ``gpu_wait`` the seconds the GPU's stream that trains waited for them (see
-#: :data:`SYNC_BEFORE_CAPTURE`: a recording made while the GPU runs queued work costs the run only what is left of
+#: :func:`_recording`: a recording made while the GPU runs queued work costs the run only what is left of
 #: it): ``release`` the synchronize + ``empty_cache`` before a capture, ``warmup`` the shape's uncaptured forward and
 #: backward, ``forward`` / ``backward`` recording and instantiating the two graphs,
 #: ``first_replay`` the new forward graph's first replay (its upload to the device); ``warmed`` the captures that ran a
-#: warm-up pass (:data:`WARMUP_ONCE`), ``rewarmed`` the captures without one that met a Triton compilation and started
+#: warm-up pass (:meth:`GraphRunner._warmup_needed`), ``rewarmed`` the captures without one that met a Triton compilation and started
 #: again with one; ``left_out`` the ladder's lengths the replicas' pre-capture left out as rare in the data
 #: (``ModelState.expected_lengths``), ``deferred`` the micro-batches run uncaptured before their shape's capture
 #: (:data:`CAPTURE_AFTER`); ``eager_first`` the first micro-batches since a reset, run uncaptured in place of a warm-up
@@ -242,8 +237,7 @@ CAPTURE_MAX_WORK = 5 * 10**11
 #: micro-batch 4, 500 iterations, ``benchmarks/results/h200x2-2026-11-27``): captured one by one as each process met a
 #: length, the other process waited at the next all-reduce: 4 stalls of ~160 ms in the 400 timed iterations, which
 #: held 2 GPUs to 1.68x one GPU's tokens/s (1.80x without them); captured together (16 lengths in 2.9 s at the first
-#: step), 1.81x
-PRECAPTURE_REPLICAS = True
+#: step), 1.81x (:meth:`GraphRunner._precapture`)
 
 #: (``ModelState.expected_lengths``, on the model) what the replicas' run is expected to feed each process:
 #: ``{packed length: micro-batches}`` (key None: the unpacked
@@ -290,10 +284,9 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
     on every process), every process's micro-batch as its samples' estimated tokens (each at most ``cap``, the
     dataset's ``max_seq_length``; <= 0: no cap). Each micro-batch counts ``scale`` / the processes (``scale``: the
     run's rounds over the rounds given) at every packed length (``lit_liger.swap.buckets.packed_bucket_length``) of its
-    tokens within ``margin`` either side, and (``lit_liger.swap.packing.PACK_FULL`` off) at None where every sample may fill
-    ``cap`` (the batch then has no padding and runs unpacked; on, it runs as the packed length of its tokens)."""
+    tokens within ``margin`` either side (a batch without padding is packed too, as the packed length of its tokens).
+    The key None (the unpacked ``samples x max_seq_length``) is counted by none: the data's lengths alone decide."""
     from ..swap.buckets import packed_bucket_length
-    from ..swap.packing import PACK_FULL
 
     counts: dict = {}
     for row in rounds:
@@ -309,8 +302,6 @@ def expected_lengths(rounds: Iterable[list[list[float]]], cap: int, scale: float
             while length <= hi:
                 counts[length] = counts.get(length, 0.0) + weight
                 length = packed_bucket_length(length + 1)
-            if not PACK_FULL and cap > 0 and all(s >= cap * (1 - margin) for s in sizes):
-                counts[None] = counts.get(None, 0.0) + weight
     return counts
 
 
@@ -481,7 +472,7 @@ class _Graphs:
             first_in_process, _PROCESS_WARMED[0] = not _PROCESS_WARMED[0], True
             torch.cuda.current_stream().wait_stream(stream)
             guard = contextlib.nullcontext()
-        else:  # (WARMUP_ONCE: a packed length after the first capture; Triton's compilations guarded)
+        else:  # (a packed length after the first capture: no warm-up, Triton's compilations guarded)
             first_in_process = False
             if not runner.grads_warm:  # (EAGER_FIRST: no warm-up pass has run since the reset)
                 _warm_grads_into(gpt, params, bufs, self.static_idx.dtype)
@@ -491,11 +482,11 @@ class _Graphs:
             guard = _compile_guard()
         t1 = time.perf_counter()
         out_buf = runner.shared_view("out", *out_spec)  # (outside the pool: a plain allocation)
-        # with DIRECT_GRADS the buffers are the parameters' .grad (see _Replay.backward): the ops that can (the fused
+        # the buffers are the parameters' .grad (see _Replay.backward): the ops that can (the fused
         # norm -> Linear, the GLU's proj, the attention's proj: kernels._grad_into) add their weight gradients into them
         # inside their GEMM; the others' gradients are added below, in one pass
         into = [(p, b) for p, b in zip(params, bufs) if p.dim() == 2 and b.shape == p.shape and b.dtype == p.dtype]
-        with guard, _grad_into.grads_into(into if DIRECT_GRADS and GEMM_INTO_GRAD else []) as written:
+        with guard, _grad_into.grads_into(into) as written:
             self._capture_graphs(params, bufs, stream, out_buf, out_spec, written)
         self.added_by_gemm = len(written)  # gradients a GEMM adds into .grad itself (the rest: one _foreach_add_)
         t3 = time.perf_counter()
@@ -535,7 +526,6 @@ class _Graphs:
                 if c in self.taps and self.taps[c].requires_grad]
         cuts, self.notify = [c for _, c in kept], [j for j, _ in kept]
         segment = _param_segments(gpt, params, cuts)
-        self.direct = DIRECT_GRADS
         self.used = [False] * len(params)
         self.bwds = []
         out, gout = self.static_out, self.static_grad
@@ -552,12 +542,10 @@ class _Graphs:
                     self.used[i] = g is not None or id(bufs[i]) in written
                     if g is not None:
                         pairs.append((bufs[i], g))
-                if pairs and self.direct:
+                if pairs:
                     # the buffers are the parameters' ``.grad`` (see _Replay.backward): the replay adds this
                     # micro-batch's gradients to what they hold, as autograd's own accumulation would
                     torch._foreach_add_([b for b, _ in pairs], [g for _, g in pairs])
-                elif pairs:
-                    torch._foreach_copy_([b for b, _ in pairs], [g for _, g in pairs])
                 if link is not None:
                     nxt = runner.shared_view(f"segment{j}", link.shape, link.dtype, link.device)
                     nxt.copy_(grads[-1])
@@ -571,11 +559,8 @@ class _Graphs:
 @contextlib.contextmanager
 def _recording(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream) -> Iterator[None]:
     """Record ``graph`` on ``stream`` into ``pool``: ``torch.cuda.graph`` without its device synchronize and cache
-    emptying (see :data:`SYNC_BEFORE_CAPTURE`), or ``torch.cuda.graph`` itself where that is on."""
-    if SYNC_BEFORE_CAPTURE:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
-            yield
-        return
+    emptying, so that the GPU keeps running the work queued before the capture (measured: see the comment above
+    :data:`RELEASE_BELOW_FREE`)."""
     with torch.cuda.stream(stream):
         graph.capture_begin(pool, capture_error_mode=CAPTURE_ERROR_MODE)
         try:
@@ -599,7 +584,7 @@ def _release_first(runner: GraphRunner, device: torch.device) -> bool:
     :data:`EMPTY_CACHE_BEFORE_CAPTURE`, :data:`RELEASE_BELOW_FREE`)."""
     if not EMPTY_CACHE_BEFORE_CAPTURE or device.type != "cuda":
         return False
-    if SYNC_BEFORE_CAPTURE or not runner.graphs:
+    if not runner.graphs:
         return True
     # (what the pool can grow into: the device's free memory, within the card lit-liger's memory plans see, which an
     # allocator cap makes smaller than the device, see benchmarks.finetune._cap_device)
@@ -657,7 +642,7 @@ def _warm_grads_into(gpt: nn.Module, params: list[nn.Parameter], bufs: list[torc
     from ..kernels.embedding import embedding_grad_into_
 
     wte = getattr(getattr(gpt, "transformer", None), "wte", None)
-    if not (DIRECT_GRADS and GEMM_INTO_GRAD) or not isinstance(wte, nn.Embedding):
+    if not isinstance(wte, nn.Embedding):
         return
     for p, b in zip(params, bufs):
         if p is wte.weight and b.shape == p.shape and b.dtype == p.dtype:
@@ -712,12 +697,12 @@ class _IntoBuffer(torch.autograd.Function):
 
 class _Replay(torch.autograd.Function):
     """Forward: replay the forward graph on ``idx`` (and a packed batch's ``plan``). Backward: replay the backward
-    graph. With :data:`DIRECT_GRADS` it adds the trainable parameters' gradients into the shared buffers, which *are*
+    graph. In one process it adds the trainable parameters' gradients into the shared buffers, which *are*
     the parameters' ``.grad`` tensors, so a gradient exists once: before the replay each used parameter's ``.grad``
     becomes its buffer, zeroed where ``.grad`` was None (``zero_grad()``'s default), holding the current ``.grad``
     where it was another tensor, kept where it is the buffer already (gradient accumulation). Where a parameter has a
     tensor hook (``register_hook``, ``register_post_accumulate_grad_hook``: only autograd's accumulation runs them),
-    or without :data:`DIRECT_GRADS`, the gradients go to autograd, which copies them into ``.grad`` or adds them to
+    or in several processes outside lit-liger's replica plan, the gradients go to autograd, which copies them into ``.grad`` or adds them to
     it. (Autograd only accumulates a gradient it is handed: a ``torch.autograd.grad`` call for these parameters gets
     none in direct mode, and fails as for an unused input.)"""
 
@@ -748,7 +733,7 @@ class _Replay(torch.autograd.Function):
         graphs.static_grad.copy_(grad_hidden)
         # (DDP's hooks sit on the gradient accumulators, out of sight: several processes hand the gradients to them,
         # except under lit-liger's replica plan, whose strategy reduces ``.grad`` after backward)
-        direct = graphs.direct and whole_model(runner.gpt) and not any(_tensor_hooked(p) for p in graphs.params)
+        direct = whole_model(runner.gpt) and not any(_tensor_hooked(p) for p in graphs.params)
         if direct:
             zero, copy = [], []
             for p, buf in zip(graphs.params, graphs.grads):
@@ -765,7 +750,7 @@ class _Replay(torch.autograd.Function):
                 torch._foreach_zero_(zero)
             if copy:
                 torch._foreach_copy_([b for b, _ in copy], [g for _, g in copy])
-        elif graphs.direct:  # (the graph adds into the buffers)
+        else:  # (the graph adds into the buffers)
             for p, buf in zip(graphs.params, graphs.grads):  # (a buffer that is .grad: the gradients so far move out)
                 if buf is not None and p.grad is buf:
                     p.grad = buf.clone()
@@ -842,7 +827,7 @@ class GraphRunner:
         self.max_tokens: int | None = getattr(gpt, "_liger_graphs_max_tokens", None)
         self.pool_bytes = 0  # the pool's growth over this runner's captures (reserved memory; reset with the pool)
         self.grad_bytes_made = 0  # bytes of the gradient buffers made so far (grad_buffers)
-        self.precaptured = False  # the replica's lengths captured at its first packed step (PRECAPTURE_REPLICAS)
+        self.precaptured = False  # the replica's lengths captured at its first packed step (_precapture)
         self.precaptured_n = 0
         self.seen: dict[tuple, int] = {}  # uncaptured micro-batches per shape met after the pre-capture (CAPTURE_AFTER)
         # the hidden states' width and dtype, known from a warm-up or the first uncaptured micro-batch since the reset
@@ -941,11 +926,11 @@ class GraphRunner:
     # -- the one entry point ----------------------------------------------------------------------------
     def hidden(self, idx: torch.Tensor, auto: bool = False, plan: Any = None) -> torch.Tensor | None:
         """The final hidden states of ``idx`` through captured graphs, or None (the caller runs eagerly).
-        ``auto``: ``LigerConfig.cuda_graphs=None`` (see :data:`CAPTURE_FULL_TRAINING`: full training is captured where
+        ``auto``: ``LigerConfig.cuda_graphs=None`` (full training is captured where
         the replay adds into ``.grad`` directly: one process, or lit-liger's replica plan; a DDP replica gets its
         gradients through autograd's accumulation, a second copy beside the graphs' buffers, so auto leaves full
         training uncaptured there)."""
-        auto = auto and not (CAPTURE_FULL_TRAINING and DIRECT_GRADS and whole_model(self.gpt))
+        auto = auto and not whole_model(self.gpt)
         why = self.why_not(idx)
         if why is not None:
             if not (why and auto and not self._few_trained_now()):  # automatic mode: no word where it would
@@ -986,7 +971,7 @@ class GraphRunner:
             if len(self.graphs) >= MAX_GRAPHS:
                 self.warn_once(f"more than {MAX_GRAPHS} input shapes (turn LigerConfig.seq_buckets on)")
                 return None
-            if PRECAPTURE_REPLICAS and not self.precaptured and plan is not None and _several_replicas(self.gpt):
+            if not self.precaptured and plan is not None and _several_replicas(self.gpt):
                 self.precaptured = True
                 self._precapture(idx, plan, params)
                 graphs = self.graphs.get(key)
@@ -1018,8 +1003,8 @@ class GraphRunner:
 
     def _warmup_needed(self, plan: Any) -> bool:
         """Whether the next capture (of a packed micro-batch where ``plan`` is given) runs a warm-up pass first (see
-        :data:`WARMUP_ONCE`)."""
-        if not WARMUP_ONCE or self.hidden_spec is None:  # (the first capture since the model's last reset)
+        the comment above :data:`EAGER_FIRST`)."""
+        if self.hidden_spec is None:  # (the first capture since the model's last reset)
             return True
         if plan is None or self._flex:  # (cuDNN attention plans each unpacked shape, FlexAttention compiles per length)
             return True
@@ -1029,7 +1014,7 @@ class GraphRunner:
                  warmup: bool = True) -> _Graphs | None:
         """Capture the graphs of ``idx`` (and a packed batch's ``plan``) under ``key``, or None: out of memory (this and
         longer shapes run uncaptured from now on), the pool over its budget (the same), or a capture failure (no more
-        captures for this model); each said once. ``warmup`` False (:data:`WARMUP_ONCE`): no warm-up pass before the
+        captures for this model); each said once. ``warmup`` False (:meth:`_warmup_needed`): no warm-up pass before the
         capture, which, where it would compile a Triton kernel, stops and starts again with one (see
         :meth:`_warmup_needed`)."""
         if idx.device.type != "cuda":
@@ -1120,11 +1105,11 @@ class GraphRunner:
         return graphs
 
     def _precapture(self, idx: torch.Tensor, plan: Any, params: list[nn.Parameter]) -> None:
-        """(:data:`PRECAPTURE_REPLICAS`: lit-liger's replica plan or DDP, several processes) At the first packed
+        """(lit-liger's replica plan or DDP, several processes) At the first packed
         micro-batch, capture every packed length the run can see (the bucket ladder up to ``samples x
         max_seq_length``, longest first, within ``max_tokens`` and the pool's budget; lengths that the memory plan
-        would recompute are left to their own step), then (``packing.PACK_FULL`` off) the unpacked ``samples x
-        max_seq_length`` of a batch without padding, so that the processes capture at the same step. Captured one by
+        would recompute are left to their own step; a batch without padding runs as the ladder's longest), so that the
+        processes capture at the same step. Captured one by
         one as they come, a length that one process meets first stalls the others at the next all-reduce for as
         long as its capture takes."""
         from ..swap import gpt as gpt_swap
@@ -1140,10 +1125,6 @@ class GraphRunner:
         if expected is not None:  # (the data's lengths estimated before the run: the rare ones are captured if they come)
             kept = [L for L in lengths if expected.get(L, 0) >= PRECAPTURE_MIN_COUNT]
             left_out, lengths = len(lengths) - len(kept), kept
-        from ..swap.packing import PACK_FULL
-
-        want_full = expected is None or expected.get(None, 0) >= PRECAPTURE_MIN_COUNT
-        left_out += not (want_full or PACK_FULL)
         self.stats["left_out"] += left_out
         saved = gpt.__dict__.get("_liger_mem_now")
         t0, n0 = time.perf_counter(), self.captures
@@ -1161,23 +1142,12 @@ class GraphRunner:
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
-                # (the first length is warmed up; the others are recorded without, guarded: WARMUP_ONCE)
+                # (the first length is warmed up; the others are recorded without, guarded: _warmup_needed)
                 warmup = self._warmup_needed(splan)
                 if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:
                     if self.disabled:
                         break
                     continue  # (out of memory or over the pool's budget: released; the shorter lengths from scratch)
-            else:
-                # (packing.PACK_FULL off) a micro-batch whose samples all fill max_seq_length runs unpacked as
-                # (samples, max_seq_length) (where the data is expected to give it: ModelState.expected_lengths); on, it runs as
-                # the ladder's longest packed length, captured above
-                sidx = torch.ones((S, T), dtype=idx.dtype, device=idx.device)
-                key = (tuple(sidx.shape), sidx.dtype, gpt.training, None, (0, 0))
-                if want_full and not PACK_FULL and (self.max_tokens is None or S * T <= self.max_tokens) and key not in self.graphs \
-                        and len(self.graphs) < MAX_GRAPHS and not self.disabled \
-                        and gpt_swap._memory_plan_here(gpt, sidx) == (0, False, 0):
-                    gpt._liger_mem_now = (0, False, 0)
-                    self._capture(key, sidx, params, None, warmup=self._warmup_needed(None))
         finally:
             if saved is None:
                 gpt.__dict__.pop("_liger_mem_now", None)
@@ -1212,8 +1182,8 @@ class GraphRunner:
 
     def _drop_unused_buffers(self) -> None:
         """Free the gradient buffers no captured backward writes (a trainable parameter outside the graphs, such as
-        the lm_head, which the fused loss trains: its buffer was made for the capture and stays unused; with
-        :data:`DIRECT_GRADS` it would sit beside the lm_head's own ``.grad``, a (V, C) tensor of waste)."""
+        the lm_head, which the fused loss trains: its buffer was made for the capture and stays unused; as
+        ``.grad`` it would sit beside the lm_head's own ``.grad``, a (V, C) tensor of waste)."""
         used = {id(b) for g in self.graphs.values() for b in g.grads if b is not None}
         for k in [k for k, b in self.buffers.items() if id(b) not in used]:
             del self.buffers[k]
@@ -1246,7 +1216,7 @@ class GraphRunner:
         ``.grad`` where the replay adds into it directly and it is a plain contiguous tensor of the parameter's shape
         and dtype (an uncaptured micro-batch's, :data:`EAGER_FIRST`), else a new tensor."""
         out = []
-        direct = DIRECT_GRADS and whole_model(self.gpt)
+        direct = whole_model(self.gpt)
         for p in params:
             buf = self.buffers.get(id(p))
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:

@@ -179,7 +179,7 @@ class _GPTMixin:
         if plan is not None and plan.real < idx.numel():
             self.__dict__["_liger_padded_seen"] = True
         elif plan is not None and not self.__dict__.get("_liger_padded_seen"):
-            # a batch without padding (packing.PACK_FULL) is packed only in a run whose batches have had padding
+            # a batch without padding (packed with a bucket ladder: lit_liger.swap.packing) is packed only in a run whose batches have had padding
             # (instruction data: such a batch is rare there, and packed it needs no shape of its own); where every
             # batch so far filled its length (pretraining), it runs unpacked, one shape with cuDNN attention
             return None

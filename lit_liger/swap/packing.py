@@ -137,9 +137,9 @@ def _layout(lengths: list[int], T: int, bucket: Callable[[int], int] | None, max
 #: attention's plan for that shape in its warm-up: the warm-ups of 2-GPU runs took 0.1-1.4 s,
 #: ``benchmarks/results/h200x2-2026-11-27h``). Flash attention over the samples' boundaries computes what the unpacked
 #: rows' causal attention does. The model packs one only once a batch with padding has come
-#: (``adapter.GPT._liger_plan``): in a run whose batches all fill their length (pretraining) every batch keeps the one
-#: unpacked shape, where cuDNN attention's replayed kernels are faster. False: such a batch runs unpacked, as before
-PACK_FULL = True
+#: (``lit_liger.swap.gpt._GPTMixin._liger_plan``): in a run whose batches all fill their length (pretraining) every
+#: batch keeps the one unpacked shape, where cuDNN attention's replayed kernels are faster. (The switch that ran such a
+#: batch unpacked left in issue 67: docs/performance-trail.md.) See :func:`plan`
 
 
 def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: int) -> Plan | None:
@@ -147,12 +147,12 @@ def plan(idx: torch.Tensor, bucket: Callable[[int], int] | None, max_position: i
     with padding and no ``bucket``). ``bucket``: the packed length's bucket (None: exact); ``max_position``: positions
     stay below it (the RoPE cache's length).
 
-    With a ``bucket`` ladder (the captured step) a batch without padding is packed too (:data:`PACK_FULL`)."""
+    With a ``bucket`` ladder (the captured step) a batch without padding is packed too (the comment above)."""
     B, T = idx.shape
     if B < 2:
         return None
     lengths = row_lengths(idx)
-    if sum(lengths) == B * T and not (PACK_FULL and bucket is not None):
+    if sum(lengths) == B * T and bucket is None:
         return None
     real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, max_position)
     host = torch.cat([src, positions, rows, torch.tensor(bounds)])  # one copy to the device, not four
@@ -180,7 +180,7 @@ def host_plan(idx: torch.Tensor, labels: torch.Tensor | None, bucket: Callable[[
     if B < 2:
         return None
     lengths = row_lengths(idx)  # (a CPU tensor: no device sync)
-    if sum(lengths) == B * T and not (PACK_FULL and bucket is not None):
+    if sum(lengths) == B * T and bucket is None:
         return None
     real, n, bounds, src, positions, rows = _layout(lengths, T, bucket, T)  # (T: the model's RoPE cache is longer)
     packed = F.pad(idx.reshape(-1)[src].long(), (0, n - real), value=0)
