@@ -9,6 +9,8 @@ from litgpt import GPT, Config
 from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
 from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy, remove_liger
+from lit_liger.swap import attention as swap_attention
+from lit_liger.swap import mlp as swap_mlp
 
 # name -> overrides making a 2-layer model with small dims but the family's flags intact
 FAMILIES = {
@@ -180,7 +182,7 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
 
     # the GPU's attention path: SDPA reads the shared kv heads (enable_gqa), so it saves v itself
     # (LitGPT's repeat_interleave path saves a repeated copy instead)
-    monkeypatch.setattr(adapter, "_flash_gqa_ok", lambda attn, q: True)
+    monkeypatch.setattr(swap_attention, "_flash_gqa_ok", lambda attn, q: True)
     cfg = tiny_config(name)
     ref, ours = _pair(cfg)
     always = {"compile_min_tokens": 0}  # lit-liger's ops under compile at this tiny size too
@@ -207,7 +209,7 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
     assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * 2 * N * cfg.n_embd * e
     apply_liger(ours, always)
     with monkeypatch.context() as m:
-        m.setattr(adapter, "glu_linear", lambda a, b, w, bias, act, **kw: torch.nn.functional.linear(
+        m.setattr(swap_mlp, "glu_linear", lambda a, b, w, bias, act, **kw: torch.nn.functional.linear(
             torch.nn.functional.silu(a) * b, w, bias))
         assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * cfg.intermediate_size * e
     # recompute_mlp: the Block's residual add, norm_2 and MLP as one op that keeps neither fc_1's nor fc_2's output
@@ -312,14 +314,11 @@ def test_lora_model_parity():
     assert ours.lm_head.linear.weight.grad is None  # frozen lm_head: no weight gradient
 
 
-def test_deferred_logits_act_as_logits(monkeypatch):
+def test_deferred_logits_act_as_logits():
     """What is not a loss pattern gets the real logits (tests/test_stock_code.py covers each pattern)."""
-    from lit_liger.swap import loss as loss_mod
-
-    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])  # (warned once a process: whichever test ran first)
     cfg = tiny_config("Llama-3.2-1B")
     _, ours = _pair(cfg)
-    apply_liger(ours)
+    apply_liger(ours)  # (a fresh model: it warns once, lit_liger.swap.state.ModelState.warned)
     out = ours(torch.randint(0, 150, (2, 6)))
     assert out.shape == (2, 6, cfg.padded_vocab_size)
     with pytest.warns(UserWarning, match="lit_liger.chunked_cross_entropy"):
@@ -524,15 +523,12 @@ def test_gpu_training_step_has_no_host_sync(name):
         torch.cuda.set_sync_debug_mode(0)
 
 
-def test_zero3_partitioned_lm_head_returns_logits(monkeypatch):
+def test_zero3_partitioned_lm_head_returns_logits():
     """A DeepSpeed ZeRO-3 parameter (marked by its ``ds_id``) can only get its gradient while gathered
     around its own module: the swapped model returns real logits then (LitGPT's loss path), and says so."""
-    import lit_liger.swap.adapter as adapter
-
-    monkeypatch.setattr(adapter, "_ZERO3_WARNED", False)
     cfg = tiny_config("Llama-3.2-1B")
     ref, ours = _pair(cfg)
-    apply_liger(ours)
+    apply_liger(ours)  # (a fresh model: it warns once, lit_liger.swap.state.ModelState.warned)
     ours.lm_head.weight.ds_id = 0  # what deepspeed.zero.Init puts on every partitioned parameter
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     y = torch.randint(0, cfg.vocab_size, (2, 8))
@@ -563,7 +559,7 @@ def test_mlp_writes_fc_gradients_over_fc_outputs_only_where_nothing_keeps_them()
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
 
-    from lit_liger.swap.adapter import _fresh_outputs
+    from lit_liger.swap._common import _fresh_outputs
 
     # litgpt's LoRA recipe: LoRA on query/value, the MLP's fc_1/fc_2 are LoRALinear with r = 0
     cfg = tiny_config("Llama-3.2-1B", LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True)

@@ -198,16 +198,16 @@ def _spy_flex(monkeypatch):
 
 def _spy_softcap_kernel(monkeypatch):
     """Calls of lit-liger's Triton softcap attention from the swapped module."""
-    import lit_liger.swap.adapter as adapter
+    from lit_liger.swap import attention as swap_attention
 
     calls = []
-    real = adapter.softcap_attention
+    real = swap_attention.softcap_attention
 
     def spy(q, k, v, scale, softcap):
         calls.append((tuple(q.shape), scale, softcap))
         return real(q, k, v, scale, softcap)
 
-    monkeypatch.setattr(adapter, "softcap_attention", spy)
+    monkeypatch.setattr(swap_attention, "softcap_attention", spy)
     return calls
 
 

@@ -16,6 +16,8 @@ from lit_liger.swap import adapter as adapter_mod
 from lit_liger.swap.buckets import MIN_BUCKET, bucket_length
 from lit_liger.runtime import graphs
 from lit_liger.runtime.graphs import RECAPTURE_ON_GROWTH, runner_for
+from lit_liger.swap.state import state_of
+from lit_liger.swap import gpt as swap_gpt
 
 
 def test_bucket_ladder():
@@ -32,7 +34,7 @@ def test_bucket_ladder():
 
 @pytest.fixture
 def buckets_on_cpu(monkeypatch):
-    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", True)
 
 
 def _grads(model):
@@ -101,7 +103,7 @@ def test_buckets_off_and_cpu_default(monkeypatch):
     apply_liger(ours)
     x = torch.randint(0, cfg.vocab_size, (1, 10))
     assert ours(x).hidden.shape[1] == 10  # CPU tensors: nothing to gain, no padding
-    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)  # as the buckets_on_cpu fixture does
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", True)  # as the buckets_on_cpu fixture does
     apply_liger(ours, LigerConfig(seq_buckets=False))
     assert ours(x).hidden.shape[1] == 10
     apply_liger(ours, LigerConfig())
@@ -169,19 +171,17 @@ def test_graph_runner_reasons(monkeypatch):
         runner.warn_once("a reason")  # once
 
 
-@pytest.mark.parametrize("full", [True, False, "ddp"])
+@pytest.mark.parametrize("full", [True, "ddp"])
 @pytest.mark.parametrize("lora", [True, False])
 def test_automatic_graphs_only_where_few_parameters_train(monkeypatch, lora, full):
-    """cuda_graphs=None captures full fine-tuning too with graphs.CAPTURE_FULL_TRAINING (on by default) in one process;
-    without it, or in a DDP replica (the gradients go through autograd there, a second copy; lit-liger's own replica
-    plan counts as one process),
-    it captures LoRA-style runs (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured,
-    without a warning; cuda_graphs=True captures both."""
+    """cuda_graphs=None captures full fine-tuning too in one process; in a DDP replica (the gradients go through
+    autograd there, a second copy; lit-liger's own replica plan counts as one process) it captures LoRA-style runs
+    (at most 1/8 of the parameters trained) and leaves full fine-tuning uncaptured, without a warning;
+    cuda_graphs=True captures both."""
     from lit_liger.runtime import graphs as graphs_mod
 
-    monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", bool(full))
     if full == "ddp":  # several processes, inside a DDP forward (where capture applies)
-        monkeypatch.setattr(graphs_mod, "whole_model", lambda: False)
+        monkeypatch.setattr(graphs_mod, "whole_model", lambda gpt: False)
         full = False
 
     cfg = tiny_config("Llama-3.2-1B")
@@ -284,7 +284,7 @@ def test_graph_runner_does_not_keep_the_model_alive(monkeypatch, lora):
             warnings.simplefilter("ignore")
             assert runner.hidden(fake_cuda, auto=True) is None  # walked the model; LoRA: the capture failed
         assert runner._tree is not None and runner.few_trained is lora
-        assert bool(runner.disabled) is (lora or graphs_mod.CAPTURE_FULL_TRAINING)  # (automatic mode captures both)
+        assert bool(runner.disabled)  # (one process: automatic mode captures LoRA and full training alike)
         # a hook that holds the model (a cycle the garbage collector frees, unless something outside holds it)
         ours.transformer.h[1].register_forward_hook(functools.partial(lambda model, *a: None, ours))
         assert "has hooks" in runner.why_not(fake_cuda) or runner.disabled
@@ -401,13 +401,10 @@ def _accumulate(cfg, graphed, plain, lengths):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("synced", [False, True])
-def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
-    """graphs.SYNC_BEFORE_CAPTURE off: a new shape's capture is recorded while the GPU still runs the work queued before
-    it (here ~2 s of ``torch.cuda._sleep``, and the input computed after it), and the step's loss and gradients equal
-    the uncaptured model's. The GPU's measured wait for such a capture is a small part of its host time; with the
-    synchronize before each capture (``synced``, as torch.cuda.graph does) it is most of it."""
-    monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", synced)
+def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch):
+    """A new shape's capture is recorded while the GPU still runs the work queued before it (here ~2 s of
+    ``torch.cuda._sleep``, and the input computed after it), and the step's loss and gradients equal the uncaptured
+    model's. The GPU's measured wait for such a capture is a small part of its host time."""
     cfg, graphed, plain = _gpu_models(lora=True)
     torch.manual_seed(1)
     lengths = [100, 300, 180]  # three buckets: three captures
@@ -420,8 +417,8 @@ def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
         losses = []
         for model in (graphed, plain):
             torch.cuda.synchronize()
-            graphs.settle_waits(block=True)
-            before = dict(graphs.CAPTURE_STATS)
+            graphs.settle_waits(graphs.runner_for(graphed), block=True)
+            before = dict(state_of(graphed).captures)
             if model is graphed:
                 # queued GPU work (~2 s, longer than a capture with its Triton compilations); the input is made after
                 # it, on the same stream
@@ -433,10 +430,10 @@ def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
             (loss / len(lengths)).backward()
             losses.append(loss.detach().float())
             if model is graphed and i > 0:  # (the pool's first capture synchronizes and empties the cache anyway)
-                graphs.settle_waits(block=True)
-                waits.append(graphs.CAPTURE_STATS["gpu_wait"] - before["gpu_wait"])
+                graphs.settle_waits(graphs.runner_for(graphed), block=True)
+                waits.append(state_of(graphed).captures["gpu_wait"] - before["gpu_wait"])
                 # (the recording's host seconds: the synced captures' wait for the sleep itself is their "release")
-                hosts.append(sum(graphs.CAPTURE_STATS[k] - before[k] for k in ("warmup", "forward", "backward")))
+                hosts.append(sum(state_of(graphed).captures[k] - before[k] for k in ("warmup", "forward", "backward")))
         assert rel_err(losses[0], losses[1]) <= 1e-3, (T, losses)
     assert runner_for(graphed).captures == len(lengths) + runner_for(graphed).regrown
     gp, pp = _grads(graphed), _grads(plain)
@@ -444,20 +441,16 @@ def test_gpu_capture_records_beside_queued_gpu_work(monkeypatch, synced):
     for n in gp:
         assert rel_err(gp[n], pp[n]) <= 2e-2, (n, rel_err(gp[n], pp[n]))
     assert all(h > 0 for h in hosts), hosts
-    if synced:  # the GPU idles through the recording after the synchronize
-        assert sum(waits) >= 0.5 * sum(hosts), (waits, hosts)
-    else:  # the recording overlapped the sleep: the GPU waited for the warm-up's own GPU work at most
-        assert sum(waits) <= 0.25 * sum(hosts), (waits, hosts)
+    # the recording overlapped the sleep: the GPU waited for the warm-up's own GPU work at most
+    assert sum(waits) <= 0.25 * sum(hosts), (waits, hosts)
 
 
 @pytest.mark.gpu
 def test_gpu_full_training_queued_far_ahead_of_the_gpu(monkeypatch):
     """The host far ahead of the GPU (lazylog.LAG's lead; made certain here by ~2 s of ``torch.cuda._sleep`` queued
     before each optimizer step's micro-batches): full fine-tuning captured, new shapes captured while the GPU still
-    sleeps (graphs.SYNC_BEFORE_CAPTURE off), fused AdamW steps and ``zero_grad()`` between, all of it queued behind the
+    sleeps (recorded beside queued work), fused AdamW steps and ``zero_grad()`` between, all of it queued behind the
     sleep, gives the uncaptured model's losses and parameters."""
-    monkeypatch.setattr(graphs, "DIRECT_GRADS", True)
-    monkeypatch.setattr(graphs, "CAPTURE_FULL_TRAINING", True)
     cfg, graphed, plain = _gpu_models(False)
     apply_liger(graphed, LigerConfig(cuda_graphs=None))  # automatic: full training captured
     opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True) for m in (graphed, plain)}
@@ -492,21 +485,14 @@ def test_gpu_full_training_queued_far_ahead_of_the_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hooked, embedding_into", [(False, False), (True, False), (False, True)])
-def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked, embedding_into):
-    """Full fine-tuning captured by cuda_graphs=None with graphs.DIRECT_GRADS and CAPTURE_FULL_TRAINING on: several optimizer steps (AdamW, two micro-batches of
+@pytest.mark.parametrize("hooked", [False, True])
+def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hooked):
+    """Full fine-tuning captured by cuda_graphs=None (gradients straight into ``.grad``): several optimizer steps (AdamW, two micro-batches of
     different buckets each, gradient clipping, ``zero_grad()`` to None) give the uncaptured model's parameters and
     optimizer state; each ``.grad`` is the replay's own buffer (no second copy), so the captured model holds no more
     memory than the uncaptured one beyond the graphs' activations. With a tensor hook on a parameter the gradients
-    go through autograd's accumulation instead (the hook runs on every backward). ``embedding_into``
-    (``adapter.EMBEDDING_GRAD_INTO``): the token embedding's gradient is added into its ``.grad`` by its own kernel
-    too."""
-    from lit_liger.swap import adapter as adapter_mod
-    from lit_liger.runtime import graphs as graphs_mod
-
-    monkeypatch.setattr(adapter_mod, "EMBEDDING_GRAD_INTO", embedding_into)
-    monkeypatch.setattr(graphs_mod, "DIRECT_GRADS", True)
-    monkeypatch.setattr(graphs_mod, "CAPTURE_FULL_TRAINING", True)
+    go through autograd's accumulation instead (the hook runs on every backward). The token embedding's gradient is
+    added into its ``.grad`` by its own kernel too (the retired ``EMBEDDING_GRAD_INTO`` switch's winner)."""
     cfg, graphed, plain = _gpu_models(False)
     apply_liger(graphed, LigerConfig(cuda_graphs=None))  # automatic: full training captured
     calls = []
@@ -525,8 +511,8 @@ def test_gpu_full_training_captured_grads_are_the_grad_tensors(monkeypatch, hook
     runner = runner_for(graphed)
     assert runner.captures == 2 and runner.replays == 6 and not runner.disabled
     # every Block's qkv, attention proj, fc_1, fc_2 and MLP proj weight gradient is added into .grad by its GEMM
-    # (and, with embedding_into, the token embedding's by its own kernel)
-    assert all(g.added_by_gemm == 5 * cfg.n_layer + embedding_into for g in runner.graphs.values()), \
+    # (and the token embedding's by its own kernel)
+    assert all(g.added_by_gemm == 5 * cfg.n_layer + 1 for g in runner.graphs.values()), \
         [g.added_by_gemm for g in runner.graphs.values()]
     for (n, a), b in zip(graphed.named_parameters(), plain.parameters()):
         assert rel_err(a, b) <= 2e-2, n
@@ -699,8 +685,8 @@ def test_gpu_failed_capture_falls_back_and_keeps_the_generator():
 @pytest.mark.parametrize("lora, graphs", [(True, None), (True, True), (False, None)])
 def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
     """A swapped model trained on the GPU (LoRA captured by the automatic default or when asked; full
-    training uncaptured by default) and then dropped gives its memory back: the graphs' runner, kept under
-    the model's weak key, must not hold the model. Before the fix the model, its weights and gradients
+    training captured by the automatic default) and then dropped gives its memory back: the graphs' runner, on the
+    model's state, holds the model only weakly. Before the fix the model, its weights and gradients
     stayed allocated (the CPU version of this test shows why)."""
     import gc
 
@@ -717,10 +703,8 @@ def test_gpu_model_memory_is_freed_after_training_steps(lora, graphs):
             chunked_cross_entropy(model(x), x).backward()
             opt.step()
             opt.zero_grad()
-        from lit_liger.runtime.graphs import CAPTURE_FULL_TRAINING
-
-        # buckets 128 and 256; full training uncaptured by default unless CAPTURE_FULL_TRAINING
-        assert runner_for(model).captures == (2 if lora or graphs or CAPTURE_FULL_TRAINING else 0)
+        # buckets 128 and 256; automatic mode captures full training too (one process)
+        assert runner_for(model).captures == 2
         return torch.cuda.memory_allocated() - base
 
     used = train()
@@ -801,7 +785,7 @@ def test_release_drops_graphs_and_pool():
 
 
 def test_precapture_lengths_are_the_packed_ladder():
-    """A replica's lengths captured at its first packed step (lit_liger.runtime.graphs.PRECAPTURE_REPLICAS): every bucket a
+    """A replica's lengths captured at its first packed step (lit_liger.runtime.graphs.GraphRunner._precapture): every bucket a
     packed micro-batch of 4 samples of at most 512 tokens can get, within a token bound; each one is its own bucket."""
     from lit_liger.swap.buckets import packed_bucket_length
     from lit_liger.runtime.graphs import precapture_lengths

@@ -13,6 +13,7 @@ from test_adapter import _randomize, tiny_config
 
 from lit_liger import LigerCallback, LigerConfig, LigerLogits
 from lit_liger.swap.adapter import is_swapped
+from lit_liger.swap import gpt as swap_gpt
 
 
 def _data(vocab=150, n=8, T=12):
@@ -160,7 +161,7 @@ class StateAheadModule(LLMModule):
     def training_step(self, batch, batch_idx):
         from lit_liger.runtime import memplan
 
-        self.ahead = getattr(self, "ahead", []) + [memplan.state_ahead()]
+        self.ahead = getattr(self, "ahead", []) + [memplan.state_ahead(self.llm.model)]
         return super().training_step(batch, batch_idx)
 
     def configure_optimizers(self):
@@ -168,17 +169,18 @@ class StateAheadModule(LLMModule):
 
 
 def test_fit_counts_the_optimizer_state_still_to_come(tmp_path):
-    """Under the Trainer the optimizers' state that their first step makes is in ``memplan.STATE_AHEAD`` for the loop
-    (the first steps' memory plans and graphs leave it free): AdamW's two moments of every trained parameter before the
-    first step, nothing after it, and nothing registered once fitting ends."""
-    from lit_liger.runtime import memplan
+    """Under the Trainer the optimizers' state that their first step makes is in the model's ``state_ahead``
+    (``lit_liger.swap.state.ModelState``) for the loop (the first steps' memory plans and graphs leave it free): AdamW's
+    two moments of every trained parameter before the first step, nothing after it, and nothing registered once
+    fitting ends."""
+    from lit_liger.swap.state import state_of
 
     _, ours = _stock_and_ours(StateAheadModule)
     cb = LigerCallback(log_metrics=False)
     _trainer(tmp_path, cb, steps=3).fit(ours, _data())
     trained = sum(p.numel() * p.element_size() for p in ours.parameters() if p.requires_grad)
     assert ours.ahead[0] == 2 * trained > 0 and ours.ahead[1:] == [0, 0]
-    assert memplan.STATE_AHEAD == [] and cb._ahead == []
+    assert state_of(ours.llm.model).state_ahead == [] and cb._ahead == []
 
 
 def test_fit_with_configure_model(tmp_path):
@@ -285,15 +287,14 @@ def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
     the forward plans nothing, the loss checks nothing on the device, the token counts reach ``training_step`` as
     host tensors with their values, the losses equal stock's, and litgpt's collate is back after ``fit``."""
     from lit_liger.swap import adapter as adapter_mod
-    from lit_liger.swap import loss as loss_mod
     from lit_liger.swap import packing
+    from lit_liger.swap.state import state_of
 
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
     stock, ours = _stock_and_ours(SFTModule)
     _trainer(tmp_path / "a", None).fit(stock, _sft_loader())
     planned, plan = [], packing.plan
     monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
-    before = dict(loss_mod.PACKED_LOSS_CHECKS)
     loader = _sft_loader()
     collate = loader.collate_fn
     _trainer(tmp_path / "b", LigerCallback()).fit(ours, loader)
@@ -301,8 +302,9 @@ def test_trainer_batches_packed_by_the_data_loader(tmp_path, monkeypatch):
     for a, b in zip(ours.losses, stock.losses):
         assert rel_err(a, b) <= 1e-4
     assert all(p is None for p in planned)  # the forward planned nothing (a batch without padding: nothing to pack)
-    assert loss_mod.PACKED_LOSS_CHECKS["host"] - before["host"] == 3 - len(planned) >= 1
-    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    checks = state_of(ours.model).loss_checks  # (the model's own, from 0 when the callback swapped it)
+    assert checks["host"] == 3 - len(planned) >= 1
+    assert checks["device"] == 0
     assert ours.token_counts == stock.token_counts and all(d == "cpu" for d, _ in ours.token_counts)
     assert loader.collate_fn is collate
 
@@ -430,7 +432,7 @@ def test_trainer_under_ddp_matches_stock_ddp(tmp_path, monkeypatch):
     stock's under the same strategy."""
     from lit_liger.swap import adapter as adapter_mod
 
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
     stock, ours = _stock_and_ours(_DDPSFTModule)
 
     def fit(module, cb, root):

@@ -15,6 +15,7 @@ from test_adapter import _pair, tiny_config
 
 import lit_liger.swap.adapter as adapter
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+from lit_liger.swap import gpt as swap_gpt, mlp as swap_mlp
 
 flce = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")  # (the package's attribute: the function)
 
@@ -59,7 +60,7 @@ def test_same_loss_and_gradients_as_without(name, buckets, monkeypatch):
     """Six families (gemma-3 with per-layer RoPE, ``rope_indices``), and with the length padded to a bucket. The
     fused loss runs one row per chunk on both sides (checkpointing caps its chunk, see below; the lm_head's fp32
     weight gradient sums its chunks in another order with another chunk size)."""
-    monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", buckets)
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", buckets)
     monkeypatch.setattr(flce, "_CPU_CHUNK_BYTES", 1)
     cfg = tiny_config(name)
     _, plain = _pair(cfg)
@@ -89,7 +90,7 @@ def test_lora_dropout_masks_repeat_in_the_recompute():
     # the test can tell: without the RNG state restored, the recompute draws other masks and the gradients part
     unrestored = functools.partial(torch.utils.checkpoint.checkpoint, preserve_rng_state=False)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(adapter, "_checkpoint", lambda *a, preserve_rng_state, **kw: unrestored(*a, **kw))
+        mp.setattr(swap_gpt, "_checkpoint", lambda *a, preserve_rng_state, **kw: unrestored(*a, **kw))
         loss_c, grads_c = _step(ckpt, x, y)
     assert torch.equal(loss_a, loss_c)  # the forward is the same: the masks differ only in the recompute
     assert any(not torch.equal(grads_a[n], grads_c[n]) for n in grads_a)
@@ -104,8 +105,8 @@ def test_frozen_mlp_runs_in_chunks_inside_checkpointed_blocks(name, monkeypatch)
     from lit_liger.kernels import _launch
 
     monkeypatch.setattr(_launch, "MLP_MIN_ROWS", 1)  # 4 chunks of 6 rows at 2 x 12 tokens
-    calls, real = [], adapter.glu_mlp
-    monkeypatch.setattr(adapter, "glu_mlp", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    calls, real = [], swap_mlp.glu_mlp
+    monkeypatch.setattr(swap_mlp, "glu_mlp", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     cfg, plain, ckpt = _lora_pair(0.2, name, lora_mlp=False)
     apply_liger(plain)
     apply_liger(ckpt, LigerConfig(activation_checkpointing=True))
@@ -189,24 +190,23 @@ def test_no_grad_and_multi_process_run_the_blocks_plainly(monkeypatch):
     cfg = tiny_config("Llama-3.2-1B")
     _, model = _pair(cfg)
     apply_liger(model, LigerConfig(activation_checkpointing=True))
-    assert adapter._checkpoint_blocks_here(model)
+    assert swap_gpt._checkpoint_blocks_here(model)
     with torch.no_grad():
-        assert not adapter._checkpoint_blocks_here(model)
+        assert not swap_gpt._checkpoint_blocks_here(model)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(adapter, "_CHECKPOINT_WARNED", False)
     with pytest.warns(UserWarning, match="single-process and DDP runs; under this sharding strategy it is off"):
-        assert not adapter._checkpoint_blocks_here(model)
+        assert not swap_gpt._checkpoint_blocks_here(model)  # (a fresh model warns, once: its ModelState.warned)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
-        assert not adapter._checkpoint_blocks_here(model)
+        assert not swap_gpt._checkpoint_blocks_here(model)
     apply_liger(model)  # the default, automatic: silent under a sharding strategy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not adapter._checkpoint_blocks_here(model)
+        assert not swap_gpt._checkpoint_blocks_here(model)
     apply_liger(model, LigerConfig(activation_checkpointing=False))
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    assert not adapter._checkpoint_blocks_here(model)
+    assert not swap_gpt._checkpoint_blocks_here(model)
 
 
 def test_config_default_and_switch_semantics():

@@ -46,6 +46,7 @@ from lit_liger.demo import (
     tiny_overrides,
     train_tokenizer,
 )
+from lit_liger.swap import gpt as swap_gpt
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ, MICRO_BATCH, STEPS = 32, 2, 2
@@ -250,11 +251,11 @@ def test_finetune_full_recompute_mlp_same_losses(assets, tmp_path, monkeypatch, 
     """``--liger.recompute_mlp true`` through litgpt's full fine-tuning script (every weight trains, so the Blocks'
     MLPs recompute fc_1 / fc_2 in backward): the swap report says so, the Blocks call the recomputing function, and
     the logged losses equal the default run's."""
-    import lit_liger.swap.adapter as adapter
+    from lit_liger.swap import block as swap_block
 
     calls = []
-    real = adapter.rms_norm_glu_mlp
-    monkeypatch.setattr(adapter, "rms_norm_glu_mlp", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = swap_block.rms_norm_glu_mlp
+    monkeypatch.setattr(swap_block, "rms_norm_glu_mlp", lambda *a, **k: calls.append(1) or real(*a, **k))
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_full", tmp_path / "rec", "true"),
                           "--liger.recompute_mlp", "true"])
     assert "fc_1 and fc_2 outputs recomputed in backward (recompute_mlp)" in capsys.readouterr().out
@@ -283,8 +284,6 @@ def test_finetune_lora_activation_checkpointing_same_losses(assets, tmp_path, mo
 def test_finetune_lora_on_a_tied_checkpoint_keeps_one_head_copy(assets, tmp_path, monkeypatch, capsys):
     """A checkpoint whose lm_head equals its embedding (litgpt's conversion of a tied-embedding Hugging Face model):
     the LoRA run says it keeps one copy, and every logged loss equals the run with ``--liger.tied_weights false``."""
-    from lit_liger.swap import tied
-
     ckpt = tmp_path / "tied"
     for f in ("tokenizer.json", "tokenizer_config.json"):
         ckpt.mkdir(parents=True, exist_ok=True)
@@ -294,14 +293,12 @@ def test_finetune_lora_on_a_tied_checkpoint_keeps_one_head_copy(assets, tmp_path
                     **tiny_overrides())
     sd = torch.load(ckpt / "lit_model.pth", weights_only=True)
     assert torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"])
-    try:
-        run_cli(monkeypatch, finetune_args(assets, "finetune_lora", tmp_path / "one", "true", ckpt=ckpt))
-        assert "one copy kept" in capsys.readouterr().out
-        run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "two", "true", ckpt=ckpt),
-                              "--liger.tied_weights", "false"])
-        assert "one copy kept" not in capsys.readouterr().out
-    finally:
-        tied.ON_SHARE.clear()
+    # (the CLI's announcement is on each model's ModelState.on_share: nothing to clear after the run)
+    run_cli(monkeypatch, finetune_args(assets, "finetune_lora", tmp_path / "one", "true", ckpt=ckpt))
+    assert "one copy kept" in capsys.readouterr().out
+    run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "two", "true", ckpt=ckpt),
+                          "--liger.tied_weights", "false"])
+    assert "one copy kept" not in capsys.readouterr().out
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == STEPS and one == two, (one, two)
 
@@ -518,6 +515,15 @@ def built_models(monkeypatch):
 
     monkeypatch.setattr(lora, "main", fake_main)
     return built
+
+
+def _record_swapped(monkeypatch) -> list:
+    """The models the CLI's patched ``GPT`` builds and swaps (through ``lit_liger.apply_liger``), in order."""
+    import lit_liger
+
+    made, real = [], lit_liger.apply_liger
+    monkeypatch.setattr(lit_liger, "apply_liger", lambda model, config=None: made.append(model) or real(model, config))
+    return made
 
 
 def _lora_cli(assets, monkeypatch, tmp_path, extra: list) -> None:
@@ -1033,10 +1039,10 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     targets from the loader's finding; litgpt's token counts stay on the host. Losses equal stock's, and so does
     every token count litgpt reports."""
     from lit_liger.swap import adapter as adapter_mod
-    from lit_liger.swap import loss as loss_mod
     from lit_liger.swap import packing
+    from lit_liger.swap.state import states_in
 
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
     rng = random.Random(0)  # short samples of different lengths: batches with padding to pack
     words = "def return value list self model data index tensor shape".split()
     data = tmp_path / "short.json"
@@ -1048,7 +1054,7 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     off = capsys.readouterr().out
     planned, plan = [], packing.plan
     monkeypatch.setattr(packing, "plan", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
-    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    swapped = _record_swapped(monkeypatch)  # (the packed run's models: their loss checks start at 0)
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "on", "true"), *longer,
                           "--liger.packing", "true"])
     on = capsys.readouterr().out
@@ -1056,8 +1062,10 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     assert "lay each batch out packed, so that the step reads nothing back from the GPU" in on
     assert "lit-liger packed the batches of" in on  # (the padding line: packing happened)
     assert all(p is None for p in planned)  # every batch with padding came planned by the loader
-    assert loss_mod.PACKED_LOSS_CHECKS["host"] > before["host"]
-    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    states = [st for m in swapped for st in states_in(m)]
+    assert states
+    assert sum(st.loss_checks["host"] for st in states) > 0
+    assert sum(st.loss_checks["device"] for st in states) == 0
     counts = [re.findall(r"(Tokens w/ Prompt|Total Tokens \(w/ Padding\)|Raw Tokens)\s*:\s*(\d+)", out)
               for out in (on, off)]
     assert counts[0] == counts[1] and len(counts[0]) >= 2, counts

@@ -11,6 +11,7 @@ from test_adapter import _pair, tiny_config
 from lit_liger import LigerConfig, apply_liger
 
 from lit_liger.runtime import decode
+from lit_liger.swap.state import state_of
 
 
 def _models(name: str = "Llama-3.2-1B", device: str = "cpu", dtype=torch.float32, block_size: int = 64, **cfg):
@@ -42,10 +43,10 @@ def test_cpu_generation_is_litgpts_and_captures_nothing():
     ref, ours, report = _models()
     assert "KV-cache steps replayed from CUDA graphs" in str(report)
     prompt = torch.randint(0, 150, (5,))
-    before = dict(decode.STATS)
+    before = dict(state_of(ours).decode)
     a = generate(ref, prompt, max_returned_tokens=14, temperature=0.0)
     b = generate(ours, prompt, max_returned_tokens=14, temperature=0.0)
-    assert torch.equal(a, b) and decode.STATS == before
+    assert torch.equal(a, b) and state_of(ours).decode == before
     x, pos = torch.tensor([[3]]), torch.tensor([5])
     with torch.no_grad():
         assert decode._why_not(ours, x, pos, 0) == "not a one-token CUDA step"
@@ -92,12 +93,12 @@ def test_cuda_graphs_false_leaves_generation_uncaptured():
 def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
     ref, ours, _ = _models(name, "cuda")
     prompt = torch.randint(0, 150, (6,), device="cuda")
-    before = dict(decode.STATS)
+    before = dict(state_of(ours).decode)
     a = generate(ref, prompt, max_returned_tokens=30, temperature=0.0)  # (fp32: greedy tokens, litgpt's own)
     b = generate(ours, prompt, max_returned_tokens=30, temperature=0.0)
     assert torch.equal(a, b)
-    assert decode.STATS["captures"] - before["captures"] == 1
-    assert decode.STATS["replays"] - before["replays"] == 30 - 6 - 1  # (every step after the prompt's)
+    assert state_of(ours).decode["captures"] - before["captures"] == 1
+    assert state_of(ours).decode["replays"] - before["replays"] == 30 - 6 - 1  # (every step after the prompt's)
     # logits, step by step, against litgpt's forward with and without input_pos_maxp1 on the same cache
     for m in (ref, ours):
         m.set_kv_cache(batch_size=1, device="cuda")
@@ -105,7 +106,7 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
         n = len(prompt)
         for m in (ref, ours):
             m(prompt.view(1, -1), torch.arange(n, device="cuda"), input_pos_maxp1=n)
-        replays = decode.STATS["replays"]
+        replays = state_of(ours).decode["replays"]
         for i, tok in enumerate([7, 99, 3, 42]):
             x, pos = torch.tensor([[tok]], device="cuda"), torch.tensor([n + i], device="cuda")
             got = ours(x, pos, input_pos_maxp1=n + i + 1)
@@ -113,7 +114,7 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
             short = ref(x, pos, input_pos_maxp1=n + i + 1)
             torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got, short, rtol=1e-5, atol=1e-5)
-        assert decode.STATS["replays"] - replays == 4  # (each of ours came from the graph, not litgpt's forward)
+        assert state_of(ours).decode["replays"] - replays == 4  # (each of ours came from the graph, not litgpt's forward)
     assert isinstance(vars(ours)[decode._ATTR], decode._Graphs)
     ours.clear_kv_cache()
     assert decode._ATTR not in vars(ours)
@@ -123,12 +124,12 @@ def test_gpu_replayed_steps_give_litgpts_logits_and_tokens(name):
 def test_gpu_generation_across_key_lengths_gives_litgpts_tokens_and_logits():
     ref, ours, _ = _models("Llama-3.2-1B", "cuda", block_size=2048)
     prompt = torch.randint(0, 150, (200,), device="cuda")
-    before = dict(decode.STATS)
+    before = dict(state_of(ours).decode)
     a = generate(ref, prompt, max_returned_tokens=600, temperature=0.0)  # (keys 256, 512, 1024: three graphs)
     b = generate(ours, prompt, max_returned_tokens=600, temperature=0.0)
     assert torch.equal(a, b)
-    assert decode.STATS["captures"] - before["captures"] == 3
-    assert decode.STATS["replays"] - before["replays"] == 600 - 200 - 1
+    assert state_of(ours).decode["captures"] - before["captures"] == 3
+    assert state_of(ours).decode["replays"] - before["replays"] == 600 - 200 - 1
     assert sorted(k[-1] for k in vars(ours)[decode._ATTR].by_key) == [256, 512, 1024]
     # step by step across a boundary: each replayed logit equals litgpt's forward over the filled part
     for m in (ref, ours):
@@ -138,13 +139,13 @@ def test_gpu_generation_across_key_lengths_gives_litgpts_tokens_and_logits():
         x0 = torch.randint(0, 150, (1, n), device="cuda")
         for m in (ref, ours):
             m(x0, torch.arange(n, device="cuda"), input_pos_maxp1=n)
-        replays = decode.STATS["replays"]
+        replays = state_of(ours).decode["replays"]
         for i, tok in enumerate([7, 99, 3, 42]):  # (positions 254-257: keys 256, 256, 256, 512)
             x, pos = torch.tensor([[tok]], device="cuda"), torch.tensor([n + i], device="cuda")
             got = ours(x, pos, input_pos_maxp1=n + i + 1)
             want = ref(x, pos, input_pos_maxp1=n + i + 1)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert decode.STATS["replays"] - replays == 4
+        assert state_of(ours).decode["replays"] - replays == 4
 
 
 @pytest.mark.gpu
@@ -165,21 +166,21 @@ def test_gpu_bf16_logits_within_rounding_of_litgpts():
 def test_gpu_graph_recaptured_when_what_it_reads_moves_and_not_kept_in_training():
     _, ours, _ = _models("Llama-3.2-1B", "cuda")
     prompt = torch.randint(0, 150, (4,), device="cuda")
-    before = decode.STATS["captures"]
+    before = state_of(ours).decode["captures"]
     generate(ours, prompt, max_returned_tokens=10, temperature=0.0)
     generate(ours, prompt, max_returned_tokens=10, temperature=0.0)  # (same cache: the same graph)
-    assert decode.STATS["captures"] - before == 1
+    assert state_of(ours).decode["captures"] - before == 1
     w = ours.transformer.h[0].attn.qkv.weight if hasattr(ours.transformer.h[0].attn, "qkv") else next(ours.parameters())
     w.data = w.data.clone()  # (a parameter at another address: the graph would read the old one)
     generate(ours, prompt, max_returned_tokens=10, temperature=0.0)
-    assert decode.STATS["captures"] - before == 2
+    assert state_of(ours).decode["captures"] - before == 2
     ours.set_kv_cache(batch_size=1, device="cuda")  # (a new cache: a new graph)
     generate(ours, prompt, max_returned_tokens=10, temperature=0.0)
-    assert decode.STATS["captures"] - before == 3
+    assert state_of(ours).decode["captures"] - before == 3
     with torch.no_grad():  # (not inference mode, as litgpt's generate is: a graph of its own, no error)
         x, pos = prompt[:1].view(1, 1), torch.tensor([9], device="cuda")
         ours(x, pos)
-    assert decode.STATS["captures"] - before == 4
+    assert state_of(ours).decode["captures"] - before == 4
     ours.train()
     with torch.no_grad():
         assert decode._why_not(ours, prompt[:1].view(1, 1), prompt[:1], 0) is not None

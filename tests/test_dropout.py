@@ -8,7 +8,8 @@ import torch
 from litgpt.lora import LoRALinear
 
 from helpers import TOL, rel_err, saved_bytes
-from lit_liger.swap.adapter import _LoRAMixin, _swap_class
+from lit_liger.swap.adapter import _swap_class
+from lit_liger.swap.lora import _LoRAMixin
 from lit_liger.kernels import dropout as D
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

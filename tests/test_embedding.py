@@ -182,16 +182,12 @@ def test_inside_grads_into_the_gradient_goes_into_the_target(device):
     assert torch.equal(w.grad, rw)
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_swapped_wte_adds_into_grad_where_switched_on(device, monkeypatch, on):
-    """``adapter.EMBEDDING_GRAD_INTO``: inside a capture's ``grads_into`` a swapped GPT's ``transformer.wte`` adds its
-    gradient into the named tensor (on) or leaves it to autograd (off); the loss and the other gradients are the same
-    either way."""
-    import lit_liger.swap.adapter as adapter
+def test_swapped_wte_adds_into_grad(device):
+    """Inside a capture's ``grads_into`` a swapped GPT's ``transformer.wte`` adds its gradient into the named tensor
+    (always: the retired ``EMBEDDING_GRAD_INTO`` switch's winner); the loss and the other gradients are stock's."""
     from lit_liger import chunked_cross_entropy
     from lit_liger.kernels._grad_into import grads_into
 
-    monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
     stock, ours, _ = _stock_and_swapped("Llama-3.2-1B", device)
     x = torch.randint(0, 128, (2, 16), device=device)
     from litgpt.utils import chunked_cross_entropy as stock_ce
@@ -202,25 +198,21 @@ def test_swapped_wte_adds_into_grad_where_switched_on(device, monkeypatch, on):
     with grads_into([(wte, target)]) as written:
         chunked_cross_entropy(ours(x), x).backward()
     ref = stock.transformer.wte.weight.grad
-    got = target if on else wte.grad
-    assert (id(target) in written) is on and (wte.grad is None) is on
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-6)
+    assert id(target) in written and wte.grad is None
+    torch.testing.assert_close(target, ref, rtol=1e-4, atol=1e-6)
     g, r = ours.lm_head.weight.grad, stock.lm_head.weight.grad
     torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypatch, on):
-    """``graphs._warm_grads_into``: with ``EMBEDDING_GRAD_INTO`` the capture's warm-up launches the embedding's kernel
-    once into the embedding's gradient buffer (so that it is compiled and loaded outside the capture), leaving the
-    buffer's values as they were; off, nothing runs."""
+def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypatch):
+    """``graphs._warm_grads_into``: the capture's warm-up launches the embedding's kernel once into the embedding's
+    gradient buffer (so that it is compiled and loaded outside the capture), leaving the buffer's values as they
+    were."""
     import importlib
 
-    import lit_liger.swap.adapter as adapter
     import lit_liger.runtime.graphs as graphs
 
     emb_mod = importlib.import_module("lit_liger.kernels.embedding")  # (the package exports the function's name)
-    monkeypatch.setattr(adapter, "EMBEDDING_GRAD_INTO", on)
     _, gpt, _ = _stock_and_swapped("Llama-3.2-1B", device)
     params = [p for p in gpt.parameters() if p.requires_grad]
     bufs = [torch.randn_like(p) for p in params]
@@ -230,5 +222,5 @@ def test_capture_warm_up_launches_the_kernel_on_a_zero_gradient(device, monkeypa
     monkeypatch.setattr(emb_mod, "embedding_grad_into_", lambda t, i, g: calls.append(t) or real(t, i, g))
     graphs._warm_grads_into(gpt, params, bufs, torch.int64)
     wte_buf = bufs[[id(p) for p in params].index(id(gpt.transformer.wte.weight))]
-    assert [id(t) for t in calls] == ([id(wte_buf)] if on else [])
+    assert [id(t) for t in calls] == [id(wte_buf)]
     assert all(torch.equal(a, b) for a, b in zip(bufs, before))

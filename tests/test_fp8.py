@@ -22,6 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+from lit_liger.swap import fp8 as swap_fp8
+from lit_liger.kernels._launch import use_triton
+from lit_liger.swap import block as swap_block, lora as swap_lora, mlp as swap_mlp
 
 
 def _cpu_scaled_mm_takes(recipe: str) -> bool:
@@ -39,7 +42,7 @@ def _cpu_scaled_mm_takes(recipe: str) -> bool:
 
 def _torchao_reference(model, recipe):
     """Stock LitGPT with torchao's own conversion of the same projections (a LoRA layer's inner Linear)."""
-    names = {f"transformer.h.{i}.{p}" for i in range(len(model.transformer.h)) for p in adapter_mod.FP8_PROJECTIONS}
+    names = {f"transformer.h.{i}.{p}" for i in range(len(model.transformer.h)) for p in swap_fp8.FP8_PROJECTIONS}
 
     def keep(module, fqn):
         return fqn in names or (fqn.endswith(".linear") and fqn[: -len(".linear")] in names)
@@ -146,7 +149,7 @@ def test_fp8_lora_frozen_base_in_float8():
     y = torch.randint(0, cfg.vocab_size, (2, 16))
     (loss_ref, n_ref), (loss, n) = _counted_step(ref, x, y, False), _counted_step(ours, x, y, True)
     n_float8 = sum(isinstance(m, Float8Linear) for m in ours.modules())
-    if adapter_mod.use_triton(x):  # lit-liger's casts: the forward and input-gradient GEMMs, no weight gradient's
+    if use_triton(x):  # lit-liger's casts: the forward and input-gradient GEMMs, no weight gradient's
         assert n == 2 * n_float8 - 1 and n_ref > n  # (block 0's qkv: no input gradient, the embedding is frozen)
     else:  # torchao's Float8Linear as it is
         assert n == n_ref > 0
@@ -170,7 +173,7 @@ def test_lora_function_adds_the_update_to_the_float8_base(bias):
     from lit_liger.swap.fp8 import _LinearTW
     from lit_liger.swap.lora import lora_linear
 
-    if not adapter_mod.use_triton(torch.empty(0)):
+    if not use_triton(torch.empty(0)):
         pytest.skip("lit-liger's float8 casts need the Triton path")
     torch.manual_seed(8)
     n, c, o, r, scaling = 32, 64, 48, 4, 2.0
@@ -219,7 +222,7 @@ def test_fp8_says_why_not(monkeypatch):
     assert "fp8 off: this GPU (sm_80) has no float8 tensor cores" in report
     assert not any(isinstance(m, Float8Linear) for m in ours.modules())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    assert adapter_mod.fp8_why("rowwise") is None
+    assert swap_fp8.fp8_why("rowwise") is None
     import builtins
 
     real_import = builtins.__import__
@@ -230,7 +233,7 @@ def test_fp8_says_why_not(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torchao)
-    assert adapter_mod.fp8_why("rowwise") == "fp8='rowwise' needs torchao: pip install 'lit-liger[fp8]'"
+    assert swap_fp8.fp8_why("rowwise") == "fp8='rowwise' needs torchao: pip install 'lit-liger[fp8]'"
     with pytest.raises(ValueError, match="LigerConfig.fp8 must be one of"):
         LigerConfig(fp8="e5m2")
 
@@ -259,7 +262,7 @@ def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, mon
     the normalized tensor and the GLU product as float8 directly): the same numbers, bit for bit, as the
     Float8Linear modules called behind lit-liger's norm and GLU kernels, and per layer the normalized tensors and
     the product not kept for backward."""
-    if not adapter_mod.use_triton(torch.empty(0)):
+    if not use_triton(torch.empty(0)):
         pytest.skip("the fused paths run on the Triton path (CPU: TRITON_INTERPRET=1)")
     cfg = tiny_config(name)
     fused, aside = (m.to(torch.bfloat16) for m in _pair(cfg))
@@ -275,7 +278,8 @@ def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, mon
         loss, saved = _saved_bytes_and_step(fused, x, y)
     assert gemms.n == 3 * 5 * cfg.n_layer  # every projection's three GEMMs still in float8
     with monkeypatch.context() as m:  # the modules called as such: lit-liger's paths step aside
-        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        for mod in (swap_block, swap_mlp, swap_lora):  # (every swapped forward that checks it)
+            m.setattr(mod, "is_float8_linear", lambda module: False)
         loss_aside, saved_aside = _saved_bytes_and_step(aside, x, y)
     assert loss.item() == loss_aside.item()
     for (n, p), q in zip(fused.named_parameters(), aside.parameters()):
@@ -294,8 +298,8 @@ def test_fp8_composes_with_fused_norm_linear_and_glu_recompute(recipe, name, mon
 def test_gpu_fp8_composition_under_compile(recipe, monkeypatch):
     """Under torch.compile on a float8 GPU: the composed paths trace without graph breaks and give the losses and
     gradients of the Float8Linear modules called behind lit-liger's kernels (the casts fused by inductor in both)."""
-    if adapter_mod.fp8_why(recipe) is not None:
-        pytest.skip(adapter_mod.fp8_why(recipe))
+    if swap_fp8.fp8_why(recipe) is not None:
+        pytest.skip(swap_fp8.fp8_why(recipe))
     from torch._dynamo.utils import counters
 
     cfg = tiny_config("Llama-3.2-1B", n_embd=256, n_head=4, n_query_groups=2, head_size=64, intermediate_size=512)
@@ -311,7 +315,8 @@ def test_gpu_fp8_composition_under_compile(recipe, monkeypatch):
     loss.backward()
     assert not counters["graph_break"], dict(counters["graph_break"])
     with monkeypatch.context() as m:
-        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        for mod in (swap_block, swap_mlp, swap_lora):  # (every swapped forward that checks it)
+            m.setattr(mod, "is_float8_linear", lambda module: False)
         torch._dynamo.reset()
         loss_aside = chunked_cross_entropy(torch.compile(aside)(x), y)
         loss_aside.backward()
@@ -330,7 +335,7 @@ def test_fp8_warns_once_on_small_micro_batches(monkeypatch):
     ours = ours.to(torch.bfloat16)
     apply_liger(ours, LigerConfig(fp8="tensorwise"))
     x = torch.randint(1, cfg.vocab_size, (2, 8))
-    monkeypatch.setattr(adapter_mod, "FP8_SMALL_TOKENS", 16)
+    monkeypatch.setattr(swap_fp8, "FP8_SMALL_TOKENS", 16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ours(x)  # 16 tokens: not below

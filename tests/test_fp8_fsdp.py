@@ -33,6 +33,9 @@ HERE = os.path.dirname(__file__)
 torchao_float8 = pytest.importorskip("torchao.float8")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor  # noqa: E402
+from lit_liger.swap import fp8 as swap_fp8
+from lit_liger.kernels._launch import use_triton
+from lit_liger.swap import block as swap_block, lora as swap_lora, mlp as swap_mlp
 
 STEPS = 3
 
@@ -116,7 +119,7 @@ def _train(rank: int, variant: str, base, cfg):
             else:
                 _step(model, opt, x, y, losses, grads)
             if variant == "float8_gather_precomputed":
-                assert adapter_mod.precompute_fp8_scales(model) == 5 * cfg.n_layer
+                assert swap_fp8.precompute_fp8_scales(model) == 5 * cfg.n_layer
         step_gathers = list(gathers)
         # LigerCallback's re-application (fit, then validate): the sharded float8 weights stay as they are
         before = chunked_cross_entropy(model(x), y).detach()
@@ -134,7 +137,7 @@ def _train(rank: int, variant: str, base, cfg):
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     stock_checkpoint = full.keys() == base.state_dict().keys() and all(type(v) is torch.Tensor for v in full.values())
     return dict(losses=losses, grads=grads, report=report, again=again, reapplied_equal=torch.equal(before, after),
-                stock_checkpoint=stock_checkpoint, triton=adapter_mod.use_triton(x),
+                stock_checkpoint=stock_checkpoint, triton=use_triton(x),
                 weight_types=weight_types, gathers=step_gathers, fused=len(fused), float8_gemms=n_float8_gemms,
                 torchao_gemms=n_torchao_gemms, n_fp8=n_fp8)
 
@@ -249,7 +252,7 @@ def test_finetune_lora_two_processes_gathers_float8(assets, tmp_path):
 # -- the automatic choice, in one process ------------------------------------------------------------------------
 def test_fp8_all_gather_choice(monkeypatch):
     """When ``fp8_all_gather`` is on, and why (the report's words)."""
-    why = adapter_mod.fp8_all_gather_why
+    why = swap_fp8.fp8_all_gather_why
     w = torch.empty(32, 32)
     assert why("tensorwise", None, w) == (False, "one process")
     assert why("tensorwise", False, w) == (False, "fp8_all_gather false")
@@ -264,18 +267,18 @@ def test_fp8_all_gather_choice(monkeypatch):
     with enable_wrap(wrapper_cls=FullyShardedDataParallel):  # Fabric's FSDPStrategy builds the model inside it
         assert why("tensorwise", None, w.to("meta")) == (
             False, "FSDP1 (FSDPStrategy): torchao gathers float8 weights under FSDP2 only")
-    with adapter_mod.wrapping_strategy(True, "ModelParallelStrategy"):  # LigerCallback under the Trainer
+    with swap_fp8.wrapping_strategy(True, "ModelParallelStrategy"):  # LigerCallback under the Trainer
         assert why("tensorwise", None, w) == (True, "the Trainer's ModelParallelStrategy shards with FSDP2")
         assert why("tensorwise", False, w)[0] is False
-    with adapter_mod.wrapping_strategy(False, "DDPStrategy"):
+    with swap_fp8.wrapping_strategy(False, "DDPStrategy"):
         assert why("tensorwise", None, w.to("meta"))[0] is False
     with monkeypatch.context() as m:  # all processes on one host: FSDP2 gathers 16 bits unless told otherwise
         m.setattr(dist_mod, "one_host", lambda: True)
-        assert why("tensorwise", None, w.to("meta")) == (False, adapter_mod.ONE_HOST_WHY)
-        with adapter_mod.wrapping_strategy(True, "ModelParallelStrategy"):
-            assert why("tensorwise", None, w) == (False, adapter_mod.ONE_HOST_WHY)
+        assert why("tensorwise", None, w.to("meta")) == (False, swap_fp8.ONE_HOST_WHY)
+        with swap_fp8.wrapping_strategy(True, "ModelParallelStrategy"):
+            assert why("tensorwise", None, w) == (False, swap_fp8.ONE_HOST_WHY)
         assert why("tensorwise", True, w.to("meta")) == (True, "fp8_all_gather true")
-    assert "1.22x stock against 1.11x" in adapter_mod.ONE_HOST_WHY
+    assert "1.22x stock against 1.11x" in swap_fp8.ONE_HOST_WHY
     w.ds_id = 3  # a DeepSpeed ZeRO-3 partition: sharded already
     assert why("tensorwise", True, w) == (False, "DeepSpeed ZeRO-3 partitions: DeepSpeed gathers them in 16 bits, the "
                                           "GEMMs cast after (torchao gathers float8 weights under FSDP2 only)")
@@ -324,7 +327,8 @@ def test_fp8_all_gather_in_one_process_trains_the_same_and_comes_off(monkeypatch
 
     (loss, n), (loss_off, n_off) = _counted_step(on, x, y, True), _counted_step(off, x, y, True)
     with monkeypatch.context() as m:  # the modules called as such: lit-liger's fused paths step aside
-        m.setattr(adapter_mod, "is_float8_linear", lambda module: False)
+        for mod in (swap_block, swap_mlp, swap_lora):  # (every swapped forward that checks it)
+            m.setattr(mod, "is_float8_linear", lambda module: False)
         loss_aside, n_aside = _counted_step(aside, x, y, True)
     assert n == n_off == n_aside == 3 * 5 * cfg.n_layer
     for other, model in ((loss_off, off), (loss_aside, aside)):
@@ -376,7 +380,7 @@ def test_callback_tells_apply_liger_the_trainer_strategy(monkeypatch):
 def test_gpu_fsdp2_float8_all_gather_two_gpus():
     """The 2-process comparison above on 2 CUDA GPUs (NCCL, float8 GEMMs on the tensor cores, lit-liger's Triton
     kernels): float8 all-gather against the 16-bit all-gather, the same bits in eager mode."""
-    if torch.cuda.device_count() < 2 or adapter_mod.fp8_why("tensorwise") is not None:
+    if torch.cuda.device_count() < 2 or swap_fp8.fp8_why("tensorwise") is not None:
         pytest.skip("needs 2 GPUs with float8 tensor cores")
     queue = mp.get_context("spawn").Queue()
     spawn_ranks(_gpu_worker, (2, _free_port(), queue))
@@ -421,7 +425,7 @@ def _gpu_run(rank: int):
             with _float8_gemms() as gemms:
                 _step(model, opt, x, y, losses, grads)
             counts = (gemms.n, gemms.torchao) if step == 0 else counts
-            adapter_mod.precompute_fp8_scales(model)
+            swap_fp8.precompute_fp8_scales(model)
         w = model.transformer.h[0].attn.qkv.weight
         runs[ag] = (losses, grads, (type(w).__name__, type(w._local_tensor).__name__), counts)
     if rank:
@@ -634,7 +638,7 @@ def test_deepspeed_fp8_tensorwise():
 def test_gpu_deepspeed_fp8_tensorwise_two_gpus():
     """The DeepSpeed comparison above on 2 CUDA GPUs (NCCL, bf16, float8 GEMMs on the tensor cores)."""
     pytest.importorskip("deepspeed")
-    if torch.cuda.device_count() < 2 or adapter_mod.fp8_why("tensorwise") is not None:
+    if torch.cuda.device_count() < 2 or swap_fp8.fp8_why("tensorwise") is not None:
         pytest.skip("needs 2 GPUs with float8 tensor cores")
     queue = mp.get_context("spawn").Queue()
     spawn_ranks(_deepspeed_fp8_worker, (2, _free_port(), True, queue))

@@ -8,7 +8,8 @@ from litgpt.lora import GPT, Config, LoRALinear, LoRAQKVLinear, mark_only_lora_a
 
 from helpers import TOL, rel_err
 from lit_liger import LigerConfig, apply_liger
-from lit_liger.swap.adapter import _LoRAMixin, _swap_class, is_swapped
+from lit_liger.swap.adapter import _swap_class, is_swapped
+from lit_liger.swap.lora import _LoRAMixin
 from lit_liger.swap.lora import lora_linear, lora_parts
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from helpers import TOL, assert_same_grads, rel_err
 
 from lit_liger.kernels import fused_linear_cross_entropy
+from lit_liger.swap import gpt as swap_gpt
 
 flce = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")
 
@@ -317,7 +318,7 @@ def test_gpt_lora_head_buckets_and_packing_keep_the_dropout_input_aligned(mode, 
 
     from lit_liger.swap import adapter
 
-    monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", True)
     cfg, stock, ours = _gpt_pair(dropout=0.3)
     apply_liger(ours, LigerConfig(flce_mode=mode))
     x, y = _batch(cfg, T=13)
@@ -330,7 +331,7 @@ def test_gpt_lora_head_buckets_and_packing_keep_the_dropout_input_aligned(mode, 
     for n in ("lm_head.lora_A", "lm_head.lora_B"):
         assert rel_err(grads[n], grads_ref[n]) <= 1e-5, n
     # packed (right padding left out), no dropout: stock's numbers on the padded batch
-    monkeypatch.setattr(adapter, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
     xp, yp = x.clone(), y.clone()
     xp[1, 7:], yp[1, 6:] = 0, IGNORE
     _, loss_ref, grads_ref = _step(stock, xp, yp, lambda o, t: litgpt_ce(o, t, chunk_size=0))
@@ -341,7 +342,7 @@ def test_gpt_lora_head_buckets_and_packing_keep_the_dropout_input_aligned(mode, 
     # dropout: the fused loss equals the loss of the output's own real logits, gradients included
     _set_dropout(ours, 0.3)
     for packed in (False, True):
-        monkeypatch.setattr(adapter, "_PACK_ON_CPU", packed)
+        monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", packed)
         x2 = x.clone()
         if packed:
             x2[1, 7:] = 0  # right padding (the collate's id 0), ignored targets
@@ -392,7 +393,8 @@ def test_int8_lora_head_stays_stock_without_a_crash():
     from test_qlora import _qlora_pair
 
     from lit_liger import apply_liger
-    from lit_liger.swap.adapter import _int8_head, is_swapped
+    from lit_liger.swap.adapter import is_swapped
+    from lit_liger.swap.gpt import _int8_head
 
     cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True, lora_head=True)
     old = ours.lm_head.linear

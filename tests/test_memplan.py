@@ -19,6 +19,10 @@ import lit_liger.swap.adapter as adapter
 from lit_liger import LigerConfig, apply_liger
 from lit_liger.runtime import graphs
 from lit_liger.runtime import memplan
+from lit_liger.swap.state import CAPTURE_COUNTERS, state_of
+from lit_liger.swap import gpt as swap_gpt
+from lit_liger.swap import block as swap_block, mlp as swap_mlp
+from lit_liger.runtime import memplan as runtime_memplan
 
 GiB = 2**30
 
@@ -101,14 +105,14 @@ def test_mlp_level_applies_to_plain_projections_only():
     x, _ = _data(cfg)
     for model in (attn_only, on_mlp, full):
         apply_liger(model)
-    assert adapter._mlp_recomputable(attn_only, x) and adapter._mlp_recomputable(full, x)
-    assert not adapter._mlp_recomputable(on_mlp, x)
+    assert swap_gpt._mlp_recomputable(attn_only, x) and swap_gpt._mlp_recomputable(full, x)
+    assert not swap_gpt._mlp_recomputable(on_mlp, x)
     full.transformer.h[0].mlp.fc_1.weight.requires_grad_(False)
     full.transformer.h[0].mlp.fc_2.weight.requires_grad_(False)
-    assert not adapter._mlp_recomputable(full, x)  # (a trained proj beside frozen fc_1 / fc_2)
+    assert not swap_gpt._mlp_recomputable(full, x)  # (a trained proj beside frozen fc_1 / fc_2)
     full.requires_grad_(True)
     apply_liger(full, LigerConfig(recompute_norm=False))
-    assert not adapter._mlp_recomputable(full, x)
+    assert not swap_gpt._mlp_recomputable(full, x)
 
 
 def _full_pair():
@@ -138,8 +142,9 @@ def test_planned_mlp_level_same_as_keeping(kind, recompute, mlp, monkeypatch):
     loss_a, grads_a = _step(plain, x, y)
     calls = {"glu_mlp": 0, "rms_norm_glu_mlp": 0}
     for name in calls:
-        real = getattr(adapter, name)
-        monkeypatch.setattr(adapter, name, lambda *a, _real=real, _name=name, **kw:
+        where = swap_mlp if name == "glu_mlp" else swap_block  # (the frozen MLP's path, the Block's fused one)
+        real = getattr(where, name)
+        monkeypatch.setattr(where, name, lambda *a, _real=real, _name=name, **kw:
                             calls.__setitem__(_name, calls[_name] + 1) or _real(*a, **kw))
     _force(monkeypatch, recompute, False, mlp)
     loss_b, grads_b = _step(auto, x, y)
@@ -164,7 +169,7 @@ def test_dataparallel_estimates_with_the_same_per_token_bytes():
 # the plan applied: the same numbers, less kept
 # ------------------------------------------------------------------------------------------------
 def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0):
-    monkeypatch.setattr(adapter._memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True,
+    monkeypatch.setattr(runtime_memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True,
                         **_: memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0, mlp))
 
 
@@ -187,8 +192,8 @@ def test_planned_recompute_and_offload_same_as_keeping(recompute, offload, monke
     x, y = _data(cfg)
     loss_a, grads_a = _step(plain, x, y)
     recomputed = []
-    real_ckpt = adapter._checkpoint
-    monkeypatch.setattr(adapter, "_checkpoint", lambda *a, **kw: recomputed.append(kw["use_reentrant"]) or
+    real_ckpt = swap_gpt._checkpoint
+    monkeypatch.setattr(swap_gpt, "_checkpoint", lambda *a, **kw: recomputed.append(kw["use_reentrant"]) or
                         real_ckpt(*a, **kw))
     _force(monkeypatch, recompute, offload)
     loss_b, grads_b = _step(auto, x, y)
@@ -233,10 +238,10 @@ def test_explicit_settings_and_cpu_default(monkeypatch):
     x, _ = _data(cfg)
     for setting, expected in [(True, (cfg.n_layer, False, 0)), (False, (0, False, 0)), (None, (0, False, 0))]:
         apply_liger(model, LigerConfig(activation_checkpointing=setting))
-        assert adapter._memory_plan_here(model, x) == expected
+        assert swap_gpt._memory_plan_here(model, x) == expected
     with torch.no_grad():
         apply_liger(model, LigerConfig(activation_checkpointing=True))
-        assert adapter._memory_plan_here(model, x) == (0, False, 0)
+        assert swap_gpt._memory_plan_here(model, x) == (0, False, 0)
     assert memplan.plan_for(model, 24, torch.device("cpu")) is None
 
 
@@ -274,7 +279,7 @@ def _runner(monkeypatch, max_tokens=None):
     runner._walk()
     monkeypatch.setattr(runner, "why_not", lambda idx: None)  # (CPU tensors are never captured)
     monkeypatch.setattr(graphs, "_total_memory", lambda device: 100 * GiB)
-    before = dict(graphs.CAPTURE_STATS)
+    before = dict(state_of(model).captures)
     return cfg, model, runner, before
 
 
@@ -299,8 +304,8 @@ def test_longer_micro_batches_run_uncaptured(monkeypatch):
     cfg, model, runner, before = _runner(monkeypatch, max_tokens=20)
     monkeypatch.setattr(graphs, "_Graphs", lambda *a, **kw: pytest.fail("captured above the limit"))
     x = torch.randint(0, cfg.vocab_size, (2, 12))  # 24 tokens
-    assert runner.hidden(x) is None and graphs.CAPTURE_STATS["long"] == before["long"] + 1
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    assert runner.hidden(x) is None and state_of(model).captures["long"] == before["long"] + 1
+    stats = {k: state_of(model).captures[k] - before[k] for k in before}
     assert "none captured; 1 micro-batches longer than cuda_graphs_max_tokens" in graphs.capture_report(stats)
 
 
@@ -342,7 +347,7 @@ def test_capture_failure_inside_ddp_says_how_to_construct_it(monkeypatch):
         cfg, model, runner, _ = _runner(monkeypatch)
         monkeypatch.setattr(graphs, "_Graphs", fail)
         monkeypatch.setattr(graphs, "_repair_generator", lambda device: True)
-        monkeypatch.setattr(_dist, "replicated", lambda: inside_ddp)
+        monkeypatch.setattr(_dist, "replicated", lambda gpt: inside_ddp)
         with pytest.warns(UserWarning, match="capture failed: RuntimeError") as record:
             assert runner.hidden(x) is None
         said = " ".join(str(w.message) for w in record)
@@ -363,7 +368,7 @@ def test_pool_over_budget_releases_the_graphs(monkeypatch):
                                          r"micro-batches of more than 23 tokens run uncaptured"):
         assert runner.hidden(x) is None
     assert not runner.graphs and runner.pool_bytes == 0 and runner.max_tokens == 23
-    assert graphs.CAPTURE_STATS["released"] == before["released"] + 1
+    assert state_of(model).captures["released"] == before["released"] + 1
 
 
 def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch):
@@ -377,7 +382,7 @@ def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch)
     monkeypatch.setattr(graphs, "_Graphs", lambda *a, **kw: stub)
     monkeypatch.setattr(graphs._Replay, "apply", staticmethod(lambda *a: "replayed"))
     monkeypatch.setattr(graphs, "_room", lambda gpt, device: 10 * GiB)
-    monkeypatch.setattr(memplan, "STATE_AHEAD", [lambda: 3 * GiB])
+    state_of(model).state_ahead.append(lambda: 3 * GiB)
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     assert runner.hidden(x[:, :6]) == "replayed" and runner.pool_bytes == 6 * GiB  # (10 - 6 >= 0)
     with pytest.warns(UserWarning, match=r"memory pool \(12.0 GiB\) left the run 2.0 GiB short of "
@@ -390,7 +395,7 @@ def test_pool_that_leaves_the_run_short_of_room_releases_the_graphs(monkeypatch)
 def test_optimizer_state_ahead_counts_what_the_first_step_will_make():
     """``memplan.optimizer_state_ahead``: the bytes of the state each parameter's first step makes (Adam: 2 tensors
     of its size and dtype, 3 with amsgrad; SGD with momentum 1, without 0), for the parameters this process steps
-    only; 0 once stepped. ``available_bytes`` leaves it free (``STATE_AHEAD``)."""
+    only; 0 once stepped. ``available_bytes`` leaves it free (the model's ``ModelState.state_ahead``)."""
     a, b = torch.nn.Parameter(torch.zeros(10, 4)), torch.nn.Parameter(torch.zeros(6, dtype=torch.bfloat16))
     adam = torch.optim.AdamW([a, b], lr=0.1)
     ahead = memplan.optimizer_state_ahead(adam)
@@ -402,30 +407,36 @@ def test_optimizer_state_ahead_counts_what_the_first_step_will_make():
     a.grad = torch.ones_like(a)
     adam.step()  # (b has no gradient: no state yet)
     assert ahead() == 2 * 6 * 2
-    try:
-        memplan.STATE_AHEAD.append(ahead)
-        assert memplan.state_ahead() == 24
-    finally:
-        memplan.STATE_AHEAD.remove(ahead)
-    assert memplan.state_ahead() == 0
+    gpt = torch.nn.Module()  # (a model's ModelState: lit_liger.swap.state.state_of)
+    state_of(gpt).state_ahead.append(ahead)
+    assert memplan.state_ahead(gpt) == 24
+    state_of(gpt).state_ahead.remove(ahead)
+    assert memplan.state_ahead(gpt) == 0
 
 
 def test_the_command_counts_the_optimizer_state_ahead_of_litgpts_fit():
-    """``lit_liger.cli._state_ahead``: Fabric's optimizer (its wrapper's ``.optimizer``) in ``memplan.STATE_AHEAD``
-    until removed; under zero1 (the strategy's ``owners``) this rank's share and the parameters every rank steps."""
+    """``lit_liger.cli._state_ahead``: Fabric's optimizer (its wrapper's ``.optimizer``), under zero1 (the strategy's
+    ``owners``) this rank's share and the parameters every rank steps; litgpt's ``fit`` wrapped by the command holds
+    it in the model's ``ModelState.state_ahead`` while ``fit`` runs, removed after."""
     from lit_liger import cli
 
     a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (8, 4, 2))
     wrapped = types.SimpleNamespace(optimizer=torch.optim.AdamW([a, b, c]))
     fabric = types.SimpleNamespace(global_rank=1, strategy=types.SimpleNamespace(owners={id(a): 0, id(b): 1}))
     ahead = cli._state_ahead(fabric, wrapped)
-    try:
-        assert memplan.STATE_AHEAD == [ahead] and memplan.state_ahead() == 2 * 4 * (4 + 2)  # (b and c: not a)
-    finally:
-        memplan.STATE_AHEAD.remove(ahead)
+    assert ahead() == 2 * 4 * (4 + 2)  # (b and c: not a)
     one = cli._state_ahead(types.SimpleNamespace(global_rank=0), wrapped)  # (one process: every parameter)
-    memplan.STATE_AHEAD.remove(one)
-    assert one() == 2 * 4 * 14 and cli._state_ahead(fabric, None) is None and memplan.STATE_AHEAD == []
+    assert one() == 2 * 4 * 14 and cli._state_ahead(fabric, None) is None
+    _, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    seen = []
+
+    def fit(fabric, model, optimizer):  # litgpt's fit, as far as its arguments go
+        seen.append((list(state_of(model).state_ahead), memplan.state_ahead(model)))
+
+    cli._fit_freezing_unoptimized(fit)(fabric=None, model=model, optimizer=wrapped)
+    assert len(seen) == 1 and len(seen[0][0]) == 1 and seen[0][1] == 2 * 4 * 14  # (one process: every parameter)
+    assert state_of(model).state_ahead == []
 
 
 def test_available_bytes_leaves_the_state_ahead_free(monkeypatch):
@@ -436,7 +447,7 @@ def test_available_bytes_leaves_the_state_ahead_free(monkeypatch):
         p.requires_grad_(False)
     base = memplan.available_bytes(model, torch.device("cuda", 0))
     assert base == pytest.approx(0.75 * 100 * GiB - 20 * GiB)
-    monkeypatch.setattr(memplan, "STATE_AHEAD", [lambda: 5 * GiB, lambda: GiB])
+    monkeypatch.setattr(state_of(model), "state_ahead", [lambda: 5 * GiB, lambda: GiB])
     assert memplan.available_bytes(model, torch.device("cuda", 0)) == pytest.approx(base - 6 * GiB)
     assert memplan.available_bytes(model, torch.device("cuda", 0), 0.9) == pytest.approx(90 * GiB - 26 * GiB)
 
@@ -527,10 +538,10 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
         return runner.graphs[key]
 
     monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(adapter, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
+    monkeypatch.setattr(swap_gpt, "_memory_plan_here", lambda gpt, idx: (0, False, 0))
     monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
     monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", None)
+    state_of(model).expected_lengths = None
     idx = torch.ones((1, 40), dtype=torch.long)
     plan = Plan(idx, torch.zeros(40, dtype=torch.long), Pack(torch.tensor([0, 10, 30, 40, 40]), 20, [0, 10, 30, 40, 40]),
                 None, 40)
@@ -538,15 +549,10 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
     return runner, calls, params, idx, plan, before, model
 
 
-@pytest.mark.parametrize("pack_full", [True, False])
-def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monkeypatch, pack_full):
-    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count; with
-    ``packing.PACK_FULL`` off, then the unpacked ``samples x max_seq_length`` that a batch without padding runs as
-    (left out, that batch's capture stalled every 2-GPU recipe run at its iteration 89). On (the default), such a batch
-    runs as the ladder's longest packed length: nothing more to capture."""
-    from lit_liger.swap import packing
-
-    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
+def test_replicas_pre_capture_the_packed_ladder(monkeypatch):
+    """The replicas' first-step pre-capture: every packed length of the micro-batch's sample count, longest first; a
+    batch without padding runs as the ladder's longest packed length (``lit_liger.swap.packing.plan``): nothing
+    more to capture (run unpacked, its capture had stalled every 2-GPU recipe run at its iteration 89)."""
     runner, calls, params, idx, plan, _, model = _precapture_setup(monkeypatch)
     S = 3
     runner._precapture(idx, plan, params)
@@ -554,50 +560,44 @@ def test_replicas_pre_capture_the_packed_ladder_and_the_unpacked_full_batch(monk
     packed = [k for k in keys if not k[1]]
     assert [k[2][1] for k in packed] == sorted(graphs.precapture_lengths(S, 24), reverse=True)
     assert runner.precaptured_n == len(keys)
-    # (graphs.WARMUP_ONCE) the first (longest) packed length is warmed up, the other packed lengths are recorded without
-    # a warm-up (guarded: graphs._compile_guard), the unpacked batch is warmed up (cuDNN attention plans its shape)
-    assert [c[3] for c in calls] == [True] + [False] * (len(packed) - 1) + [True] * (not pack_full)
-    if pack_full:
-        assert len(keys) == len(packed)
-        return
-    assert keys[-1] == (((S, 24), torch.long, True, None, (0, 0)), True, (S, 24))  # the unpacked full batch, last
-    # within cuda_graphs_max_tokens only: 3 x 24 = 72 tokens above a bound of 64 leave the unpacked batch out
+    # the first (longest) packed length is warmed up, the other packed lengths are recorded without a warm-up (guarded:
+    # graphs._compile_guard)
+    assert [c[3] for c in calls] == [True] + [False] * (len(packed) - 1)
+    assert len(keys) == len(packed)  # (no unpacked batch)
+    # within cuda_graphs_max_tokens only: the ladder's longest left out
+    ladder = graphs.precapture_lengths(S, 24)
     runner.graphs.clear()
     calls.clear()
-    runner.max_tokens = 64
+    runner.max_tokens = ladder[-2]
     runner._precapture(idx, plan, params)
-    assert calls and all(not unpacked for _, unpacked, _, _ in calls)
+    assert [c[2][-1] for c in calls] == sorted(ladder[:-1], reverse=True)
 
 
 def test_replicas_pre_capture_only_the_lengths_the_data_is_expected_to_give(monkeypatch, capsys):
-    """With the data's lengths estimated before the run (``graphs.EXPECTED_LENGTHS``, the dealt replicas), the first
-    step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process, and the
-    unpacked full batch (``packing.PACK_FULL`` off) only where it is expected as often; the log and the report say how
-    many were left out."""
-    from lit_liger.swap import packing
-
-    monkeypatch.setattr(packing, "PACK_FULL", False)
+    """With the data's lengths estimated before the run (``ModelState.expected_lengths``, the dealt replicas), the first
+    step pre-captures only the ladder's lengths expected at least ``PRECAPTURE_MIN_COUNT`` times per process; the log
+    and the report say how many were left out."""
     runner, calls, params, idx, plan, before, model = _precapture_setup(monkeypatch)
     ladder = graphs.precapture_lengths(3, 24)
     assert len(ladder) >= 2
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {ladder[0]: 9.0, ladder[-1]: 0.49, None: 0.2, 10**6: 50.0})
+    state_of(model).expected_lengths = {ladder[0]: 9.0, ladder[-1]: 0.49, None: 0.2, 10**6: 50.0}
     runner._precapture(idx, plan, params)
-    assert [(c[1], c[2][-1]) for c in calls] == [(False, ladder[0])]  # (0.49 < 0.5 left out; the unpacked 0.2, too)
-    left = len(ladder) - 1 + 1
-    assert graphs.CAPTURE_STATS["left_out"] - before["left_out"] == left
+    assert [(c[1], c[2][-1]) for c in calls] == [(False, ladder[0])]  # (0.49 < 0.5 left out)
+    left = len(ladder) - 1
+    assert state_of(model).captures["left_out"] - before["left_out"] == left
     out = capsys.readouterr().out
     assert f"1 packed lengths of {ladder[0]:,}-{ladder[0]:,} tokens captured at the first step" in out
     assert f"{left} lengths of the ladder left out, expected fewer than 0.5 times per process" in out
     assert f"(expected per process: {ladder[0]:,}: 9.0, {ladder[-1]:,}: 0.5, 1,000,000: 50.0, unpacked: 0.2)" in out
     runner.graphs.clear()
     calls.clear()
-    monkeypatch.setattr(graphs, "EXPECTED_LENGTHS", {None: 0.5})
+    state_of(model).expected_lengths = {None: 0.5}  # (no packed length expected: none captured, all left out)
     runner._precapture(idx, plan, params)
-    assert [(c[1], c[2][-1]) for c in calls] == [(True, 24)]  # (only the unpacked 3 x 24)
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
-    stats.update(captures=2, precaptured=2)
+    assert calls == []
+    stats = {k: state_of(model).captures[k] - before[k] for k in before}
+    stats.update(captures=1, precaptured=1)
     line = graphs.capture_report(stats)
-    assert f"{2 * len(ladder) - 1 + 1} lengths left out of it (expected fewer than 0.5 times per process)" in line
+    assert f"{2 * len(ladder) - 1} lengths left out of it (expected fewer than 0.5 times per process)" in line
 
 
 def test_the_pre_capture_goes_on_below_a_length_released_for_memory(monkeypatch):
@@ -637,21 +637,21 @@ def test_a_replica_captures_a_shape_outside_its_pre_capture_at_its_micro_batch_c
     cfg, model, runner, before = _runner(monkeypatch)
     _replayed_stubs(monkeypatch)
     x = torch.randint(0, cfg.vocab_size, (2, 12))
-    monkeypatch.setattr(graphs, "_several_replicas", lambda: True)
+    monkeypatch.setattr(graphs, "_several_replicas", lambda gpt: True)
     runner.precaptured, runner.precaptured_n = True, 5
     assert graphs.CAPTURE_AFTER == 1  # (the default: captured at once)
     monkeypatch.setattr(graphs, "CAPTURE_AFTER", 4)
     assert [runner.hidden(x) for _ in range(5)] == [None, None, None, "replayed", "replayed"]
-    assert runner.captures == 1 and graphs.CAPTURE_STATS["deferred"] - before["deferred"] == 3
+    assert runner.captures == 1 and state_of(model).captures["deferred"] - before["deferred"] == 3
     assert "met a micro-batch outside the first step's pre-capture (unpacked (2, 12))" in capsys.readouterr().out
     assert runner.hidden(x[:, :6]) is None  # (another shape counts on its own)
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats = {k: state_of(model).captures[k] - before[k] for k in before}
     assert "4 micro-batches of shapes outside it ran uncaptured (a shape is captured at its micro-batch 4)" in \
         graphs.capture_report(stats)
     monkeypatch.setattr(graphs, "CAPTURE_AFTER", 1)
     assert runner.hidden(x[:, :6]) == "replayed"
     monkeypatch.setattr(graphs, "CAPTURE_AFTER", 4)
-    monkeypatch.setattr(graphs, "_several_replicas", lambda: False)  # (one process: at once)
+    monkeypatch.setattr(graphs, "_several_replicas", lambda gpt: False)  # (one process: at once)
     assert runner.hidden(x[:, :4]) == "replayed"
 
 
@@ -684,10 +684,10 @@ def _packed(cfg, n: int):
 
 
 def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
-    """``graphs.WARMUP_ONCE``: a model's first capture warms its shape up; a packed length after it is recorded with no
-    warm-up; an unpacked shape is warmed up (cuDNN attention plans each shape); after a reset (a parameter moved, the
-    graphs released) the first capture warms up again; a driver older than CUDA 12.3, a Triton without the compile
-    hook, or the switch off: every capture warms up."""
+    """``GraphRunner._warmup_needed``: a model's first capture warms its shape up; a packed length after it is recorded
+    with no warm-up; an unpacked shape is warmed up (cuDNN attention plans each shape); after a reset (a parameter
+    moved, the graphs released) the first capture warms up again; a driver older than CUDA 12.3 or a Triton without
+    the compile hook: every capture warms up."""
     cfg, model, runner, before = _runner(monkeypatch)
     made = []
     _warmup_stub(monkeypatch, cfg, made)
@@ -710,10 +710,8 @@ def test_warm_up_only_where_a_capture_would_record_first_call_work(monkeypatch):
         m.setattr(graphs, "_triton_runtime_knobs", lambda: None)
         idx, plan = _packed(cfg, 20)
         assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (20, True)
-    monkeypatch.setattr(graphs, "WARMUP_ONCE", False)
-    idx, plan = _packed(cfg, 22)
-    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (22, True)
-    assert runner.hidden(x[:, :4]) == "replayed" and made[-1] == (8, True)
+    idx, plan = _packed(cfg, 22)  # (both back: no warm-up again)
+    assert runner.hidden(idx, plan=plan) == "replayed" and made[-1] == (22, False)
 
 
 @pytest.mark.eager_first
@@ -737,7 +735,7 @@ def test_the_first_micro_batch_runs_uncaptured_and_the_captures_after_it_need_no
     assert runner.hidden_spec == (cfg.n_embd, torch.bfloat16)
     x, _ = _data(cfg, T=12)
     assert runner.hidden(x) == "replayed" and made[-1] == (24, True)  # (unpacked: cuDNN plans each shape)
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats = {k: state_of(model).captures[k] - before[k] for k in before}
     assert stats["eager_first"] == 1 and stats["captures"] == 3
     assert "1 first micro-batch(es) ran uncaptured in place of a warm-up pass" in graphs.capture_report(stats)
     runner.reset()  # (graphs released: the next micro-batch runs uncaptured again)
@@ -767,15 +765,15 @@ def test_an_uncaptured_micro_batch_grad_becomes_the_graphs_buffer_where_the_repl
     assert bufs[0] is a.grad and bufs[1] is not b.grad and bufs[2] is not None and c.grad is None
     assert runner.grad_bytes_made == (b.numel() + c.numel()) * b.element_size()
     runner.reset()
-    monkeypatch.setattr(graphs, "whole_model", lambda: False)  # (a DDP replica: autograd accumulates)
+    monkeypatch.setattr(graphs, "whole_model", lambda gpt: False)  # (a DDP replica: autograd accumulates)
     assert runner.grad_buffers(params)[0] is not a.grad
     # the replay's backward where it hands the gradients to autograd, with a buffer that is .grad
     runner.reset()
-    monkeypatch.setattr(graphs, "whole_model", lambda: True)
+    monkeypatch.setattr(graphs, "whole_model", lambda gpt: True)
     held = a.grad.clone()
     bufs = runner.grad_buffers(params)
     assert bufs[0] is a.grad
-    monkeypatch.setattr(graphs, "whole_model", lambda: False)
+    monkeypatch.setattr(graphs, "whole_model", lambda gpt: False)
     fake = types.SimpleNamespace(runner=runner, params=params, grads=bufs, direct=True, bwds=[], notify=[],
                                  static_grad=torch.zeros(2))
     ctx = types.SimpleNamespace(graphs=fake, generation=runner.generation)
@@ -798,10 +796,10 @@ def test_a_capture_without_warm_up_that_would_compile_starts_again_with_one(monk
         warnings.simplefilter("error")
         assert runner.hidden(idx, plan=plan) == "replayed"
     assert made == [(12, True), (16, False), (16, True)] and runner.disabled is None and len(runner.aborted) == 1
-    assert graphs.CAPTURE_STATS["rewarmed"] == before["rewarmed"] + 1
+    assert state_of(model).captures["rewarmed"] == before["rewarmed"] + 1
     runner.reset()
     assert not runner.aborted
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats = {k: state_of(model).captures[k] - before[k] for k in before}
     assert "1 captures restarted with a warm-up (a Triton compilation)" in graphs.capture_report(stats, 10.0)
 
 
@@ -810,7 +808,7 @@ def test_capture_report_names_the_process_s_first_warm_up():
     compilations included, an uncaptured run makes too), its time said; the recipe benchmark reads both back."""
     from benchmarks.recipe import padding_from_log
 
-    stats = {k: 0 for k in graphs.CAPTURE_STATS}
+    stats = {k: 0 for k in CAPTURE_COUNTERS}
     stats.update(captures=10, replays=2400, release=0.05, warmup=1.19, forward=0.42, backward=0.43, first_replay=0.01,
                  warmed=1, first_warmup=1.19)
     line = graphs.capture_report(stats, 39.2)
@@ -827,11 +825,11 @@ def test_capture_report_names_the_process_s_first_warm_up():
 
 
 def test_capture_report_says_the_gpu_s_wait_for_the_captures():
-    """graphs.SYNC_BEFORE_CAPTURE off: the report gives the seconds the GPU waited for the captures (measured with
+    """Captures recorded beside queued work: the report gives the seconds the GPU waited for the captures (measured with
     events) beside their host seconds, with and without the first warm-up; the recipe benchmark reads it back."""
     from benchmarks.recipe import padding_from_log
 
-    stats = {k: 0 for k in graphs.CAPTURE_STATS}
+    stats = {k: 0 for k in CAPTURE_COUNTERS}
     stats.update(captures=9, replays=800, warmup=1.20, forward=0.30, backward=0.40, warmed=1, first_warmup=1.10,
                  gpu_wait=1.50)
     line = graphs.capture_report(stats, 10.0)
@@ -844,7 +842,7 @@ def test_capture_report_says_the_gpu_s_wait_for_the_captures():
 def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monkeypatch):
     """graphs._release_first: the synchronize + empty_cache before a capture runs at the pool's first capture, when the
     device's free memory (within the card the memory plans see, less what the allocator reserved) is below
-    RELEASE_BELOW_FREE of that card, and always with SYNC_BEFORE_CAPTURE; never on CPU."""
+    RELEASE_BELOW_FREE of that card; never on CPU nor with EMPTY_CACHE_BEFORE_CAPTURE off."""
     runner = types.SimpleNamespace(graphs={})
     cuda = torch.device("cuda", 0)
     free = [100]
@@ -861,8 +859,6 @@ def test_a_capture_empties_the_cache_first_only_where_the_pool_may_need_it(monke
     assert not graphs._release_first(runner, cuda)
     monkeypatch.setattr(graphs, "_total_memory", lambda device: 200)  # a card capped below the device (150 free)
     reserved[0] = 160  # (40 of its 200 left to the pool: below 25%)
-    assert graphs._release_first(runner, cuda)
-    monkeypatch.setattr(graphs, "SYNC_BEFORE_CAPTURE", True)
     assert graphs._release_first(runner, cuda)
     monkeypatch.setattr(graphs, "EMPTY_CACHE_BEFORE_CAPTURE", False)
     assert not graphs._release_first(runner, cuda)
@@ -1022,11 +1018,11 @@ def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
     apply_liger(model)
     x, _ = _data(cfg)
     _force(monkeypatch, cfg.n_layer, True)
-    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, True, 0)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, True, 0)
     monkeypatch.setattr(_dist, "several_processes", lambda: True)
-    monkeypatch.setattr(_dist, "replicated", lambda: True)  # (inside DDP's forward)
-    monkeypatch.setattr(adapter, "sharded_processes", lambda: False)
-    assert adapter._memory_plan_here(model, x) == (cfg.n_layer, False, 0)
+    monkeypatch.setattr(_dist, "replicated", lambda gpt: True)  # (inside DDP's forward)
+    monkeypatch.setattr(swap_gpt, "sharded_processes", lambda gpt: False)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, False, 0)
 
 
 def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():

@@ -11,6 +11,7 @@ from test_packing import _batch, _compare, _full_step_loss, _lora_step_loss, pac
 from lit_liger import LigerConfig, apply_liger
 from lit_liger.swap import adapter as adapter_mod
 from lit_liger.kernels.attention import reference, sample_starts, softcap_attention
+from lit_liger.swap import packing as swap_packing
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -99,13 +100,13 @@ def test_packed_gemma2_equals_stock_padded(window, call, pack_on_cpu, monkeypatc
     assert "training batches packed" in str(report) and "packing off" not in str(report)
     assert all(b.attn._liger_packable() is None for b in ours.transformer.h)
     calls = []
-    real = adapter_mod._packing.attend
+    real = swap_packing.attend
 
     def spy(*args, **kw):
         calls.append(kw.get("softcap_kernel"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(adapter_mod._packing, "attend", spy)
+    monkeypatch.setattr(swap_packing, "attend", spy)
     x, y = _batch(cfg)
     out = ours(x)
     assert out.rows is not None and calls == [True, True]

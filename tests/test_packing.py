@@ -14,17 +14,17 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 from test_adapter import FAMILIES, _pair, tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
-from lit_liger.swap import adapter as adapter_mod
-from lit_liger.swap import loss as loss_mod
 from lit_liger.swap import packing
+from lit_liger.swap import gpt as swap_gpt
+from lit_liger.swap.state import state_of
 
 LENGTHS = (21, 9, 14)  # the longest sets the collated length, as litgpt's collate pads
 
 
 @pytest.fixture
 def pack_on_cpu(monkeypatch):
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
-    monkeypatch.setattr(adapter_mod, "_BUCKETS_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", True)
 
 
 def _batch(cfg, lengths=LENGTHS, seed=3):
@@ -93,33 +93,28 @@ def test_packed_batch_equals_stock_padded_batch(name, call, pack_on_cpu):
     packable = True
     assert "training batches packed" in str(report) and "packing off" not in str(report)
     x, y = _batch(cfg)
-    before = dict(adapter_mod.TRAINING_TOKENS)
+    before = dict(state_of(ours).tokens)
     out = ours(x)
     assert (out.rows is not None) is packable
     if packable:  # the samples' 44 tokens, padded to the 64 bucket, instead of 3 x 21 -> 3 x 64
         assert out.hidden.shape[0] == 64 and out.shape == (3, 21, cfg.padded_vocab_size)
-        assert adapter_mod.TRAINING_TOKENS["packed"] - before["packed"] == 63
+        assert state_of(ours).tokens["packed"] - before["packed"] == 63
     del out
     _compare(ref, ours, _lora_step_loss if call == "finetune_lora" else _full_step_loss, x, y)
 
 
-@pytest.mark.parametrize("pack_full", [True, False])
-def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on_cpu, monkeypatch):
-    """``packing.PACK_FULL``: with a bucket ladder (the captured step), a batch whose samples all fill its length runs
-    as the ladder's packed length of its tokens (the graphs the packed batches share), planned on the host or in the
-    forward, once the run has had a batch with padding (before: unpacked), and its loss and gradients equal stock's;
-    off, it runs unpacked, as without a ladder."""
-    monkeypatch.setattr(packing, "PACK_FULL", pack_full)
+def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_on_cpu, monkeypatch):
+    """With a bucket ladder (the captured step), a batch whose samples all fill its length runs as the ladder's packed
+    length of its tokens (the graphs the packed batches share), planned on the host or in the forward, once the run
+    has had a batch with padding (before: unpacked), and its loss and gradients equal stock's; without a ladder it is
+    not packed."""
     full = torch.arange(1, 9).view(2, 4)
     plan = packing.plan(full, lambda n: 16, max_position=32)
     data = packing.host_plan(full, None, lambda n: 16)
     assert packing.plan(full, None, 32) is None and packing.host_plan(full, None, None) is None
-    if not pack_full:
-        assert plan is None and data is None
-    else:
-        assert plan.real == 8 and plan.pack.bounds == (0, 4, 8, 16) and plan.idx[0, :8].tolist() == list(range(1, 9))
-        assert plan.rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and plan.positions[:8].tolist() == [0, 1, 2, 3] * 2
-        assert data[1][2:5] == (8, 16, (0, 4, 8, 16))  # (real, packed length, boundaries), the same on the host
+    assert plan.real == 8 and plan.pack.bounds == (0, 4, 8, 16) and plan.idx[0, :8].tolist() == list(range(1, 9))
+    assert plan.rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and plan.positions[:8].tolist() == [0, 1, 2, 3] * 2
+    assert data[1][2:5] == (8, 16, (0, 4, 8, 16))  # (real, packed length, boundaries), the same on the host
     cfg = tiny_config("Llama-3.2-1B", block_size=64)
     ref, ours = _pair(cfg)
     apply_liger(ours, LigerConfig(packing=True))
@@ -127,18 +122,18 @@ def test_batch_without_padding_is_packed_with_a_bucket_ladder(pack_full, pack_on
     assert ours(x).rows is None  # (no batch with padding yet: data that fill their length, such as pretraining's)
     assert ours(_batch(cfg)[0]).rows is not None  # (a batch with padding: packed)
     out = ours(x)
-    assert (out.rows is not None) is pack_full
-    assert out.hidden.shape[0 if pack_full else 1] == 64  # (60 tokens: the ladder's 64; unpacked 3 x 20 -> 3 x 64)
+    assert out.rows is not None
+    assert out.hidden.shape[0] == 64  # (60 tokens: the ladder's 64)
     del out
     _compare(ref, ours, _lora_step_loss, x, y)
 
 
 def test_batches_that_fill_their_length_have_their_lengths_read_now_and_then(pack_on_cpu, monkeypatch):
-    """``adapter.LENGTH_READS``: where no loader laid the batch out, reading its lengths is a host sync on a GPU. While
+    """``swap_gpt.LENGTH_READS``: where no loader laid the batch out, reading its lengths is a host sync on a GPU. While
     every batch read has filled its length, a model reads only its 1st, 4th, 16th, ... batch's; the others run
     unpacked, unread, with stock's loss and gradients, a padded one among them too. From the first read that finds
     padding every batch is read and packed."""
-    monkeypatch.setattr(adapter_mod, "_lengths_sync", lambda idx: True)  # (as a device tensor's read would be)
+    monkeypatch.setattr(swap_gpt, "_lengths_sync", lambda idx: True)  # (as a device tensor's read would be)
     read, plan = [], packing.plan
     monkeypatch.setattr(packing, "plan", lambda idx, *a, **k: read.append(len(read) + 1) or plan(idx, *a, **k))
     cfg = tiny_config("Llama-3.2-1B", block_size=64)
@@ -158,7 +153,7 @@ def test_batches_that_fill_their_length_have_their_lengths_read_now_and_then(pac
     ours(full)
     ours(full)
     assert len(read) == 6  # every batch read from then on
-    assert [n for n in range(1, 1100) if adapter_mod._reads_lengths_at(n)] == [1, 4, 16, 64, 256, 512, 768, 1024]
+    assert [n for n in range(1, 1100) if swap_gpt._reads_lengths_at(n)] == [1, 4, 16, 64, 256, 512, 768, 1024]
 
 
 @pytest.mark.parametrize("window", [3, 7])
@@ -211,7 +206,7 @@ def test_packed_output_per_token_losses_and_logits(pack_on_cpu, monkeypatch):
     with torch.no_grad():
         logits_ref = ref(x)
     out = ours(x)
-    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])
+    state_of(ours).warned.discard("materialize")  # (warned once a model)
     with pytest.warns(UserWarning, match="needs the real"):
         logits = out.softmax(-1)
     assert rel_err(logits, logits_ref.softmax(-1)) <= 1e-5  # every position, the padding's too
@@ -230,7 +225,7 @@ def test_sample_ending_in_token_zero_falls_back_to_the_padded_batch(pack_on_cpu,
     x, y = _batch(cfg)
     x[2, 12:14] = 0  # sample 2 (14 tokens) ends in two zeros, whose targets are trained
     y[2, 11:14] = torch.tensor([3, 0, 0])
-    monkeypatch.setattr(loss_mod, "_UNPACKED_WARNED", [False])
+    state_of(ours).warned.discard("unpacked loss")  # (warned once a model)
     with pytest.warns(UserWarning, match="lit-liger packing: a sample's trailing token id 0"):
         _compare(ref, ours, _full_step_loss, x, y)
     x2, y2 = _batch(cfg, seed=5)  # and the next, ordinary batch packs again, silently
@@ -252,10 +247,10 @@ def test_packing_on_by_default_and_off_where_it_cannot_apply(pack_on_cpu, monkey
     assert ours(x[:1]).rows is None  # one sample: nothing to pack
     with torch.no_grad():
         assert isinstance(ours(x), torch.Tensor)  # no grad: LitGPT's logits
-    monkeypatch.setattr(adapter_mod, "sharded_processes", lambda: True)
+    monkeypatch.setattr(swap_gpt, "sharded_processes", lambda gpt: True)
     assert ours(x).rows is None  # a multi-process strategy: padded
-    monkeypatch.setattr(adapter_mod, "sharded_processes", lambda: False)
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", False)
+    monkeypatch.setattr(swap_gpt, "sharded_processes", lambda gpt: False)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", False)
     assert ours(x).rows is None  # CPU tensors outside the tests: padded
 
 
@@ -339,11 +334,10 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
     ``.grad`` tensors become the graphs' gradient buffers; the packed lengths after it are captured with no warm-up
     pass; the accumulated loss and gradients equal the padded uncaptured model's. Each micro-batch's loss is held past
     the next one's forward (a capture failed when the uncaptured micro-batch's autograd graph outlived its backward)."""
-    from lit_liger.runtime import graphs
     from lit_liger.runtime.graphs import runner_for
 
     cfg, a, b = _gpu_packed_pair("Llama-3.2-1B", True)
-    before = dict(graphs.CAPTURE_STATS)
+    before = dict(state_of(a).captures)
     first = None
     kept = []  # (each loss, with its autograd graph, held past the next forward, as litgpt's loop holds its last)
     for i, lengths in enumerate([(100, 300, 90, 310), (50, 120), (100, 300, 90, 310), (50, 120)]):
@@ -357,7 +351,7 @@ def test_gpu_first_micro_batch_uncaptured_then_captures_without_warm_up_equal_pa
         assert rel_err(p.grad, q.grad) <= 3e-2, n
     body = [p for n, p in a.named_parameters() if n.startswith("transformer.h.")]
     assert body and all(runner.buffers[id(p)] is first[id(p)] is p.grad for p in body)  # (one copy of each gradient)
-    stats = {k: graphs.CAPTURE_STATS[k] - before[k] for k in before}
+    stats = {k: state_of(a).captures[k] - before[k] for k in before}
     assert (stats["eager_first"], stats["captures"], stats["replays"], stats["warmed"]) == (1, 2, 3, 0), stats
 
 
@@ -446,10 +440,10 @@ def test_loader_planned_steps_equal_stock_without_a_device_check(pack_on_cpu, mo
     x, y = _batch(cfg)
     assert _ready(x, y, bucketed=True, max_position=ours.cos.size(0)) is not None
     monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("the forward planned a batch the loader planned"))
-    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    before = dict(state_of(ours).loss_checks)
     _compare(ref, ours, loss_fn, x, y)
-    assert loss_mod.PACKED_LOSS_CHECKS["host"] == before["host"] + 1
-    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    assert state_of(ours).loss_checks["host"] == before["host"] + 1
+    assert state_of(ours).loss_checks["device"] == before["device"]
 
 
 def test_loader_finding_a_trained_left_out_target_falls_back(pack_on_cpu, monkeypatch):
@@ -460,8 +454,8 @@ def test_loader_finding_a_trained_left_out_target_falls_back(pack_on_cpu, monkey
     x[2, 12:14] = 0
     y[2, 11:14] = torch.tensor([3, 0, 0])
     assert _ready(x, y, bucketed=True, max_position=ours.cos.size(0)) is not None
-    monkeypatch.setattr(loss_mod, "_UNPACKED_WARNED", [False])
-    before = dict(loss_mod.PACKED_LOSS_CHECKS)
+    state_of(ours).warned.discard("unpacked loss")  # (warned once a model)
+    before = dict(state_of(ours).loss_checks)
     with pytest.warns(UserWarning, match="lit-liger packing: a sample's trailing token id 0"):
         _compare(ref, ours, _cli_lora_step_loss, x, y)
-    assert loss_mod.PACKED_LOSS_CHECKS["device"] == before["device"]
+    assert state_of(ours).loss_checks["device"] == before["device"]

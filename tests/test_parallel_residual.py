@@ -14,6 +14,7 @@ from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
 from lit_liger import LigerConfig, LigerLogits, apply_liger, chunked_cross_entropy
 from lit_liger.swap import adapter as adapter_mod
+from lit_liger.swap import gpt as swap_gpt
 
 # name -> small widths keeping the family's flags (parallel_residual, shared_attention_norm, norms, MLP, biases)
 CONFIGS = {
@@ -157,7 +158,7 @@ def test_kv_cache_generation_equals_stock(name):
 @pytest.mark.parametrize("name", ["pythia-160m", "falcon-7b", "OLMo-1B-hf"])
 def test_checkpointed_and_packed_blocks_equal_stock(name, monkeypatch):
     """The Blocks rerun in backward (activation_checkpointing) and run on a packed batch take the same paths."""
-    monkeypatch.setattr(adapter_mod, "_PACK_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_PACK_ON_CPU", True)
     cfg = tiny(name, block_size=64)
     ref, ours = _pair(cfg)
     apply_liger(ours, LigerConfig(activation_checkpointing=True, packing=True))

@@ -73,7 +73,7 @@ def _step(model, x, y, loss_fn):
 def test_qlora_matches_stock(name, lora, quant, monkeypatch):
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
-    from lit_liger.swap import adapter
+    from lit_liger.swap import lora as swap_lora
 
     cfg, ref, ours = _qlora_pair(name, quant, **lora)
     report = apply_liger(ours)
@@ -82,8 +82,8 @@ def test_qlora_matches_stock(name, lora, quant, monkeypatch):
     n_lora = sum(k.startswith("LoRA r=") for k in kinds)
     assert n_lora >= cfg.n_layer
     calls = []
-    real = adapter.lora_linear
-    monkeypatch.setattr(adapter, "lora_linear", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = swap_lora.lora_linear
+    monkeypatch.setattr(swap_lora, "lora_linear", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     x = torch.randint(0, cfg.vocab_size, (2, 12))
     y = torch.randint(0, cfg.vocab_size, (2, 12))
     y[0, :4] = -100
@@ -277,7 +277,7 @@ def test_int8_head_keeps_its_own_forward():
     loss. Quantized before apply_liger: the report says the fused loss is off; quantized after: the swapped model
     takes LitGPT's path (real logits from the head's own forward). (bitsandbytes' CPU backend cannot run an int8
     layer's training forward, so the loss itself is not compared here.)"""
-    from lit_liger.swap.adapter import _int8_head
+    from lit_liger.swap.gpt import _int8_head
     from lit_liger.swap.loss import lm_head_weight_bias
 
     def int8_head(model):

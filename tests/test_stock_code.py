@@ -19,6 +19,8 @@ from test_adapter import _pair, _randomize, tiny_config
 
 from lit_liger import LigerCallback, LigerLogits, apply_liger
 from lit_liger.swap import loss as loss_mod
+from lit_liger.swap import gpt as swap_gpt
+from lit_liger.swap.state import state_of
 
 V = 160  # tiny_config's padded vocabulary
 
@@ -79,7 +81,7 @@ class _Counter:
             return real(obj)
 
         monkeypatch.setattr(LigerLogits, "materialize", counting)
-        monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])
+        # (the warnings: once per model, ModelState.warned; every test here counts on a fresh model)
 
 
 def _run(fn, model, x, y):
@@ -129,7 +131,7 @@ def test_other_patterns_compute_the_logits_once(pattern, monkeypatch):
     assert count.n == 1  # once per output, however many ops used it
     assert len(msgs) == 1 and "lit_liger.chunked_cross_entropy" in msgs[0]  # names the faster call
     _, _, again = _run(REAL[pattern], ours, x, y)
-    assert not again  # one warning per process
+    assert not again  # one warning per model
 
 
 def test_bucketed_output_patterns(monkeypatch):
@@ -137,7 +139,7 @@ def test_bucketed_output_patterns(monkeypatch):
     sees the caller's (B, T, V) and gives stock's numbers."""
     from lit_liger.swap import adapter
 
-    monkeypatch.setattr(adapter, "_BUCKETS_ON_CPU", True)
+    monkeypatch.setattr(swap_gpt, "_BUCKETS_ON_CPU", True)
     cfg = tiny_config("Llama-3.2-1B")
     ref, ours = _pair(cfg)
     apply_liger(ours)
@@ -152,12 +154,12 @@ def test_bucketed_output_patterns(monkeypatch):
     assert count.n == 2  # the two REAL patterns, once per output each
 
 
-def test_materialized_logits_regain_a_graph_after_no_grad_use(monkeypatch):
+def test_materialized_logits_regain_a_graph_after_no_grad_use():
     """A metric computed under no_grad first must not leave gradient-less cached logits for a later loss."""
     cfg = tiny_config("Llama-3.2-1B")
     ref, ours = _pair(cfg)
     apply_liger(ours)
-    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [True])
+    state_of(ours).warned.add("materialize")  # (silenced: warned already)
     x, y = _data(cfg)
 
     def fn(o, y):
@@ -208,7 +210,7 @@ def test_lm_head_chunked_list_with_litgpt_loss(monkeypatch):
     assert count.n == 0
 
 
-def test_llm_logits_usable(monkeypatch):
+def test_llm_logits_usable():
     """``litgpt.LLM``: ``logits, loss = llm(x, y)``; the loss is fused, the logits still work as logits."""
     from litgpt.api import LLM
 
@@ -216,7 +218,7 @@ def test_llm_logits_usable(monkeypatch):
     ref, ours = _pair(cfg)
     stock, llm = LLM(ref), LLM(ours)
     apply_liger(llm)
-    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [True])
+    state_of(ours).warned.add("materialize")  # (silenced: warned already)
     x, _ = _data(cfg)
     logits_ref, loss_ref = stock(x, x)
     logits, loss = llm(x, x)
@@ -258,7 +260,7 @@ class StockLoRAModule(L.LightningModule):
         return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.5)
 
 
-def test_trainer_stock_lightning_module_unchanged(tmp_path, monkeypatch):
+def test_trainer_stock_lightning_module_unchanged(tmp_path):
     from litgpt.lora import Config as LoRAConfig
     from test_callback import _data as loader
     from test_callback import _trainer
@@ -270,7 +272,6 @@ def test_trainer_stock_lightning_module_unchanged(tmp_path, monkeypatch):
     base = LoRAGPT(cfg)
     _randomize(base)
     state = base.state_dict()
-    monkeypatch.setattr(loss_mod, "_MATERIALIZE_WARNED", [False])
     stock, ours = StockLoRAModule(cfg, state), StockLoRAModule(cfg, copy.deepcopy(state))
     _trainer(tmp_path / "a", None).fit(stock, loader())
     with pytest.warns(UserWarning, match="argmax"):  # the accuracy metric: the one warning, nothing crashes

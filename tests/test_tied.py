@@ -12,6 +12,7 @@ from test_adapter import tiny_config
 
 from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy, remove_liger
 from lit_liger.swap import tied
+from lit_liger.swap.state import state_of
 
 
 def _lora_pair(tie=True, **extra):
@@ -44,15 +45,12 @@ def _step(m, x):
 def test_frozen_equal_head_shares_the_embedding_and_trains_the_same():
     cfg, ref, ours = _lora_pair()
     said = []
-    tied.ON_SHARE.append(said.append)
-    try:
-        report = apply_liger(ours)
-        assert "tied_weights" in str(report)
-        assert not _shared(ours)  # nothing happens before a forward (a checkpoint is loaded after set-up)
-        x = torch.randint(0, cfg.vocab_size, (2, 8))
-        loss = _step(ours, x)
-    finally:
-        tied.ON_SHARE.remove(said.append)
+    report = apply_liger(ours)
+    state_of(ours).on_share.append(said.append)  # (the model's own: made by apply_liger)
+    assert "tied_weights" in str(report)
+    assert not _shared(ours)  # nothing happens before a forward (a checkpoint is loaded after set-up)
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    loss = _step(ours, x)
     assert _shared(ours) and len(said) == 1 and "one copy kept" in said[0]
     apply_liger(ref, LigerConfig(tied_weights=False))  # the same kernels, two copies: bit for bit the same step
     assert torch.equal(loss, _step(ref, x))

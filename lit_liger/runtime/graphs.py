@@ -977,7 +977,7 @@ class GraphRunner:
                 graphs = self.graphs.get(key)
                 if graphs is None and (self.disabled or (self.max_tokens is not None and idx.numel() > self.max_tokens)):
                     return None  # (the pool's budget or a failure stopped the captures there)
-        if graphs is None and self.precaptured and _several_replicas() and CAPTURE_AFTER > 1:
+        if graphs is None and self.precaptured and _several_replicas(self.gpt) and CAPTURE_AFTER > 1:
             seen = self.seen[key] = self.seen.get(key, 0) + 1
             if seen < CAPTURE_AFTER:  # (its first micro-batches uncaptured, see CAPTURE_AFTER)
                 self.stats["deferred"] += 1
