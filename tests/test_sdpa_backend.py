@@ -60,14 +60,27 @@ def test_flags_set_inside_and_restored_after_even_on_error():
 
 
 def test_capture_marks_the_attention_choice():
-    assert A.CAPTURING[0] is False
-    with _captured_attention():
-        assert A.CAPTURING[0] is True
-    assert A.CAPTURING[0] is False
+    """A capture marks its own model's attention modules (another swapped model's stay as they were), and only while
+    it runs, an error included."""
+    from litgpt import GPT, Config
+
+    from lit_liger import apply_liger
+
+    cfg = Config.from_name("Llama-3.2-1B", n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16,
+                           intermediate_size=128, padded_vocab_size=128, vocab_size=128, block_size=32)
+    a, b = GPT(cfg), GPT(cfg)
+    apply_liger(a), apply_liger(b)
+    attn = [blk.attn for blk in a.transformer.h]
+    other = [blk.attn for blk in b.transformer.h]
+    assert attn and not any("_liger_capturing" in m.__dict__ for m in attn + other)
+    with _captured_attention(a):
+        assert all(m.__dict__.get("_liger_capturing") is True for m in attn)
+        assert not any("_liger_capturing" in m.__dict__ for m in other)
+    assert not any("_liger_capturing" in m.__dict__ for m in attn)
     with pytest.raises(ValueError):
-        with _captured_attention():
+        with _captured_attention(a):
             raise ValueError
-    assert A.CAPTURING[0] is False
+    assert not any("_liger_capturing" in m.__dict__ for m in attn)
 
 
 def test_adapter_reads_the_setting_and_leaves_cpu_alone():

@@ -53,16 +53,19 @@ __all__ = ["GraphRunner", "MAX_GRAPHS", "capture_report", "release", "runner_for
 
 
 @contextlib.contextmanager
-def _captured_attention() -> Iterator[None]:
-    """While a shape's warm-up and capture run, ``attention.CAPTURING`` is set: ``sdpa_backend="auto"`` picks the
-    kernel measured fastest for replayed steps there (``attention.sdpa_backend_for``)."""
-    from ..swap import attend as attention
-
-    attention.CAPTURING[0] = True
+def _captured_attention(gpt: nn.Module) -> Iterator[None]:
+    """While a shape's warm-up and capture run, each of ``gpt``'s attention modules says so (``_liger_capturing``):
+    ``sdpa_backend="auto"`` picks the kernel measured fastest for replayed steps there
+    (``lit_liger.swap.attend.sdpa_backend_for``). On the modules, not the process: another model's steps meanwhile
+    keep their own choice."""
+    mods = [m for m in gpt.modules() if hasattr(m, "_liger_sdpa_flags")]
+    for m in mods:
+        m.__dict__["_liger_capturing"] = True
     try:
         yield
     finally:
-        attention.CAPTURING[0] = False
+        for m in mods:
+            m.__dict__.pop("_liger_capturing", None)
 
 #: torch.cuda.graph's capture_error_mode: only this thread's CUDA calls are checked (a data loader's
 #: pin-memory thread may allocate page-locked memory meanwhile)
@@ -1044,7 +1047,7 @@ class GraphRunner:
             self.stats["release"] += time.perf_counter() - t0
         before, made = _reserved(idx.device), self.grad_bytes_made
         try:
-            with _captured_attention():  # LigerConfig.sdpa_backend "auto": the captured steps' choice
+            with _captured_attention(self.gpt):  # LigerConfig.sdpa_backend "auto": the captured steps' choice
                 try:
                     graphs = _Graphs(self, idx, params, plan, warmup=warmup)
                 except _NeedsWarmup as e:

@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover - older torch: the adapter runs LitGPT's
     create_block_mask = flex_attention = None
 
 __all__ = [
-    "CAPTURING",
     "RECOMPILE_LIMIT",
     "SDPA_BACKENDS",
     "SDPA_LONG",
@@ -299,11 +298,6 @@ SDPA_BACKENDS: dict[str, tuple[bool, bool, bool, bool] | None] = {
     "cudnn": (True, True, True, True),
     "math": (False, False, True, False),
 }
-
-
-#: set by ``lit_liger.runtime.graphs`` while a shape's CUDA graphs are warmed up and captured (their replays run the
-#: kernels chosen then)
-CAPTURING = [False]
 
 
 #: sequences of at least this many tokens take PyTorch's SDPA choice (cuDNN on an H100) in uncaptured steps too: its

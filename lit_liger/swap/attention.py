@@ -165,7 +165,7 @@ class _AttentionMixin:
             return None
         cache = self.__dict__.setdefault("_liger_sdpa_cache", {})
         # (q: (B, n_head, T, head_size); a long sequence is PyTorch's choice even uncaptured, see sdpa_backend_for)
-        key = (q.device, _attention.CAPTURING[0] or q.size(-2) >= _attention.SDPA_LONG)
+        key = (q.device, self.__dict__.get("_liger_capturing", False) or q.size(-2) >= _attention.SDPA_LONG)
         flags = cache.get(key, False)
         if flags is False:
             backend = _attention.sdpa_backend_for(getattr(self, "_liger_sdpa", "auto"), *key)

@@ -562,7 +562,8 @@ def fp8_why(recipe: str) -> str | None:
 
 
 #: inside ``LigerCallback``'s swap: (the Trainer's strategy shards with FSDP2, its class name), for
-#: ``LigerConfig.fp8_all_gather``'s automatic choice (:func:`fp8_all_gather_why`)
+#: ``LigerConfig.fp8_all_gather``'s automatic choice (:func:`fp8_all_gather_why`): a call's context (set and unset
+#: around one ``apply_liger`` call by :func:`wrapping_strategy`), not a run's state
 _WRAPPING_STRATEGY: list[tuple[bool, str]] = []
 
 

@@ -194,7 +194,9 @@ def host_plan(idx: torch.Tensor, labels: torch.Tensor | None, bucket: Callable[[
     return data, (B, T, real, n, bounds, bucket is not None, same, shifted, ignore_index)
 
 
-#: the batch whose host plan the training loop is about to use: ``id(input_ids)`` -> its entry (one at a time)
+#: a cache of the host plan the data loader made for the batch the training loop is about to use, keyed by that batch
+#: tensor (``id(input_ids)``, checked against a weak reference and its version; one at a time): any model that trains
+#: on that very tensor may use it, the plan depends on the token ids alone
 _READY: dict[int, tuple] = {}
 
 
