@@ -100,15 +100,15 @@ def test_adapter_uses_it_only_under_compile(device):
 
     ref = stock_ce(stock(x), y)
     ref.backward()
-    import lit_liger.swap.adapter as adapter
+    import lit_liger.swap.gpt as swap_gpt  # (the swapped embedding's forward: lit_liger/swap/gpt.py)
 
     eager_calls = []
-    real = adapter.embedding
-    adapter.embedding = lambda *a: eager_calls.append(1) or real(*a)
+    real = swap_gpt.embedding
+    swap_gpt.embedding = lambda *a: eager_calls.append(1) or real(*a)
     try:
         chunked_cross_entropy(ours(x), y)  # eager mode: nn.Embedding's own forward
     finally:
-        adapter.embedding = real
+        swap_gpt.embedding = real
     assert not eager_calls
     bw_ops = []
     backend = _capturing_backend(bw_ops)
