@@ -498,7 +498,7 @@ def _batches_off_the_host(model: torch.nn.Module, loader: Any, rank0: bool) -> t
 def padding_report(token_counts: Any, tokens: dict[str, int]) -> str | None:
     """One line on the padding of a run: litgpt's ``fit`` returns its token counts (``raw_tokens_plus_prompt_template``:
     the real tokens; ``..._and_padding``: as collated), the swapped model counted what it collated and ran
-    (``TRAINING_TOKENS``, this process's share). None where either is missing."""
+    (its ``ModelState.tokens``, this process's share). None where either is missing."""
     if not isinstance(token_counts, dict) or not tokens.get("processed"):
         return None
     real = token_counts.get("raw_tokens_plus_prompt_template")
