@@ -46,7 +46,7 @@ def _mode(mode: str, name: str, block: int, n_prompt: int, new: int, top: int) -
 
     torch.cuda.reset_peak_memory_stats()
     cfg, model = recipe_model(name, block)
-    if mode != "stock":  # (liger-eager: every kernel, no decode graphs)
+    if mode != "stock":  # (liger-uncaptured: every kernel, no decode graphs)
         apply_liger(model, {"cuda_graphs": mode in ("liger", "liger-whole-cache")})
     decode.MIN_KEYS = 1 << 40 if mode == "liger-whole-cache" else 256
     model.max_seq_length = block
