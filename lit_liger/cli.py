@@ -281,8 +281,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
-        from ._dist import liger_replica, several_processes
-        from ._dist import whole_model as _whole_model
+        from ._dist import liger_replica, several_processes, whole_model
         from .runtime import hostgc
         from .runtime import loaders
         from .runtime import profiling
@@ -292,9 +291,6 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         gpt = _swapped_gpt(model) if isinstance(model, torch.nn.Module) else None
         states = list(states_in(model)) if isinstance(model, torch.nn.Module) else []
 
-        def whole_model() -> bool:  # (_dist.whole_model of this run's swapped GPT)
-            return _whole_model(gpt)
-
         def counts(kind: str) -> dict:  # (this run's model's counters, summed over its swapped GPTs)
             out: dict = {}
             for st in states:
@@ -303,7 +299,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             return out
 
         restore, loader, balanced, packed = None, bound.get("train_dataloader"), None, False
-        if isinstance(model, torch.nn.Module) and whole_model() and "train_dataloader" in bound:
+        if isinstance(model, torch.nn.Module) and whole_model(gpt) and "train_dataloader" in bound:
             wrapped = _batches_off_the_host(model, bound["train_dataloader"], rank0)
             if wrapped is not None:
                 bound["train_dataloader"], restore, packed = wrapped
@@ -315,8 +311,8 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 for st in states:
                     st.expected_lengths = balanced[2]
         defer = (_deferred_log(fabric, rank0, fit) if config is not None and config.defer_loss_sync
-                 and whole_model() else contextlib.nullcontext())
-        ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model() else None
+                 and whole_model(gpt) else contextlib.nullcontext())
+        ahead = _state_ahead(fabric, optimizer) if isinstance(model, torch.nn.Module) and whole_model(gpt) else None
         if ahead is not None:  # (the first micro-batches' plans and graphs leave it free)
             for st in states:
                 st.state_ahead.append(ahead)
@@ -350,7 +346,7 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         # (litgpt's counts are summed over the ranks, the model's are this rank's: under the replica plan they are
         # summed too; the graphs' line is rank 0's)
         anywhere = None  # (the longest full collection of any process, under the replica plan)
-        if whole_model():
+        if whole_model(gpt):
             now = counts("tokens")
             tokens = {k: now[k] - before.get(k, 0) for k in now}
             if several_processes() and fabric is not None:
