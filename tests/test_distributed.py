@@ -109,11 +109,11 @@ def _sharded_run(rank: int, mode: str, name: str):
 
     cfg = _sharded_config(name)
     ref, ours = _pair(cfg)
-    import lit_liger.swap.adapter as adapter
+    import lit_liger.swap.attention as swap_attention
 
     kernel_calls = []  # lit-liger's Triton softcap attention, as the swapped (and sharded) layers call it
-    real_kernel = adapter.softcap_attention
-    adapter.softcap_attention = lambda *a: kernel_calls.append(a[0].shape) or real_kernel(*a)
+    real_kernel = swap_attention.softcap_attention
+    swap_attention.softcap_attention = lambda *a: kernel_calls.append(a[0].shape) or real_kernel(*a)
     torch.manual_seed(5)
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     y = torch.randint(0, cfg.vocab_size, (2, 8))
@@ -180,7 +180,7 @@ def _sharded_run(rank: int, mode: str, name: str):
         stock = GPT(cfg)
         stock.load_state_dict(full, strict=True)  # same keys: the swap and the wrappers left no trace
         loads = all(torch.equal(stock.state_dict()[k], v) for k, v in ref.state_dict().items())
-    adapter.softcap_attention = real_kernel
+    swap_attention.softcap_attention = real_kernel
     return (float(loss.detach()), float(loss_ref.detach()), errs, loads, len(kernel_calls), views) if rank == 0 \
         else None
 
@@ -242,17 +242,17 @@ def _deepspeed_run(rank: int, stage: int, name: str):
 
     from lit_liger import apply_liger, chunked_cross_entropy
 
-    import lit_liger.swap.adapter as adapter
+    import lit_liger.swap.attention as swap_attention
 
     cfg = _sharded_config(name)  # gemma-2: softcap attention kernel, windowed layers, final softcap
     kernel_calls = [0]  # lit-liger's Triton softcap attention, as the swapped layers call it
-    real_kernel = adapter.softcap_attention
+    real_kernel = swap_attention.softcap_attention
 
     def counted(*a):
         kernel_calls[0] += 1
         return real_kernel(*a)
 
-    adapter.softcap_attention = counted
+    swap_attention.softcap_attention = counted
     # overlap_comm (ZeRO-3's default) and parameter prefetch off. Once, in CI, the stock-vs-stock lm_head gradients
     # came out 19% apart at step 3, the first step that prefetches from the recorded trace (not reproduced in 26
     # reruns, 20 of them with the CPU loaded); their asynchronous scheduling is our guess at the cause. This test

@@ -99,11 +99,12 @@ def _train(rank: int, variant: str, base, cfg):
         return real_pre_all_gather(self, mesh)
 
     fused = []  # lit-liger's fused norm->Linear / GLU-product paths calling the float8 GEMMs themselves
-    real_norm, real_glu, real_mlp = adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8, adapter_mod.norm_mlp_fp8
-    adapter_mod.norm_linear_fp8 = lambda *a, **k: fused.append("norm") or real_norm(*a, **k)
-    adapter_mod.glu_linear_fp8 = lambda *a, **k: fused.append("glu") or real_glu(*a, **k)
+    # (where the swapped Block and MLP call them: lit_liger.swap.block, lit_liger.swap.mlp)
+    real_norm, real_glu, real_mlp = swap_block.norm_linear_fp8, swap_mlp.glu_linear_fp8, swap_block.norm_mlp_fp8
+    swap_block.norm_linear_fp8 = lambda *a, **k: fused.append("norm") or real_norm(*a, **k)
+    swap_mlp.glu_linear_fp8 = lambda *a, **k: fused.append("glu") or real_glu(*a, **k)
     # (tensorwise on plain weights: norm_2 -> fc_1/fc_2 and GLU -> proj as one function, lit-liger's casts)
-    adapter_mod.norm_mlp_fp8 = lambda *a, **k: fused.extend(("norm", "glu")) or real_mlp(*a, **k)
+    swap_block.norm_mlp_fp8 = lambda *a, **k: fused.extend(("norm", "glu")) or real_mlp(*a, **k)
     WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = counted
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -128,8 +129,8 @@ def _train(rank: int, variant: str, base, cfg):
         opt.zero_grad()
     finally:
         WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = real_pre_all_gather
-        adapter_mod.norm_linear_fp8, adapter_mod.glu_linear_fp8 = real_norm, real_glu
-        adapter_mod.norm_mlp_fp8 = real_mlp
+        swap_block.norm_linear_fp8, swap_mlp.glu_linear_fp8 = real_norm, real_glu
+        swap_block.norm_mlp_fp8 = real_mlp
     n_fp8 = sum(isinstance(m, Float8Linear) for m in model.modules())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -319,7 +320,7 @@ def test_fp8_all_gather_in_one_process_trains_the_same_and_comes_off(monkeypatch
         " ".join(report_off.split())  # (norm_1 / norm_2 recomputed: the fused paths take the wrapped weights)
     qkv = on.transformer.h[0].attn.qkv
     assert isinstance(qkv, Float8Linear) and type(qkv.weight) is WeightWithDynamicFloat8CastTensor
-    assert qkv.weight._tensor is qkv_weight and adapter_mod.is_float8_linear(qkv)
+    assert qkv.weight._tensor is qkv_weight and swap_fp8.is_float8_linear(qkv)
     torch.manual_seed(1)
     x = torch.randint(1, cfg.vocab_size, (2, 16))
     y = torch.randint(0, cfg.vocab_size, (2, 16))

@@ -113,7 +113,7 @@ def test_adapter_setting(compiled, device):
     from litgpt import Config
     from litgpt.model import GPT
 
-    import lit_liger.swap.adapter as adapter
+    import lit_liger.swap.block as swap_block
     from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
 
     if not use_triton(torch.empty(0, device=device)):
@@ -130,8 +130,8 @@ def test_adapter_setting(compiled, device):
     report = apply_liger(ours, LigerConfig(recompute_mlp=True, **settings))
     assert "recompute_mlp" in str(report)
     calls, graph_ops = [], {}
-    real = adapter.rms_norm_glu_mlp
-    adapter.rms_norm_glu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = swap_block.rms_norm_glu_mlp
+    swap_block.rms_norm_glu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
 
     def backend_for(name):
         def backend(gm, example_inputs):
@@ -151,7 +151,7 @@ def test_adapter_setting(compiled, device):
             loss.backward()
             losses.append(loss)
     finally:
-        adapter.rms_norm_glu_mlp = real
+        swap_block.rms_norm_glu_mlp = real
     assert len(calls) == 2  # one per Block, the recomputing model only (traced once when compiled)
     if compiled:
         count = {name: sum("rms_norm_glu_mlp" in o for o in ops) for name, ops in graph_ops.items()}

@@ -22,7 +22,8 @@ from ._common import _CHECKPOINTED, _frozen_linear, _MLP_RECOMPUTED, _plain_line
 from .attention import _AttentionMixin
 from .block import _BlockMixin
 from .buckets import bucket_length, packed_bucket_length
-from .fp8 import _warn_fp8_eager, _warn_fp8_small, FP8_SMALL_TOKENS
+from . import fp8 as _fp8
+from .fp8 import _warn_fp8_eager, _warn_fp8_small
 from .loss import chunked_cross_entropy, GatheredHead, head_lora_input, LigerLogits, lm_head_lora, lm_head_weight_bias
 from .mlp import _GeGLUMixin, _SwiGLUMixin
 from . import packing as _packing
@@ -137,7 +138,7 @@ class _GPTMixin:
             state.tokens["collated"] += idx.numel()
             if getattr(self, "_liger_fp8_eager_warning", False):
                 _warn_fp8_eager(self)
-            if getattr(self, "_liger_fp8_small_warning", False) and idx.numel() < FP8_SMALL_TOKENS:
+            if getattr(self, "_liger_fp8_small_warning", False) and idx.numel() < _fp8.FP8_SMALL_TOKENS:
                 _warn_fp8_small(self, idx.numel())
         plan = self._liger_plan(idx) if grad else None
         if plan is None:
