@@ -4,9 +4,12 @@
 #     in one call: Llama-3.2-1B LoRA and full fine-tuning at micro-batch 4 (litgpt's CLI), the Trainer with LoRA
 CALL=${CALL:-a} . benchmarks/calls.sh
 export PATH=/tmp/site/bin:$PATH
-if [ "${PART:-rows}" = tests ]; then
-  timeout ${TEST_S:-500} python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs tests/ > "/tmp/o/$NAME-pytest.log" 2>&1
-  echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "/tmp/o/$NAME-pytest.log" | tail -25
+if [ "${PART:-rows}" = tests ]; then  # (WORKERS pytest-xdist processes, one file each: carry xdist's wheels in .whl)
+  (cd tests && timeout 120 python3 ../benchmarks/calls/pool_growth.py > "/tmp/o/$NAME-pool.log" 2>&1; echo "pool rc=$?")
+  head -40 "/tmp/o/$NAME-pool.log"
+  timeout ${TEST_S:-500} python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs -n "${WORKERS:-4}" --dist loadfile \
+    --durations 15 tests/ > "/tmp/o/$NAME-pytest.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s (call|setup)" "/tmp/o/$NAME-pytest.log" | tail -45
   pack; exit 0
 fi
 rows() {  # rows NAME DIR VARIANTS METHOD
