@@ -32,6 +32,28 @@ _CHECKPOINTED = "_liger_in_checkpoint"
 _MLP_RECOMPUTED = "_liger_mlp_recomputed"
 
 
+#: tokens per sequence tile of a Block's MLP while the Block runs under ``activation_checkpointing`` (its forward and
+#: its recompute; ``lit_liger.runtime.memplan.MemPlan.tile``; 0: whole): an attribute of the Block, set by
+#: :func:`_tiled`, read by :func:`mlp_tile`
+_MLP_TILE = "_liger_mlp_tile"
+
+
+def mlp_tile(block: nn.Module) -> int:
+    """Tokens per tile of ``block``'s MLP in this call (:data:`_MLP_TILE`; 0: untiled)."""
+    return block.__dict__.get(_MLP_TILE, 0)
+
+
+@contextlib.contextmanager
+def _tiled(block: nn.Module, tile: int) -> Iterator[None]:
+    """While ``block`` runs, its MLP runs over sequence tiles of ``tile`` tokens (0: whole; nested: the inner wins)."""
+    before = block.__dict__.get(_MLP_TILE, 0)
+    block.__dict__[_MLP_TILE] = int(tile)
+    try:
+        yield
+    finally:
+        block.__dict__[_MLP_TILE] = before
+
+
 def _in_scope(module: nn.Module, scope: str) -> bool:
     """``module`` runs inside :func:`_scoped` ``scope`` (a count on the module itself: each model its own)."""
     return module.__dict__.get(scope, 0) > 0

@@ -18,7 +18,7 @@ from .._dist import sharded_processes
 from ..kernels import _grad_into
 from ..kernels._launch import use_triton
 from ..kernels.embedding import embedding
-from ._common import _CHECKPOINTED, _frozen_linear, _MLP_RECOMPUTED, _plain_linear, _scoped
+from ._common import _CHECKPOINTED, _frozen_linear, _MLP_RECOMPUTED, _plain_linear, _scoped, _tiled
 from .attention import _AttentionMixin
 from .block import _BlockMixin
 from .buckets import bucket_length, packed_bucket_length
@@ -33,9 +33,10 @@ from . import tied as _tied
 
 
 def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        pack: _packing.Pack | None = None) -> torch.Tensor:
-    """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block."""
-    with _scoped(block, _CHECKPOINTED):
+                        pack: _packing.Pack | None = None, tile: int = 0) -> torch.Tensor:
+    """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block; ``tile``: its MLP
+    over sequence tiles of that many tokens (``MemPlan.tile``; 0: whole)."""
+    with _scoped(block, _CHECKPOINTED), _tiled(block, tile):
         return block(x, cos, sin, pack, None, None)
 
 
