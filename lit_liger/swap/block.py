@@ -10,10 +10,11 @@ from ..kernels._launch import use_triton
 from ..kernels.layer_norm import layer_norm_dual, layer_norm_residual
 from ..kernels.rms_norm import rms_norm_linear, rms_norm_residual
 from ..kernels.swiglu import rms_norm_glu_mlp
-from ._common import _called_plainly, _CHECKPOINTED, _in_scope, _MLP_RECOMPUTED, _plain_linear, _stock_under_compile
+from ._common import (_called_plainly, _CHECKPOINTED, _in_scope, _MLP_RECOMPUTED, _plain_linear, _stock_under_compile,
+                      mlp_tile)
 from .attention import _AttentionMixin
 from .fp8 import _fp8_fusable, is_float8_linear, norm_linear_fp8, norm_mlp_fp8, tensorwise_fusable
-from .mlp import _GeGLUMixin, _glu_proj, _SwiGLUMixin
+from .mlp import _frozen_mlp_weights, _GeGLUMixin, _glu_proj, _SwiGLUMixin, tiled_mlp
 from .norms import _LayerNormMixin, _RMSNormMixin
 
 
@@ -83,6 +84,28 @@ class _BlockMixin:
                 and proj.weight.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
                 and _called_plainly(proj))
 
+    def _liger_tile(self, x: torch.Tensor) -> int:
+        """Tokens per sequence tile of this call's MLP (:func:`lit_liger.swap.mlp.tiled_mlp`; 0: whole): the memory
+        plan's tile (``MemPlan.tile``, set for a recomputed Block), for a training call in eager mode, not captured,
+        longer than one tile, its MLP called without hooks, and not a frozen GLU MLP inside the checkpoint (which
+        ``glu_mlp`` runs a chunk of rows at a time already)."""
+        tile = mlp_tile(self)
+        if not tile or x.size(0) * x.size(1) <= tile or not torch.is_grad_enabled():
+            return 0
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return 0
+        mlp = self.mlp
+        if not _called_plainly(*mlp.modules()):
+            return 0
+        if isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)) and _in_scope(mlp, _CHECKPOINTED) \
+                and _frozen_mlp_weights(mlp, x) is not None:
+            return 0
+        return tile
+
+    def _liger_mlp(self, x_normed: torch.Tensor) -> torch.Tensor:
+        """``self.mlp(x_normed)``, over sequence tiles where :meth:`_liger_tile` says."""
+        return tiled_mlp(self.mlp, x_normed, self._liger_tile(x_normed))
+
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
@@ -111,9 +134,9 @@ class _BlockMixin:
             else:  # no norm_2 (OLMo-2's Identity) or one left to LitGPT: LitGPT's add
                 x = attention_output + x
                 x_normed = n2(x)
-            return self.post_mlp_norm(self.mlp(x_normed)) + x
+            return self.post_mlp_norm(self._liger_mlp(x_normed)) + x
         offset = 1.0 if n2.add_unit_offset else 0.0
-        if self._liger_fuse_norm_2(x=x):
+        if self._liger_fuse_norm_2(x=x) and not self._liger_tile(x):  # (a tiled MLP reads norm_2's output)
             mlp = self.mlp
             if is_float8_linear(mlp.fc_1):  # LigerConfig.fp8 (see norm_1); a, b as below
                 if is_float8_linear(mlp.proj) and tensorwise_fusable(x, mlp.fc_1, mlp.fc_2, mlp.proj) \
@@ -134,7 +157,7 @@ class _BlockMixin:
             mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=True)
         else:
             x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
-            mlp_out = self.mlp(x_normed)
+            mlp_out = self._liger_mlp(x_normed)
         return self.post_mlp_norm(mlp_out) + x
 
 
@@ -162,4 +185,4 @@ class _BlockMixin:
         elif x_normed_2 is None:
             x_normed_2 = self.norm_2(x)
         x = attention_output + x
-        return self.post_mlp_norm(self.mlp(x_normed_2)) + x
+        return self.post_mlp_norm(self._liger_mlp(x_normed_2)) + x

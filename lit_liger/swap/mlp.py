@@ -1,4 +1,5 @@
-"""LitGPT's MLPs on lit-liger's kernels: the GLU MLPs (SwiGLU: LLaMAMLP; GeGLU: GemmaMLP) and GptNeoxMLP's GELU."""
+"""LitGPT's MLPs on lit-liger's kernels: the GLU MLPs (SwiGLU: LLaMAMLP; GeGLU: GemmaMLP) and GptNeoxMLP's GELU; any
+of them over sequence tiles (:func:`tiled_mlp`) for long sequences."""
 
 from __future__ import annotations
 
@@ -10,6 +11,70 @@ from ..kernels.swiglu import geglu, glu_linear, glu_mlp, swiglu
 from ._common import (_called_plainly, _CHECKPOINTED, _fresh_outputs, _frozen_linear, _in_scope, _MLP_RECOMPUTED,
                       _plain_linear, _stock_under_compile)
 from .fp8 import _fp8_fusable, glu_linear_fp8, is_float8_linear
+
+
+class _TiledMLP(torch.autograd.Function):
+    """``mlp(x)`` over sequence tiles of ``tile`` rows of ``x`` seen as ``(1, N, C)``: the forward runs each tile
+    without grad and writes it into the output; the backward runs each tile's forward again with grad and takes its
+    gradients (``x``'s tile, and every trainable parameter's, summed over the tiles in fp32). Only ``x`` is kept:
+    no ``(N, intermediate)`` tensor exists whole, at one more MLP forward per tile. Random ops inside (LoRA's
+    dropout) draw the same numbers in the backward's reruns: the generators' states at the forward are restored for
+    them (as ``torch.utils.checkpoint`` does)."""
+
+    @staticmethod
+    def forward(ctx, mlp: nn.Module, tile: int, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.mlp, ctx.tile, ctx.shape, ctx.params = mlp, tile, x.shape, params
+        ctx.devices = [x.device] if x.device.type == "cuda" else []
+        ctx.cpu_rng = torch.get_rng_state()
+        ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.devices]
+        ctx.save_for_backward(x)
+        rows = x.reshape(1, -1, x.size(-1))
+        out = None
+        with torch.no_grad():
+            for s in range(0, rows.size(1), tile):
+                o = mlp(rows[:, s:s + tile])
+                if out is None:
+                    out = o.new_empty(1, rows.size(1), o.size(-1))
+                out[:, s:s + tile] = o
+        return out.view(*x.shape[:-1], out.size(-1))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        mlp, tile, params = ctx.mlp, ctx.tile, list(ctx.params)
+        rows = x.detach().reshape(1, -1, x.size(-1))
+        grows = grad.reshape(1, rows.size(1), grad.size(-1))
+        dx = torch.empty_like(rows) if ctx.needs_input_grad[2] else None
+        sums: list[torch.Tensor | None] = [None] * len(params)
+        with torch.random.fork_rng(devices=ctx.devices):
+            torch.set_rng_state(ctx.cpu_rng)
+            for d, state in zip(ctx.devices, ctx.cuda_rng):
+                torch.cuda.set_rng_state(state, d)
+            for s in range(0, rows.size(1), tile):
+                xt = rows[:, s:s + tile].requires_grad_(dx is not None)
+                with torch.enable_grad():
+                    o = mlp(xt)
+                wrt = ([xt] if dx is not None else []) + params
+                got = torch.autograd.grad(o, wrt, grows[:, s:s + tile], allow_unused=True)
+                if dx is not None:
+                    dx[:, s:s + tile] = got[0]
+                    got = got[1:]
+                for i, g in enumerate(got):
+                    if g is not None:
+                        sums[i] = g.float() if sums[i] is None else sums[i].add_(g)
+        return (None, None, None if dx is None else dx.view(ctx.shape),
+                *(None if g is None else g.to(p.dtype) for p, g in zip(params, sums)))
+
+
+def tiled_mlp(mlp: nn.Module, x: torch.Tensor, tile: int) -> torch.Tensor:
+    """``mlp(x)`` (any LitGPT MLP, swapped or not: its Linears plain, LoRA or 4-bit, frozen or trained) over sequence
+    tiles of ``tile`` tokens of ``x`` ``(B, T, C)`` in the forward and in the backward's rerun (:class:`_TiledMLP`):
+    its ``(B, T, intermediate)`` tensors exist one tile at a time. ``mlp(x)`` itself where one tile holds every
+    token."""
+    if tile <= 0 or x.size(0) * x.size(1) <= tile:
+        return mlp(x)
+    params = tuple(p for p in mlp.parameters() if p.requires_grad)
+    return _TiledMLP.apply(mlp, tile, x, *params)
 
 
 def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
