@@ -988,7 +988,10 @@ def test_gpu_thirty_lengths_keep_the_pool_under_its_budget(monkeypatch):
     cfg, graphed, _ = _gpu_models(True, block_size=2048)
     apply_liger(graphed, LigerConfig(cuda_graphs=True, seq_buckets=False, packing=False))
     total = memplan._total_memory(torch.device("cuda"))
-    budget = 64 * 2**20  # the longest shape's activations alone: ~280 MB
+    # a few shapes' growth: on an H200 the pool grew 96 MiB at the first capture (128 tokens: the fused loss's
+    # logits chunks over Llama's 128k vocabulary), 172 MiB by 448 tokens, 350 MiB by 1,920
+    # (benchmarks/calls/pool_growth.py, benchmarks/results/h200-2026-12-02c)
+    budget = 160 * 2**20
     monkeypatch.setattr(graphs, "POOL_FRACTION", budget / total)
     runner = graphs.runner_for(graphed)
     lengths = [64 * (i + 1) for i in range(30)]
