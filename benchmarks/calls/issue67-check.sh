@@ -1,6 +1,7 @@
 # Issue 67's GPU checks, in two calls (carry: .whl .base, .base = `git archive 571127d`, the commit before issue 67):
 #   PART=tests CALL=t bash benchmarks/calls/issue67-check.sh   every `gpu`-marked test of this checkout (TEST_S at most)
 #   PART=rows  CALL=r bash benchmarks/calls/issue67-check.sh   the README's headline rows before (.base) and after (.)
+#   PART=trainer CALL=a ROUNDS=2 bash ...                        the Trainer row alone, after and before in turns
 #     in one call: Llama-3.2-1B LoRA and full fine-tuning at micro-batch 4 (litgpt's CLI), the Trainer with LoRA
 CALL=${CALL:-a} . benchmarks/calls.sh
 export PATH=/tmp/site/bin:$PATH
@@ -20,8 +21,20 @@ rows() {  # rows NAME DIR VARIANTS METHOD
 trainer() {  # trainer NAME DIR
   (cd "$2" && timeout 150 python3 -m benchmarks trainer --devices 1 --variants liger --batches 300 --warm 40 \
      --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
-  echo "$1 rc=$?"; grep -E "^ROW" "/tmp/o/$NAME-$1.log" | cut -c1-220; leftovers
+  echo "$1 rc=$? ($(( $(date +%s) - S )) s into the call)"; grep -E "^ROW|^batch" "/tmp/o/$NAME-$1/"*.log | cut -c1-200
+  leftovers
 }
+if [ "${PART:-rows}" = trainer ]; then  # the Trainer row alone, before and after in turns (ROUNDS of each)
+  for i in $(seq "${ROUNDS:-2}"); do
+    for side in new base; do
+      dir=.; [ $side = base ] && dir=.base
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation -e $dir >/dev/null 2>&1
+      trainer $side-trainer-$i $dir
+    done
+  done
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+  pack; exit 0
+fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
 rows base-lora .base liger lora
 rows base-full .base liger full

@@ -20,7 +20,7 @@ args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 1, "bf16-true"
                   0.25)
 print(shlex.join(args))
 PY
-echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints"
+echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints ($(( $(date +%s) - S )) s into the call)"
 if [ "${BUILD:-0}" = 1 ]; then exit 0; fi
 LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout ${RUN_S:-480} \
   bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt)" \

@@ -37,6 +37,8 @@ DIAGS = {
                                      "frees it, with and without lit_liger.runtime.loaders.stop_workers (CPU only)"),
     "decode": ("decode", "litgpt's sample generation (its recipes' evaluations): seconds per new token, the host's "
                          "profile, and the one-token KV-cache step in a CUDA graph"),
+    "long-attn": ("long_attn", "causal attention from 64k to 512k tokens: PyTorch's SDPA backends and lit-liger's "
+                               "Triton kernel, forward and backward time, TFLOP/s, memory (issue 68)"),
     "cli-mem": ("cli_mem", "what is live at a real lit-liger / litgpt training run's memory peak, by the code that "
                            "allocated it (memory-history replay of the whole run)"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
