@@ -36,9 +36,10 @@ class Runtime:
         decode.drop(gpt)
 
     def memory_plan(self, gpt: nn.Module, tokens: int, device: Any, elt: int, allow_offload: bool,
-                    mlp: Any) -> memplan.MemPlan | None:
-        """The memory plan of a training micro-batch (``lit_liger.runtime.memplan.plan_for``)."""
-        return memplan.plan_for(gpt, tokens, device, elt, allow_offload=allow_offload, mlp=mlp)
+                    mlp: Any, tile: Any = False) -> memplan.MemPlan | None:
+        """The memory plan of a training micro-batch (``lit_liger.runtime.memplan.plan_for``; it raises
+        ``memplan.MemoryPlanError`` where nothing fits)."""
+        return memplan.plan_for(gpt, tokens, device, elt, allow_offload=allow_offload, mlp=mlp, tile=tile)
 
     def offloaded(self, width: int) -> Any:
         """Saved activations of at least ``width`` columns go to pinned host memory (``memplan.offloaded``)."""
@@ -65,10 +66,12 @@ def attach(prefix: str, gpt: nn.Module, cfg: LigerConfig, report: Any) -> None:
                                 f"{when}, up to {gpt._liger_graphs_max_tokens:,} tokens per micro-batch (cuda_graphs, "
                                 "cuda_graphs_max_tokens)")
     if cfg.activation_checkpointing is None:
-        report.add(prefix, gpt, "activations planned per micro-batch from its tokens and the device's free memory: "
-                                "every Block's kept where they fit, else the fewest Blocks rerun in backward, "
-                                "else every Block rerun with its input in pinned host memory (one CUDA process "
-                                "or a replica; activation_checkpointing automatic)")
+        report.add(prefix, gpt, "activations planned per micro-batch from its tokens, the device's free memory and "
+                                "the host's: every Block's kept where they fit, else the fewest Blocks rerun in "
+                                "backward (their MLP over sequence tiles where that fits sooner), else every Block "
+                                "rerun with as many inputs on the GPU as fit and the rest in pinned host memory; an "
+                                "error before the step where neither memory suffices (one CUDA process or a "
+                                "replica; activation_checkpointing automatic)")
     elif cfg.activation_checkpointing:
         graphs_note = "steps run without CUDA graphs; " if graphs.checkpointed_capture_why() else ""
         report.add(prefix, gpt, "each Block's forward recomputed in backward, only its input kept; the loss's logits "

@@ -324,7 +324,7 @@ def precapture_lengths(samples: int, max_len: int, max_tokens: int | None = None
 
 def _describe_key(key: tuple) -> str:
     """A capture key in words (see ``GraphRunner.hidden``)."""
-    shape, _, training, bounds, (recompute, mlp) = key
+    shape, _, training, bounds, (recompute, mlp, *_) = key
     n = None if bounds is None else bounds - 2
     what = f"unpacked {tuple(shape)}" if n is None else f"{n} sample{'s' * (n != 1)} packed into {shape[-1]:,} tokens"
     return (what + ("" if training else ", evaluation") + (f", {recompute} Blocks recomputed" if recompute else "")
@@ -900,7 +900,7 @@ class GraphRunner:
             return "active dropout (e.g. LoRA dropout > 0)"
         if self._sharded:
             return "sharded or wrapped parameters"
-        recomputed, offloaded, _ = getattr(gpt, "_liger_mem_now", (0, False, 0))
+        recomputed, offloaded = getattr(gpt, "_liger_mem_now", (0, False))[:2]
         if offloaded:
             return ""  # (Block inputs in host memory: a long micro-batch with no memory to spare for a pool)
         if recomputed and (why := checkpointed_capture_why()):
@@ -958,7 +958,7 @@ class GraphRunner:
         # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
         # the memory plan decides which Blocks the captured body recomputes)
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
-               getattr(gpt, "_liger_mem_now", (0, False, 0))[0::2])
+               getattr(gpt, "_liger_mem_now", (0, False, 0, 0, 0))[0::2])  # (recompute, mlp, tile)
         graphs = self.graphs.get(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
@@ -1139,12 +1139,12 @@ class GraphRunner:
                 sizes = [real // S + (i < real % S) for i in range(S)]
                 _, n, bounds, _, positions, _ = _layout(sizes, T, lambda _real, L=L: L, gpt.cos.size(0))
                 sidx = torch.ones((1, n), dtype=idx.dtype, device=idx.device)
-                if gpt_swap._memory_plan_here(gpt, sidx) != (0, False, 0):
+                if any(gpt_swap._memory_plan_here(gpt, sidx)):
                     continue
-                gpt._liger_mem_now = (0, False, 0)
+                gpt._liger_mem_now = (0, False, 0, 0, 0)
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
-                key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0))
+                key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0, 0))
                 # (the first length is warmed up; the others are recorded without, guarded: _warmup_needed)
                 warmup = self._warmup_needed(splan)
                 if key not in self.graphs and self._capture(key, sidx, params, splan, warmup=warmup) is None:

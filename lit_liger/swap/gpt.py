@@ -266,11 +266,12 @@ class _GPTMixin:
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         ri = self.config.rope_indices
-        # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (in host memory
-        # with `offload`) and rerun in backward, the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
+        # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (the lowest `host`
+        # of them in pinned host memory, the others on the GPU) and rerun in backward, their MLP over sequence tiles of
+        # `tile` tokens (0: whole); the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
         # lit_liger.runtime.memplan)
-        recompute, offload, mlp = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
-                                   else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
+        recompute, _, mlp, host, tile = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
+                                         else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
         for block_idx, block in enumerate(self.transformer.h):
@@ -280,11 +281,11 @@ class _GPTMixin:
                 elif x.requires_grad:  # (the Blocks from here up have their gradients when x has its own)
                     x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
-            if block_idx < recompute and offload:  # reentrant: the checkpoint saves its input, which the hooks move
+            if block_idx < min(host, recompute):  # reentrant: the checkpoint saves its input, which the hooks move
                 if not x.requires_grad:  # (a frozen embedding's output: the reentrant checkpoint needs one input with
                     x = x.detach().requires_grad_()  # grad, or the Block's trainable parameters get none)
                 with state_of(self).runtime.offloaded(self.config.n_embd):
-                    x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=True,
+                    x = _checkpoint(_checkpointed_block, block, x, c, s, pack, tile, use_reentrant=True,
                                     preserve_rng_state=True)
             elif block_idx < recompute:  # only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
@@ -294,7 +295,7 @@ class _GPTMixin:
                     # glu_mlp's autograd Function: seen to turn into a SystemError under CUDA memory history); the
                     # recompute then also runs what follows that op in the Block, a residual add
                     with _checkpoint_early_stop(False):
-                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, use_reentrant=False,
+                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, tile, use_reentrant=False,
                                         preserve_rng_state=True)
             elif block_idx < recompute + mlp:
                 with _scoped(block, _MLP_RECOMPUTED):
@@ -338,34 +339,39 @@ def _packing_why(gpt: nn.Module) -> str | None:
     return None
 
 
-def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int]:
-    """``(Blocks recomputed, their inputs offloaded, Blocks above them whose MLP inputs are recomputed)`` for this
-    forward of ``idx``: ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None`` (automatic)
-    :func:`lit_liger.runtime.memplan.decide` from the micro-batch's tokens and the device's memory now (a CUDA device, eager
-    mode; the log says each plan that recomputes more than any before it)."""
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int]:
+    """``(recompute, offload, mlp, host, tile)`` for this forward of ``idx``: the lowest ``recompute`` Blocks
+    recomputed in backward, the lowest ``host`` of them keeping their input in pinned host memory (``offload``: any),
+    ``mlp`` Blocks above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of
+    ``tile`` tokens (0: whole). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
+    (automatic) :func:`lit_liger.runtime.memplan.plan_for` from the micro-batch's tokens and the device's and the
+    host's memory (a CUDA device, eager mode; the log says each plan that recomputes more than any before it; it
+    raises ``memplan.MemoryPlanError`` where nothing fits)."""
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not _checkpoint_blocks_here(gpt):
-        return 0, False, 0
+        return 0, False, 0, 0, 0
     n = gpt.config.n_layer
     if setting is True:
-        return n, False, 0
+        return n, False, 0, 0, 0
     if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return 0, False, 0
+        return 0, False, 0, 0, 0
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
     rt = state_of(gpt).runtime
     if rt is None:  # (swapped without the runtime: no memory plan)
-        return 0, False, 0
+        return 0, False, 0, 0, 0
+    # (tiles: every Block is lit-liger's, which runs its MLP over the tiles its checkpointed call is given)
     plan = rt.memory_plan(gpt, idx.numel(), idx.device, elt, _dist.whole_model(gpt),
-                          lambda: _mlp_recomputable(gpt, idx))
+                          lambda: _mlp_recomputable(gpt, idx),
+                          lambda: all(isinstance(b, _BlockMixin) for b in gpt.transformer.h))
     if plan is None:
-        return 0, False, 0
-    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, False, 0])
-    if (plan.recompute, plan.offload, plan.mlp) > tuple(said):
-        said[:] = [plan.recompute, plan.offload, plan.mlp]
+        return 0, False, 0, 0, 0
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0])
+    if (plan.recompute, plan.host, plan.mlp, plan.tile) > tuple(said):
+        said[:] = [plan.recompute, plan.host, plan.mlp, plan.tile]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
-    return plan.recompute, plan.offload, plan.mlp
+    return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile
 
 
 def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
