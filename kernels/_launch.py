@@ -253,11 +253,22 @@ MLP_CHUNKS = 4
 MLP_MIN_ROWS = 128
 
 
-def mlp_chunk_rows(n_rows: int) -> int:
+#: the most bytes one ``(rows, intermediate_size)`` tensor of an MLP run in pieces may take: ``glu_mlp``'s chunks (with
+#: ``row_bytes``) and the tiled MLP's tiles (``lit_liger.runtime.memplan.tile_tokens``). At 256 MiB the pieces keep
+#: thousands of rows (Llama-3.1-8B's 14,336-wide MLP: 9,362 in bf16), long past where a GEMM's speed stops growing
+#: with its rows; without the cap ``glu_mlp``'s quarters of a 256k-token sequence were 1.75 GiB each, three at once
+MLP_CHUNK_BYTES = 256 * 2**20
+
+
+def mlp_chunk_rows(n_rows: int, row_bytes: int = 0) -> int:
     """Rows per chunk of :func:`glu_mlp` (frozen MLP, recomputed in its backward): its transient ``(rows, I)``
-    tensors are a quarter of the whole MLP's, while each GEMM keeps at least 128 rows (one row of 128 x 128
-    output tiles: smaller chunks only add launches)."""
-    return max(1, MLP_MIN_ROWS, cdiv(n_rows, MLP_CHUNKS))
+    tensors are a quarter of the whole MLP's, and with ``row_bytes`` (one ``(1, I)`` row's bytes) at most
+    :data:`MLP_CHUNK_BYTES`, while each GEMM keeps at least 128 rows (one row of 128 x 128 output tiles: smaller
+    chunks only add launches)."""
+    rows = cdiv(n_rows, MLP_CHUNKS)
+    if row_bytes > 0:
+        rows = min(rows, MLP_CHUNK_BYTES // row_bytes)
+    return max(1, MLP_MIN_ROWS, rows)
 
 
 def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device, windowed: bool = False) -> dict | None:

@@ -539,7 +539,7 @@ class _GLUMLPFn(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])  # (N, C)
         n = x2.shape[0]
         y = x2.new_empty((n, w3.shape[0]))  # (N, C_out)
-        rows = _launch.mlp_chunk_rows(n)
+        rows = _launch.mlp_chunk_rows(n, w1.shape[0] * x.element_size())
         F = torch.nn.functional
         for r0 in range(0, n, rows):
             xc = x2[r0:r0 + rows]
@@ -561,7 +561,7 @@ class _GLUMLPFn(torch.autograd.Function):
         dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
         n = x2.shape[0]
         dx = torch.empty_like(x2)  # (N, C)
-        rows = _launch.mlp_chunk_rows(n)
+        rows = _launch.mlp_chunk_rows(n, w1.shape[0] * x.element_size())
         for r0 in range(0, n, rows):
             a, b, dg = _recomputed_glu_bwd(x2[r0:r0 + rows], dy2[r0:r0 + rows], w1, b1, w2, b2, w3, ctx.activation)
             del dg

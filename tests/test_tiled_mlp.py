@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lit_liger import LigerConfig, apply_liger
 from lit_liger.swap import block as swap_block
+from lit_liger.swap._common import _CHECKPOINTED, _scoped
 from lit_liger.swap.gpt import _checkpointed_block
 from lit_liger.swap.mlp import tiled_mlp
 
@@ -182,7 +183,21 @@ def test_untiled_where_one_tile_holds_every_token_and_without_grad():
     assert block._liger_tile(x) == 4
     with torch.no_grad():
         assert block._liger_tile(x) == 0
+        with _scoped(block, _CHECKPOINTED):  # (the reentrant checkpoint's forward, the offloaded Blocks')
+            assert block._liger_tile(x) == 4
     block.__dict__["_liger_mlp_tile"] = 0
+
+
+def test_frozen_glu_chunks_capped_by_bytes(monkeypatch):
+    """``glu_mlp``'s chunks (a frozen GLU MLP in a checkpointed Block): a quarter of the rows, at most
+    ``MLP_CHUNK_BYTES`` per ``(rows, I)`` tensor, at least ``MLP_MIN_ROWS`` rows."""
+    from lit_liger.kernels import _launch
+
+    assert _launch.mlp_chunk_rows(4096) == 1024
+    assert _launch.mlp_chunk_rows(262144, 14336 * 2) == _launch.MLP_CHUNK_BYTES // (14336 * 2) == 9362
+    assert _launch.mlp_chunk_rows(4096, 14336 * 2) == 1024  # (short sequences: the quarter, as before)
+    monkeypatch.setattr(_launch, "MLP_CHUNK_BYTES", 1)
+    assert _launch.mlp_chunk_rows(262144, 14336 * 2) == _launch.MLP_MIN_ROWS
 
 
 def test_stock_block_unchanged_by_copy():

@@ -39,6 +39,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..kernels import _launch
 from ..swap.state import state_of
 
 __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "HOST_FRACTION", "LIMIT_FRACTION", "MEMORY_FRACTION", "MemPlan",
@@ -65,11 +66,11 @@ LOSS_CHUNK = 2**30
 #: (benchmarks/results/h100-2026-11-26f); the rest holds the CUDA context, cuBLAS workspaces and the allocator's
 #: fragmentation
 LIMIT_FRACTION = 0.9
-#: a tiled MLP's tile (:func:`tile_tokens`): the most bytes one ``(tile, intermediate_size)`` tensor may take. At 256
-#: MiB the tile's GEMMs keep thousands of rows (Llama-3.1-8B's 14,336-wide MLP: 9,344 tokens), long past where a
-#: GEMM's speed stops growing with its rows, while one tile's working set (:data:`TILE_WORKING` such tensors, 1 GiB) is
-#: small next to what a long sequence's Blocks keep (one ``(T, C)`` bf16 tensor: 2 GiB at 256k tokens of width 4096)
-TILE_BYTES = 256 * 2**20
+#: a tiled MLP's tile (:func:`tile_tokens`): the most bytes one ``(tile, intermediate_size)`` tensor may take, the
+#: launch heuristics' (``kernels._launch.MLP_CHUNK_BYTES``, which caps a frozen GLU MLP's chunks too). One tile's working
+#: set (:data:`TILE_WORKING` such tensors, 1 GiB) is small next to what a long sequence's Blocks keep (one ``(T, C)``
+#: bf16 tensor: 2 GiB at 256k tokens of width 4096)
+TILE_BYTES = _launch.MLP_CHUNK_BYTES
 #: tiles are a multiple of this many tokens (whole tiles of the GEMMs' 64- and 128-row blocks)
 TILE_MULTIPLE = 64
 #: ``(tile, intermediate_size)`` tensors one tile's forward and backward hold at once: ``fc_1``'s and ``fc_2``'s

@@ -86,12 +86,15 @@ class _BlockMixin:
 
     def _liger_tile(self, x: torch.Tensor) -> int:
         """Tokens per sequence tile of this call's MLP (:func:`lit_liger.swap.mlp.tiled_mlp`; 0: whole): the memory
-        plan's tile (``MemPlan.tile``, set for a recomputed Block), for a training call in eager mode, not captured,
+        plan's tile (``MemPlan.tile``, set for a recomputed Block), for a training call (or the forward of a
+        reentrant checkpoint, without grad) in eager mode, not captured,
         longer than one tile, its MLP called without hooks, and not a frozen GLU MLP inside the checkpoint (which
         ``glu_mlp`` runs a chunk of rows at a time already)."""
         tile = mlp_tile(self)
-        if not tile or x.size(0) * x.size(1) <= tile or not torch.is_grad_enabled():
+        if not tile or x.size(0) * x.size(1) <= tile:
             return 0
+        if not torch.is_grad_enabled() and not _in_scope(self, _CHECKPOINTED):
+            return 0  # (the reentrant checkpoint's forward runs without grad: its MLP is tiled too)
         if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return 0
         mlp = self.mlp
