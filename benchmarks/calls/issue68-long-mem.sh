@@ -16,7 +16,7 @@ ckpt, _, info = F.build_inputs(work, "Llama-3.1-8B", 32, smoke=False, n_samples=
 data = work / "data" / f"long-{length}-{ckpt.name}-4.json"
 if not data.is_file():
     R.make_long_docs(data, ckpt, 4, length)
-args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 1, "bf16-true", False, "liger", None, 1, length, 1,
+args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 2, "bf16-true", False, "liger", None, 1, length, 1,
                   0.25)
 print(shlex.join(args))
 PY

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> None:
         _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
     torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
     status = None
+    sys.argv = ["lit-liger", *args]  # (litgpt's save_hyperparameters parses sys.argv at the run's end)
     try:
         cli_main(args)
     except SystemExit as exc:  # litgpt's parser or the run ending: still report what was recorded
