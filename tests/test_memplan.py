@@ -282,20 +282,21 @@ def test_plan_for_rereads_the_allocator_only_when_close(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 def test_offload_keeps_as_many_inputs_on_the_gpu_as_fit():
     """8B at 128k tokens (one Block input: exactly 1 GiB; one kept Block: 13 GiB) with 56 GiB: every Block is
-    recomputed and only the lowest 7 inputs go to the host: the loss (3 inputs + its 1 GiB chunk), one Block's rerun
-    and gradients (2 x 13 GiB) and the input back from the host take 31 GiB, which leaves room for 25 inputs on the
-    GPU. One more input on the GPU would not fit."""
+    recomputed and only the lowest 4 inputs go to the host: the larger of the loss's moment (3 inputs + its 1 GiB
+    chunk) and a Block's backward (its rerun and gradients, 2 x 13 GiB, the hidden states' gradient, 1 GiB), plus the
+    input back from the host, take 28 GiB, which leaves room for 28 inputs on the GPU. One more input on the GPU would
+    not fit."""
     cfg = _config("Llama-3.1-8B")
     T, free = 131072, 56 * GiB
     inp = 4096 * 2 * T
     assert inp == GiB and memplan.kept_bytes_per_token(cfg) * T == 13 * GiB
     plan = memplan.decide(cfg, T, free)
-    assert (plan.recompute, plan.host, plan.offload, plan.tile) == (32, 7, True, 0)
-    assert plan.need == (4 + 26 + 1 + 25) * GiB <= free and plan.need + inp > free
-    assert plan.host_need == 7 * memplan.host_bytes(inp) == 7 * GiB
+    assert (plan.recompute, plan.host, plan.offload, plan.tile) == (32, 4, True, 0)
+    assert plan.need == (max(4, 26 + 1) + 1 + 28) * GiB <= free and plan.need + inp > free
+    assert plan.host_need == 4 * memplan.host_bytes(inp) == 4 * GiB
     line = plan.line(T, 32)
-    assert "32 of 32 Blocks recomputed in backward, 7 of their inputs kept in pinned host memory (7.0 GiB)" in line
-    assert "the other 25 on the GPU" in line and "does not fit" not in line
+    assert "32 of 32 Blocks recomputed in backward, 4 of their inputs kept in pinned host memory (4.0 GiB)" in line
+    assert "the other 28 on the GPU" in line and "does not fit" not in line
     # the old meaning of `offload` still holds: made with offload=True and no host count, every recomputed Block's
     old = memplan.MemPlan(32, True, 0.0, 1.0)
     assert old.host == 32 and old.offload and not memplan.MemPlan(32, False, 0.0, 1.0).offload
@@ -304,25 +305,28 @@ def test_offload_keeps_as_many_inputs_on_the_gpu_as_fit():
 
 def test_tiles_keep_inputs_off_the_host_and_the_host_budget_bounds_the_plan():
     """With tiles the recomputed Block's rerun and gradients hold no (T, I) tensor whole: at 128k tokens with 40 GiB
-    the plan puts 12 inputs on the host where whole MLPs need 23; a host that can pin 20 GiB takes the tiled plan and
+    the plan puts 9 inputs on the host where whole MLPs need 20; a host that can pin 15 GiB takes the tiled plan and
     refuses the whole one (an error that names both memories); with 56 GiB the tiled plan needs no host at all."""
     cfg = _config("Llama-3.1-8B")
     T, inp, tile = 131072, GiB, 9344
     whole = memplan.decide(cfg, T, 40 * GiB)
     tiled = memplan.decide(cfg, T, 40 * GiB, tile=True)
-    assert (whole.host, whole.tile) == (23, 0) and (tiled.host, tiled.tile) == (12, tile)
+    assert (whole.host, whole.tile) == (20, 0) and (tiled.host, tiled.tile) == (9, tile)
     # the tiled transient: twice a Block's activations less the GLU's (T, I) inputs plus the MLP's (T, C) input,
-    # and one tile's four (tile, I) tensors
+    # and one tile's four (tile, I) tensors; the peak the larger of the loss's moment and a Block's backward (with the
+    # hidden states' gradient), plus the input back from the host
     transient = 2 * 7 * 4096 * 2 * T + 4 * tile * 14336 * 2
-    assert tiled.need == 3 * inp + memplan.LOSS_CHUNK + transient + inp + (32 - 12) * inp <= 40 * GiB
+    loss = 3 * inp + memplan.LOSS_CHUNK
+    assert transient + inp > loss
+    assert tiled.need == transient + inp + inp + (32 - 9) * inp <= 40 * GiB
     assert tiled.need + inp > 40 * GiB  # (the fewest on the host)
-    bounded = memplan.decide(cfg, T, 40 * GiB, host=20 * GiB, tile=True)
-    assert bounded.host_room == 20 * GiB and bounded == replace(tiled, host_room=20 * GiB)
+    bounded = memplan.decide(cfg, T, 40 * GiB, host=15 * GiB, tile=True)
+    assert bounded.host_room == 15 * GiB and bounded == replace(tiled, host_room=15 * GiB)
     with pytest.raises(memplan.MemoryPlanError) as err:
-        memplan.decide(cfg, T, 40 * GiB, host=20 * GiB)
+        memplan.decide(cfg, T, 40 * GiB, host=15 * GiB)
     e = err.value
-    assert e.host_need == 23 * GiB > e.host_free == 20 * GiB and e.gpu_need <= e.gpu_free == 40 * GiB
-    assert "23.0 GiB of pinned host memory (the host can pin 20.0 GiB)" in str(e)
+    assert e.host_need == 20 * GiB > e.host_free == 15 * GiB and e.gpu_need <= e.gpu_free == 40 * GiB
+    assert "20.0 GiB of pinned host memory (the host can pin 15.0 GiB)" in str(e)
     assert "40.0 GiB free for them" in str(e)
     roomy = memplan.decide(cfg, T, 56 * GiB, tile=True)
     assert (roomy.recompute, roomy.host, roomy.tile) == (32, 0, tile) and not roomy.offload
@@ -355,9 +359,9 @@ def test_tile_size_from_its_byte_budget(monkeypatch):
 def test_no_plan_fits_names_the_longest_micro_batch_that_does():
     """Where neither memory suffices, :class:`MemoryPlanError` (a ValueError) names what each memory lacks and the
     longest micro-batch that fits: that length fits, one token more does not, nor 5% more. Bound by the GPU (8B at
-    512k, 56 GiB, no host limit) and by the host (128k, 40 GiB, 20 GiB pinnable, whole MLPs)."""
+    512k, 56 GiB, no host limit) and by the host (128k, 40 GiB, 15 GiB pinnable, whole MLPs: 20 inputs there)."""
     cfg = _config("Llama-3.1-8B")
-    cases = [(4 * 131072, 56 * GiB, None, True), (131072, 40 * GiB, 20 * GiB, False)]
+    cases = [(4 * 131072, 56 * GiB, None, True), (131072, 40 * GiB, 15 * GiB, False)]
     for tokens, free, host, tile in cases:
         with pytest.raises(ValueError) as err:
             memplan.decide(cfg, tokens, free, host=host, tile=tile)
@@ -397,11 +401,11 @@ def test_plan_line_says_where_the_inputs_went_and_what_took_the_gpu(monkeypatch)
     expected peak; "does not fit" only where the plan truly does not."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
-    assert (plan.recompute, plan.host, plan.tile) == (32, 12, 9344) and plan.host_room == 0.8 * 100 * GiB
+    assert (plan.recompute, plan.host, plan.tile) == (32, 9, 9344) and plan.host_room == 0.8 * 100 * GiB
     line = plan.line(131072, 32)
     for part in ("lit-liger: memory plan at 131,072 tokens per micro-batch: 32 of 32 Blocks recomputed in backward, "
-                 "their MLP in tiles of 9,344 tokens, 12 of their inputs kept in pinned host memory "
-                 "(12.0 GiB of the 80.0 GiB the host can pin), the other 20 on the GPU",
+                 "their MLP in tiles of 9,344 tokens, 9 of their inputs kept in pinned host memory "
+                 "(9.0 GiB of the 80.0 GiB the host can pin), the other 23 on the GPU",
                  f"estimated {plan.need / GiB:.1f} GiB of activations for 40.0 GiB free",
                  "of the GPU's 80.0 GiB less 15.0 GiB allocated now, 1.0 GiB of gradients and 2.0 GiB of optimizer "
                  "state to come", f"a GPU peak of about {(18 * GiB + plan.need) / GiB:.1f} GiB"):
@@ -415,7 +419,7 @@ def test_plan_for_takes_the_device_s_limit_before_it_raises(monkeypatch):
     """Where no plan fits the share of the device the plan aims for, ``plan_for`` plans within ``LIMIT_FRACTION`` of
     it (the line says there is little margin, not that it does not fit); past that it raises before any work."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB, host=10 * GiB)  # (8 GiB pinnable)
-    with pytest.raises(memplan.MemoryPlanError):  # (whole MLPs: 12 inputs on the host at 40 GiB: too many)
+    with pytest.raises(memplan.MemoryPlanError):  # (tiled: 9 inputs on the host at 40 GiB: too many)
         memplan.decide(gpt.config, 131072, 40 * GiB, host=8 * GiB, tile=True)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
     limit = memplan.LIMIT_FRACTION * 80 * GiB - 18 * GiB
