@@ -36,13 +36,13 @@ def _data(cfg, B=2, T=12):
     return x, y
 
 
-def _lora_pair(dropout, name="Llama-3.2-1B", lora_mlp=True):
+def _lora_pair(dropout, name="Llama-3.2-1B", lora_mlp=True, **over):
     from litgpt.lora import GPT as LoRAGPT
     from litgpt.lora import Config as LoRAConfig
     from litgpt.lora import mark_only_lora_as_trainable
 
     cfg = tiny_config(name, config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True,
-                      lora_value=True, lora_mlp=lora_mlp, lora_dropout=dropout)
+                      lora_value=True, lora_mlp=lora_mlp, lora_dropout=dropout, **over)
     torch.manual_seed(0)
     a = LoRAGPT(cfg)
     for n, p in a.named_parameters():

@@ -493,20 +493,7 @@ def test_offloaded_input_in_pieces(monkeypatch):
 
 
 def _three_layer_lora_pair():
-    from litgpt.lora import GPT as LoRAGPT
-    from litgpt.lora import Config as LoRAConfig
-    from litgpt.lora import mark_only_lora_as_trainable
-    from test_adapter import tiny_config
-
-    cfg = tiny_config("Llama-3.2-1B", config_cls=LoRAConfig, n_layer=3, lora_r=4, lora_alpha=8, lora_query=True,
-                      lora_value=True, lora_mlp=True, lora_dropout=0.0)
-    torch.manual_seed(0)
-    a = LoRAGPT(cfg)
-    for n, p in a.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.05)
-    mark_only_lora_as_trainable(a)
-    return cfg, a, copy.deepcopy(a)
+    return _lora_pair(0.0, n_layer=3)
 
 
 @pytest.mark.parametrize(("recompute", "host", "tile"), [(2, 1, 8), (3, 2, 0), (2, 0, 8)])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import rel_err
 from test_adapter import tiny_config
+from test_checkpointing import _lora_pair
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
@@ -22,18 +23,7 @@ TOL = 1e-5  # fp32: the tiles sum the weights' gradients in another order than o
 
 def _model(name: str, lora: bool = False, dropout: float = 0.0, swap: bool = True, **over):
     if lora:
-        from litgpt.lora import GPT as LoRAGPT
-        from litgpt.lora import Config as LoRAConfig
-        from litgpt.lora import mark_only_lora_as_trainable
-
-        cfg = tiny_config(name, config_cls=LoRAConfig, lora_r=4, lora_alpha=8, lora_query=True, lora_value=True,
-                          lora_mlp=True, lora_dropout=dropout, **over)
-        torch.manual_seed(0)
-        model = LoRAGPT(cfg)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                torch.nn.init.normal_(p, std=0.05)
-        mark_only_lora_as_trainable(model)
+        cfg, model, _ = _lora_pair(dropout, name, **over)
     else:
         from litgpt import GPT
 
