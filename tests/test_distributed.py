@@ -5,7 +5,9 @@ gathered inside the forward and its gradient goes back through the sharding stra
 
 import faulthandler
 import gc
+import multiprocessing.queues
 import os
+import queue as queue_module
 import signal
 import socket
 import sys
@@ -42,7 +44,22 @@ def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float | None = None) 
     stack_dir = tempfile.mkdtemp(prefix="lit-liger-ranks-")
     context = mp.spawn(_traced, args=(fn, args, stack_dir), nprocs=nprocs, join=False)
     deadline = time.monotonic() + timeout
+    # a rank's results on a multiprocessing queue (``args``) are read while the ranks run and put back at the end: a
+    # rank exits only once its queue's feeder thread has written everything into the pipe, which holds 64 KiB, so a
+    # larger result left unread until the ranks are joined hung its rank at exit (test_fp8_fsdp, CI of 2026-12-02)
+    queues = [a for a in args if isinstance(a, multiprocessing.queues.Queue)]
+    held: list = []
+
+    def drain() -> None:
+        for q in queues:
+            while True:
+                try:
+                    held.append((q, q.get(timeout=0.05)))
+                except queue_module.Empty:
+                    break
+
     while not context.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+        drain()
         if time.monotonic() < deadline:
             continue
         stalled = [rank for rank, proc in enumerate(context.processes) if proc.is_alive()]
@@ -59,6 +76,9 @@ def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float | None = None) 
                 proc.kill()
         pytest.fail(f"rank(s) {stalled} of {nprocs} still running after {timeout:.0f} s; their Python stacks:\n"
                     + "\n".join(where), pytrace=False)
+    drain()
+    for q, item in held:  # (in the order the ranks sent them)
+        q.put(item)
 
 
 def _free_port() -> int:

@@ -386,6 +386,8 @@ def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offlo
     fit = (f"The longest micro-batch that fits: {longest:,} tokens (batch size x sequence length); shorten the "
            "sequences (max_seq_length) or the micro-batch, or free memory." if longest else
            "No micro-batch fits: free memory on the GPU.")
+    fit += (" (--liger.activation_checkpointing true, or LigerConfig(activation_checkpointing=True), runs without the "
+            "plan: every Block recomputed, its input on the GPU.)")
     raise MemoryPlanError(
         f"lit-liger: no memory plan fits {tokens:,} tokens per micro-batch. The nearest plan ({how}) "
         f"needs {least.need / gib:.1f} GiB of the GPU for activations ({available / gib:.1f} GiB free for them) and "
