@@ -45,8 +45,9 @@ def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float | None = None) 
     context = mp.spawn(_traced, args=(fn, args, stack_dir), nprocs=nprocs, join=False)
     deadline = time.monotonic() + timeout
     # a rank's results on a multiprocessing queue (``args``) are read while the ranks run and put back at the end: a
-    # rank exits only once its queue's feeder thread has written everything into the pipe, which holds 64 KiB, so a
-    # larger result left unread until the ranks are joined hung its rank at exit (test_fp8_fsdp, CI of 2026-12-02)
+    # rank exits only once its queue's feeder thread has written everything into the pipe (64 KiB on Linux), and with
+    # the parent reading nothing until the join, rank 0 of test_fp8_fsdp hung there at exit (CI of 2026-12-02: its
+    # feeder thread blocked in the pipe's write; the test passed alone)
     queues = [a for a in args if isinstance(a, multiprocessing.queues.Queue)]
     held: list = []
 
