@@ -2,8 +2,6 @@
 in its backward's rerun, keeping only its input; a Block recomputed under the memory plan runs its MLP so where the
 plan's ``tile`` says (``_checkpointed_block(..., tile)``). CPU, fp32 (the kernels through Triton's interpreter)."""
 
-import copy
-
 import pytest
 import torch
 from helpers import rel_err
@@ -14,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lit_liger import LigerConfig, apply_liger
 from lit_liger.swap import block as swap_block
-from lit_liger.swap._common import _CHECKPOINTED, _scoped
+from lit_liger.swap._common import _CHECKPOINTED, _scoped, _tiled
 from lit_liger.swap.gpt import _checkpointed_block
 from lit_liger.swap.mlp import tiled_mlp
 
@@ -169,13 +167,16 @@ def test_untiled_where_one_tile_holds_every_token_and_without_grad():
     x = torch.randn(1, 8, cfg.n_embd, requires_grad=True)
     assert tiled_mlp(block.mlp, x, 8).grad_fn.name() != "_TiledMLPBackward"
     assert tiled_mlp(block.mlp, x, 4).grad_fn.name() == "_TiledMLPBackward"
-    block.__dict__["_liger_mlp_tile"] = 4
-    assert block._liger_tile(x) == 4
-    with torch.no_grad():
-        assert block._liger_tile(x) == 0
-        with _scoped(block, _CHECKPOINTED):  # (the reentrant checkpoint's forward, the offloaded Blocks')
-            assert block._liger_tile(x) == 4
-    block.__dict__["_liger_mlp_tile"] = 0
+    assert block._liger_tile(x) == 0
+    with _tiled(block, 4):
+        assert block._liger_tile(x) == 4
+        with _tiled(block, 8):  # (one tile holds the 8 tokens)
+            assert block._liger_tile(x) == 0
+        with torch.no_grad():
+            assert block._liger_tile(x) == 0
+            with _scoped(block, _CHECKPOINTED):  # (the reentrant checkpoint's forward, the offloaded Blocks')
+                assert block._liger_tile(x) == 4
+    assert block._liger_tile(x) == 0
 
 
 def test_frozen_glu_chunks_capped_by_bytes(monkeypatch):
@@ -188,9 +189,3 @@ def test_frozen_glu_chunks_capped_by_bytes(monkeypatch):
     assert _launch.mlp_chunk_rows(4096, 14336 * 2) == 1024  # (short sequences: the quarter, as before)
     monkeypatch.setattr(_launch, "MLP_CHUNK_BYTES", 1)
     assert _launch.mlp_chunk_rows(262144, 14336 * 2) == _launch.MLP_MIN_ROWS
-
-
-def test_stock_block_unchanged_by_copy():
-    """A deep copy of a swapped model carries no tile (the tile is set only while a checkpointed Block runs)."""
-    _, model = _model("Llama-3.2-1B")
-    assert copy.deepcopy(model).transformer.h[0]._liger_tile(torch.zeros(1, 64, 8)) == 0
