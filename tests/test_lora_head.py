@@ -245,6 +245,36 @@ def test_gpt_lora_head_matches_stock(name, dropout):
         assert rel_err(without(x), logits_ref) > 1e-3
 
 
+def test_gpt_lora_head_under_fabric_bf16_true_keeps_the_models_tensors():
+    # Fabric's bf16-true precision casts the output's floating fields to float32: the swapped output keeps the model's
+    # bf16 hidden states and dropout input (no float32 copies living through the backward), says float32 as its dtype,
+    # and gives the loss and gradients of the same model called directly
+    import lightning as L
+
+    from lit_liger import apply_liger, chunked_cross_entropy
+    from lit_liger.swap.loss import LigerLogits
+
+    cfg, _, ours = _gpt_pair(dropout=0.3, dtype=torch.bfloat16)
+    apply_liger(ours)
+    direct = copy.deepcopy(ours)
+    wrapped = L.Fabric(accelerator="cpu", devices=1, precision="bf16-true").setup_module(ours)
+    x, y = _batch(cfg)
+    out, loss, grads = _step(wrapped, x, y, chunked_cross_entropy)
+    assert isinstance(out, LigerLogits) and out.dtype == torch.float32
+    assert out.hidden.dtype == out.x_lora.dtype == torch.bfloat16 and out.hidden.shape == out.x_lora.shape
+    ref, loss_ref, grads_ref = _step(direct, x, y, chunked_cross_entropy)
+    assert ref.dtype == torch.bfloat16 and torch.equal(out.x_lora, ref.x_lora)  # the same dropout mask was drawn
+    assert loss.dtype == torch.float32 and torch.equal(loss, loss_ref)
+    grads = {n.removeprefix("_forward_module."): g for n, g in grads.items()}
+    assert grads.keys() == grads_ref.keys() and all(torch.equal(g, grads_ref[n]) for n, g in grads.items())
+    with torch.no_grad():
+        assert out.real().dtype == torch.float32 and torch.equal(out.real(), ref.real().float())
+    # a field set to a tensor of the same dtype (not a cast) is taken as it is
+    other = torch.zeros_like(out.hidden)
+    out.hidden = other
+    assert out.hidden is other
+
+
 def test_gpt_lora_head_per_token_losses_of_row_chunks():
     # dropout > 0: every view of the output (reshape, split) takes the same view of the LoRA branch's input
     from litgpt.utils import chunked_cross_entropy as litgpt_ce

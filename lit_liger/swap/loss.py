@@ -240,9 +240,13 @@ class LigerLogits:
     A dataclass so that wrappers which walk a module's outputs for tensors find ``hidden``: FSDP1
     and FSDP2 register their root pre-backward hook on it (without one, FSDP1's backward fails its
     state check). Wrappers may also *cast* it: Fabric's ``bf16-true`` precision converts floating
-    outputs to float32 after the forward. ``compute_dtype`` records the dtype the model computed in, and
-    the loss casts ``hidden`` back to it (bf16 -> fp32 -> bf16 is exact, so the loss is unchanged); the
-    logits that the caller sees have ``hidden``'s dtype, as a cast of real logits would.
+    outputs to float32 after the forward (``apply_to_collection``: each field of a copy of the output set to
+    its cast). Such a cast of ``hidden`` or ``x_lora`` (a tensor of ``compute_dtype``, the dtype the model
+    computed in, replaced by one of another floating dtype and the same shape) keeps the model's tensor and
+    becomes the output's ``dtype`` instead (:meth:`__setattr__`): the caller sees float32 logits, as a cast of
+    real logits would give, and no float32 copy of the hidden states lives until the step ends (8 GiB at 512k
+    tokens of width 4096). A ``hidden`` of another dtype set some other way is cast back to ``compute_dtype`` by
+    the loss (bf16 -> fp32 -> bf16 is exact, so the loss is unchanged).
     """
 
     hidden: torch.Tensor
@@ -275,6 +279,22 @@ class LigerLogits:
     x_lora: torch.Tensor | None = None
     # the swapped GPT's ``lit_liger.swap.state.ModelState`` (its warnings and counters); None: made elsewhere
     state: Any = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        d = self.__dict__
+        if name in ("hidden", "x_lora") and isinstance(value, torch.Tensor):
+            kept = d.get(name)
+            if (isinstance(kept, torch.Tensor) and kept is not value and kept.dtype == self.compute_dtype
+                    and value.dtype != kept.dtype and value.is_floating_point() and value.shape == kept.shape
+                    and value.device == kept.device):
+                # a wrapper's cast of the output (see the class docstring): the model's tensor stays, the cast
+                # becomes the output's dtype
+                if name == "hidden" and self.out_dtype is None:
+                    d["_wrapper_cast"] = d["out_dtype"] = value.dtype
+                return
+        elif name == "out_dtype" and value is None and d.get("_wrapper_cast") is not None:
+            value = d["_wrapper_cast"]  # (the wrapper sets every field of its copy, this one to the output's own None)
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         # Plain attributes, not fields (wrappers rebuild the dataclass from its fields with ``dataclasses.replace``,
