@@ -4,27 +4,28 @@
 # Two calls while the machine stays warm (its /tmp is kept ~30 s after a call):
 #   run: BUILD=1 CALL=l0 bash benchmarks/calls/issue68-long-mem.sh             (carry .whl; the checkpoint and data)
 #   run: LEN=262144 CALL=l1 bash benchmarks/calls/issue68-long-mem.sh          (carry .whl; one iteration)
+# BUILD=1 RUN=1 does both in one call; QUANT=bnb.nf4-dq runs QLoRA (bitsandbytes' wheel in the carried folder).
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
-python3 - "$LEN" "${BUILD:-0}" > /tmp/args.txt <<'PY'
+python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" > /tmp/args.txt <<'PY'
 import shlex, sys
 from pathlib import Path
 from benchmarks import finetune as F, recipe as R
-length, build = int(sys.argv[1]), sys.argv[2] == "1"
+length, build, quant = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] or None
 work = Path("/tmp/work")
 ckpt, _, info = F.build_inputs(work, "Llama-3.1-8B", 32, smoke=False, n_samples=8, max_seq_length=524288)
 data = work / "data" / f"long-{length}-{ckpt.name}-4.json"
 if not data.is_file():
     R.make_long_docs(data, ckpt, 4, length)
-args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 2, "bf16-true", False, "liger", None, 1, length, 1,
+args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 2, "bf16-true", False, "liger", quant, 1, length, 1,
                   0.25)
 print(shlex.join(args))
 PY
 echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints ($(( $(date +%s) - S )) s into the call)"
-if [ "${BUILD:-0}" = 1 ]; then exit 0; fi
-LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout ${RUN_S:-480} \
+if [ "${BUILD:-0}" = 1 ] && [ "${RUN:-0}" != 1 ]; then exit 0; fi
+LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout -k 60 ${RUN_S:-$(( 540 - $(date +%s) + S ))} \
   bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt)" \
   > "/tmp/o/$NAME-mem.log" 2>&1
-echo "mem rc=$?"; grep -E "memory plan|Memory Used|iter 1 |Training time" "/tmp/o/$NAME-mem.log" | cut -c1-300
+echo "mem rc=$?"; grep -E "memory plan|Memory Used|iter [12] |Training time|Error|error" "/tmp/o/$NAME-mem.log" | cut -c1-300
 grep -A42 '"peak_live_GiB"' "/tmp/o/$NAME-mem.log" | cut -c1-220
 pack

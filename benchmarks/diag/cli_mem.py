@@ -7,13 +7,14 @@ history recorded from before the checkpoint loads, then replays the history: the
 point (weights included), the phase around it, and the blocks live then grouped by the first lit-liger / litgpt /
 torch frames that allocated them (a CUDA graph's replays allocate nothing: its blocks show where its capture or its
 warm-up allocated them). Keep the run short (``--train.max_steps``): every allocation of the run is kept, with its
-Python stack, until the end. Also printed: ``torch.cuda.max_memory_allocated`` (litgpt's "Memory Used") and this process's peak host
+Python stack, until the end (a SIGTERM, as ``timeout`` sends, ends the run and still reports). Also printed: ``torch.cuda.max_memory_allocated`` (litgpt's "Memory Used") and this process's peak host
 memory (max RSS, pinned host copies included).
 ``LIT_LIGER_BENCH_DEVICE_GIB``: run as on a card of that many GiB (``benchmarks.finetune._cap_device``).
 """
 import json
 import os
 import resource
+import signal
 import sys
 
 import torch
@@ -36,6 +37,9 @@ def main(argv: list[str]) -> None:
 
         _cap_device(float(os.environ["LIT_LIGER_BENCH_DEVICE_GIB"]))
     torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
+    # a run stopped by `timeout` (SIGTERM) still reports what was recorded up to then (the exit raised where the main
+    # thread next runs Python: in a long backward, a recomputed Block's hook)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     status = None
     sys.argv = ["lit-liger", *args]  # (litgpt's save_hyperparameters parses sys.argv at the run's end)
     try:
