@@ -4,7 +4,8 @@
 # Two calls while the machine stays warm (its /tmp is kept ~30 s after a call):
 #   run: BUILD=1 CALL=l0 bash benchmarks/calls/issue68-long-mem.sh             (carry .whl; the checkpoint and data)
 #   run: LEN=262144 CALL=l1 bash benchmarks/calls/issue68-long-mem.sh          (carry .whl; one iteration)
-# BUILD=1 RUN=1 does both in one call; QUANT=bnb.nf4-dq runs QLoRA (bitsandbytes' wheel in the carried folder).
+# BUILD=1 RUN=1 does both in one call; QUANT=bnb.nf4-dq runs QLoRA (bitsandbytes' wheel in the carried folder); EXTRA:
+# more arguments (e.g. --liger.sdpa_backend cudnn).
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
 python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" > /tmp/args.txt <<'PY'
@@ -24,7 +25,7 @@ PY
 echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints ($(( $(date +%s) - S )) s into the call)"
 if [ "${BUILD:-0}" = 1 ] && [ "${RUN:-0}" != 1 ]; then exit 0; fi
 LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout -k 60 ${RUN_S:-$(( 540 - $(date +%s) + S ))} \
-  bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt)" \
+  bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt) ${EXTRA:-}" \
   > "/tmp/o/$NAME-mem.log" 2>&1
 echo "mem rc=$?"; grep -E "memory plan|Memory Used|iter [12] |Training time|Error|error" "/tmp/o/$NAME-mem.log" | cut -c1-300
 grep -A42 '"peak_live_GiB"' "/tmp/o/$NAME-mem.log" | cut -c1-220
