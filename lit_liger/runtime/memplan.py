@@ -43,7 +43,7 @@ from ..kernels import _launch
 from ..swap.state import state_of
 
 __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "HOST_FRACTION", "LIMIT_FRACTION", "MEMORY_FRACTION", "MemPlan",
-           "MemoryPlanError", "Room", "TILE_BYTES", "available_bytes", "block_forward_flops", "decide",
+           "MemoryPlanError", "Room", "TILED_N_EMBD", "TILE_BYTES", "available_bytes", "block_forward_flops", "decide",
            "grads_to_come", "host_available", "host_bytes", "host_room", "kept_bytes_per_token", "longest_tokens",
            "mlp_recompute_flops", "offloaded", "optimizer_state_ahead", "plan_for", "room_now", "state_ahead",
            "tile_tokens", "tiled_mlp_flops"]
@@ -76,6 +76,15 @@ TILE_MULTIPLE = 64
 #: ``(tile, intermediate_size)`` tensors one tile's forward and backward hold at once: ``fc_1``'s and ``fc_2``'s
 #: outputs and their gradients
 TILE_WORKING = 4
+#: a recomputed Block whose MLP runs over tiles: the ``(T, n_embd)`` tensors (of the activations' dtype) its rerun and
+#: backward hold at their highest, beside its input and the hidden states' gradient. That moment is the attention's
+#: backward, after the MLP's: the rerun's normed input, q / k / v, the attention's output, the gradients flowing into
+#: and out of it (flash and cuDNN attention's backward add a float32 accumulator of the query's gradient), and the
+#: final hidden states that the training loop's output holds. Measured on an H200, Llama-3.1-8B LoRA (litgpt's loop,
+#: an 80 GB card emulated): 14.1 such tensors at 262,144 tokens beside the weights and the GPU's kept inputs
+#: (28.2 GiB; benchmarks/results/h200-2026-12-02d, m1), 13.1 at 131,072 (h200-2026-12-02c, l2, less the float32
+#: copy of the hidden states that lived then); with the input and the gradient counted apart, 12
+TILED_N_EMBD = 12
 #: the share of the host's available memory (:func:`host_available`) the plan may pin for Block inputs: the rest
 #: for the data loader's workers, the page cache that reading data and checkpoints uses, the process's own growth
 HOST_FRACTION = 0.8
@@ -290,11 +299,10 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
     loss = 3 * inp + LOSS_CHUNK  # the final hidden states, their gradient, the loss's chunk
     # the backward's transient beside what is kept: one Block's gradients (about its activations' size), and with a
     # recomputed Block its rerun's activations too. A recomputed Block whose MLP runs over tiles holds no (T, I) tensor
-    # whole in either: its activations less the GLU's two inputs, plus the MLP's (T, C) input (the tiled MLP keeps it),
-    # twice, and one tile's working set
+    # whole in either: :data:`TILED_N_EMBD` (T, C) tensors (measured) and one tile's working set
     t = tile_tokens(config, tokens, elt) if tile else 0
     whole = 2 * kept
-    tiled = 2 * (ACT_N_EMBD + 1) * C * elt * tokens + TILE_WORKING * t * inter * elt
+    tiled = TILED_N_EMBD * C * elt * tokens + TILE_WORKING * t * inter * elt
     if t and tiled >= whole:
         t = 0  # (an MLP so narrow that tiling saves nothing)
 
@@ -330,9 +338,10 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
     for tk in ((0, t) if t else (0,)):
         # every input on the host, then the larger of two moments: the loss (its working set beside the final hidden
         # states) and a Block's backward (its rerun and gradients, the hidden states' gradient flowing into it, its
-        # input back from the host): the loss's chunk and the final hidden states are freed before the Blocks'
-        # backward. Counting both at once put the expected peak 11% over the measured one at 131k tokens of
-        # Llama-3.1-8B LoRA (59.1 against 53.2 GiB, benchmarks/results/h200-2026-12-02c, l2)
+        # input back from the host): the loss's chunk is freed before the Blocks' backward. Counting both at once
+        # put the expected peak 11% over the measured one at 131k tokens of Llama-3.1-8B LoRA (59.1 against 53.2 GiB,
+        # benchmarks/results/h200-2026-12-02c, l2); with the tiled transient of 14 (T, C) tensors, 13.5% over at 262k
+        # (58.3 against 51.4 GiB, h200-2026-12-02d, m1), hence :data:`TILED_N_EMBD`
         base = max(loss, transient(n, tk) + inp) + inp
         h = max(1, min(n, -(-int(base + n * inp - available) // inp)))
         plan = MemPlan(n, False, base + (n - h) * inp, available, 0, host=h, tile=tk, host_need=h * per_input,
