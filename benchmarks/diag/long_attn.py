@@ -5,7 +5,9 @@ usage: python -m benchmarks diag long-attn [OUT.json]   (env: TOKENS=65536,13107
                                                          (query heads : key/value groups : head size, Llama-3.1-8B's),
                                                          REPS=2)
 
-Per backend and length: the median time of the forward and of the forward + backward (CUDA events, B = 1, bf16), their
+The SDPA backends run twice: with the key / value heads repeated to the query heads (LitGPT's layout for them), and
+with the groups as they are and ``enable_gqa=True`` (``*-gqa``: the call lit-liger's GQA layers make; ``torch-gqa``
+with every backend on, and the aten op PyTorch's choice runs there, from the profiler). Per backend and length: the median time of the forward and of the forward + backward (CUDA events, B = 1, bf16), their
 TFLOP/s counting the causal half (forward 2 GEMMs, backward 5: ``2 * 2 * T^2 / 2 * nh * hs`` per GEMM pair's share),
 and the backward's extra memory. A backend that cannot take the shape prints its error and is skipped.
 """
@@ -26,15 +28,30 @@ def _backends() -> dict:
 
     from lit_liger.kernels.attention import softcap_attention
 
-    def sdpa(backend):
+    def sdpa(*backends, gqa=False):
         def run(q, k, v):
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            with sdpa_kernel(list(backends)):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return run
 
-    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
-            "efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+    B = SDPBackend
+    return {"cudnn": sdpa(B.CUDNN_ATTENTION), "flash": sdpa(B.FLASH_ATTENTION),
+            "efficient": sdpa(B.EFFICIENT_ATTENTION),
+            # the call lit-liger's GQA layers make (attention._flash_gqa_ok): the key / value groups as they are,
+            # enable_gqa=True, per backend and with every backend on (PyTorch's choice, as at these lengths)
+            "cudnn-gqa": sdpa(B.CUDNN_ATTENTION, gqa=True), "flash-gqa": sdpa(B.FLASH_ATTENTION, gqa=True),
+            "torch-gqa": sdpa(B.CUDNN_ATTENTION, B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH, gqa=True),
             "lit-liger": lambda q, k, v: softcap_attention(q, k, v, q.size(-1) ** -0.5, None)}
+
+
+def _chosen_gqa(T: int, nh: int, ng: int, hs: int) -> str:
+    """The backend PyTorch's own choice takes for the GQA call at ``T`` tokens (its profiler's kernel names)."""
+    q = torch.randn(1, nh, T, hs, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, ng, T, hs, device="cuda", dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+    names = [e.name for e in prof.events() if "attention" in e.name and e.name.startswith("aten::_")]
+    return ",".join(dict.fromkeys(names)) or "?"
 
 
 def _timed(fn, reps: int) -> float:
@@ -51,9 +68,10 @@ def _timed(fn, reps: int) -> float:
 
 def _measure(name: str, fn, T: int, nh: int, ng: int, hs: int, reps: int) -> tuple[float, float, float]:
     """(forward s, forward + backward s, the backward's extra GiB) of ``fn`` at ``T`` tokens. The SDPA backends get
-    key / value heads repeated to the query heads (LitGPT's layout for them), lit-liger's kernel the groups."""
+    key / value heads repeated to the query heads (LitGPT's layout for them), the ``*-gqa`` ones and lit-liger's
+    kernel the groups."""
     torch.manual_seed(0)
-    kv = ng if name == "lit-liger" else nh
+    kv = ng if name == "lit-liger" or name.endswith("-gqa") else nh
     q = torch.randn(1, nh, T, hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, kv, T, hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, kv, T, hs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -79,6 +97,13 @@ def main(argv: list[str]) -> None:
     print(f"{'backend':<10} {'tokens':>8} {'fwd s':>8} {'fwd TF/s':>9} {'f+b s':>8} {'f+b TF/s':>9} {'bwd extra GiB':>13}")
     for T in tokens:
         flops_fwd = 2 * 2 * T * T / 2 * nh * hs  # QK^T and PV over the causal half
+        try:
+            chosen = _chosen_gqa(T, nh, ng, hs)
+        except Exception as e:  # noqa: BLE001
+            chosen = f"error: {type(e).__name__}"
+        print(f"PyTorch's choice for the GQA call at {T} tokens: {chosen}", flush=True)
+        rows.append({"backend": "torch-gqa-choice", "tokens": T, "ops": chosen})
+        torch.cuda.empty_cache()
         for name, fn in _backends().items():
             try:
                 fwd, both, extra = _measure(name, fn, T, nh, ng, hs, reps)
