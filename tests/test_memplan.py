@@ -225,6 +225,42 @@ def test_full_training_offloaded_gradients_reach_every_parameter(monkeypatch):
         assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, n
 
 
+def test_offloaded_lowest_block_keeps_no_leaf_of_the_frozen_embedding_output(monkeypatch):
+    """LoRA (a frozen embedding): the lowest Block's reentrant checkpoint needs an input with grad. The graph's leaves
+    are the trained parameters and a 0-dim anchor, not the (B, T, C) embedding output (which, made a leaf, its
+    AccumulateGrad node would hold with its gradient while the graph lives); the embedding output gets no gradient,
+    and the loss and gradients are those of keeping everything."""
+    monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
+    cfg, plain, auto = _lora_pair(dropout=0.0)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    _force(monkeypatch, cfg.n_layer, True)
+    from lit_liger import chunked_cross_entropy
+
+    torch.manual_seed(3)  # (as _step)
+    loss = chunked_cross_entropy(auto(x), y)
+    leaves, seen, todo = [], set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad
+            leaves.append(node.variable)
+        todo.extend(n for n, _ in node.next_functions)
+    trained = {id(p) for p in auto.parameters() if p.requires_grad}
+    assert leaves and all(id(t) in trained or t.dim() == 0 for t in leaves), [tuple(t.shape) for t in leaves]
+    assert any(t.dim() == 0 for t in leaves)  # (the anchor: the checkpoint's output needs grad)
+    auto.zero_grad(set_to_none=True)
+    loss.backward()
+    grads_b = {n: p.grad for n, p in auto.named_parameters() if p.grad is not None}
+    assert rel_err(loss.detach(), loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, n
+
+
 def test_plan_line_printed_when_the_plan_grows(monkeypatch, capsys):
     cfg, _, model = _lora_pair(dropout=0.0)
     apply_liger(model)
@@ -305,21 +341,21 @@ def test_offload_keeps_as_many_inputs_on_the_gpu_as_fit():
 
 def test_tiles_keep_inputs_off_the_host_and_the_host_budget_bounds_the_plan():
     """With tiles the recomputed Block's rerun and gradients hold no (T, I) tensor whole: at 128k tokens with 40 GiB
-    the plan puts 7 inputs on the host where whole MLPs need 20; a host that can pin 15 GiB takes the tiled plan and
+    the plan puts 6 inputs on the host where whole MLPs need 20; a host that can pin 15 GiB takes the tiled plan and
     refuses the whole one (an error that names both memories); with 56 GiB the tiled plan needs no host at all."""
     cfg = _config("Llama-3.1-8B")
     T, inp, tile = 131072, GiB, 9344
     whole = memplan.decide(cfg, T, 40 * GiB)
     tiled = memplan.decide(cfg, T, 40 * GiB, tile=True)
-    assert (whole.host, whole.tile) == (20, 0) and (tiled.host, tiled.tile) == (7, tile)
+    assert (whole.host, whole.tile) == (20, 0) and (tiled.host, tiled.tile) == (6, tile)
     # the tiled transient: memplan.TILED_N_EMBD (measured) (T, C) tensors and one tile's four (tile, I) tensors; the
     # peak the larger of the loss's moment and a Block's backward (with the hidden states' gradient), plus the input
     # back from the host
-    assert memplan.TILED_N_EMBD == 12
-    transient = 12 * 4096 * 2 * T + 4 * tile * 14336 * 2
+    assert memplan.TILED_N_EMBD == 11
+    transient = 11 * 4096 * 2 * T + 4 * tile * 14336 * 2
     loss = 3 * inp + memplan.LOSS_CHUNK
     assert transient + inp > loss
-    assert tiled.need == transient + inp + inp + (32 - 7) * inp <= 40 * GiB
+    assert tiled.need == transient + inp + inp + (32 - 6) * inp <= 40 * GiB
     assert tiled.need + inp > 40 * GiB  # (the fewest on the host)
     bounded = memplan.decide(cfg, T, 40 * GiB, host=15 * GiB, tile=True)
     assert bounded.host_room == 15 * GiB and bounded == replace(tiled, host_room=15 * GiB)
@@ -402,11 +438,11 @@ def test_plan_line_says_where_the_inputs_went_and_what_took_the_gpu(monkeypatch)
     expected peak; "does not fit" only where the plan truly does not."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
-    assert (plan.recompute, plan.host, plan.tile) == (32, 7, 9344) and plan.host_room == 0.8 * 100 * GiB
+    assert (plan.recompute, plan.host, plan.tile) == (32, 6, 9344) and plan.host_room == 0.8 * 100 * GiB
     line = plan.line(131072, 32)
     for part in ("lit-liger: memory plan at 131,072 tokens per micro-batch: 32 of 32 Blocks recomputed in backward, "
-                 "their MLP in tiles of 9,344 tokens, 7 of their inputs kept in pinned host memory "
-                 "(7.0 GiB of the 80.0 GiB the host can pin), the other 25 on the GPU",
+                 "their MLP in tiles of 9,344 tokens, 6 of their inputs kept in pinned host memory "
+                 "(6.0 GiB of the 80.0 GiB the host can pin), the other 26 on the GPU",
                  f"estimated {plan.need / GiB:.1f} GiB of activations for 40.0 GiB free",
                  "of the GPU's 80.0 GiB less 15.0 GiB allocated now, 1.0 GiB of gradients and 2.0 GiB of optimizer "
                  "state to come", f"a GPU peak of about {(18 * GiB + plan.need) / GiB:.1f} GiB"):
@@ -420,7 +456,7 @@ def test_plan_for_takes_the_device_s_limit_before_it_raises(monkeypatch):
     """Where no plan fits the share of the device the plan aims for, ``plan_for`` plans within ``LIMIT_FRACTION`` of
     it (the line says there is little margin, not that it does not fit); past that it raises before any work."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB, host=5 * GiB)  # (4 GiB pinnable)
-    with pytest.raises(memplan.MemoryPlanError):  # (tiled: 7 inputs on the host at 40 GiB: too many)
+    with pytest.raises(memplan.MemoryPlanError):  # (tiled: 6 inputs on the host at 40 GiB: too many)
         memplan.decide(gpt.config, 131072, 40 * GiB, host=4 * GiB, tile=True)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
     limit = memplan.LIMIT_FRACTION * 80 * GiB - 18 * GiB

@@ -81,10 +81,12 @@ TILE_WORKING = 4
 #: backward, after the MLP's: the rerun's normed input, q / k / v, the attention's output, the gradients flowing into
 #: and out of it (flash and cuDNN attention's backward add a float32 accumulator of the query's gradient), and the
 #: final hidden states that the training loop's output holds. Measured on an H200, Llama-3.1-8B LoRA (litgpt's loop,
-#: an 80 GB card emulated): 14.1 such tensors at 262,144 tokens beside the weights and the GPU's kept inputs
-#: (28.2 GiB; benchmarks/results/h200-2026-12-02d, m1), 13.1 at 131,072 (h200-2026-12-02c, l2, less the float32
-#: copy of the hidden states that lived then); with the input and the gradient counted apart, 12
-TILED_N_EMBD = 12
+#: an 80 GB card emulated), beside the weights and the GPU's kept inputs: 14.1 such tensors at 262,144 tokens
+#: (benchmarks/results/h200-2026-12-02d, m1) and 15.1 at 131,072 (h200-2026-12-02c, l2), of which two since removed:
+#: the embedding's output, which the lowest offloaded Block made a leaf that the graph held (1 tensor, both runs), and
+#: the float32 copy of the hidden states under Fabric's output cast (2 tensors at 131k): 13.1 and 12.1. Counted as
+#: 11, plus the input back from the host and the gradient flowing in (13), plus the tile's working set
+TILED_N_EMBD = 11
 #: the share of the host's available memory (:func:`host_available`) the plan may pin for Block inputs: the rest
 #: for the data loader's workers, the page cache that reading data and checkpoints uses, the process's own growth
 HOST_FRACTION = 0.8
@@ -341,7 +343,8 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
         # input back from the host): the loss's chunk is freed before the Blocks' backward. Counting both at once
         # put the expected peak 11% over the measured one at 131k tokens of Llama-3.1-8B LoRA (59.1 against 53.2 GiB,
         # benchmarks/results/h200-2026-12-02c, l2); with the tiled transient of 14 (T, C) tensors, 13.5% over at 262k
-        # (58.3 against 51.4 GiB, h200-2026-12-02d, m1), hence :data:`TILED_N_EMBD`
+        # (58.3 against 51.4 GiB, h200-2026-12-02d, m1), hence :data:`TILED_N_EMBD`: 52.2 GiB expected for that run's
+        # placement, 5.8% over its peak less the embedding output the graph no longer holds (49.4; not re-measured)
         base = max(loss, transient(n, tk) + inp) + inp
         h = max(1, min(n, -(-int(base + n * inp - available) // inp)))
         plan = MemPlan(n, False, base + (n - h) * inp, available, 0, host=h, tile=tk, host_need=h * per_input,

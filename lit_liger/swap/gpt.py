@@ -40,6 +40,13 @@ def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, si
         return block(x, cos, sin, pack, None, None)
 
 
+def _offloaded_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     pack: _packing.Pack | None, tile: int, anchor: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_checkpointed_block` under the reentrant checkpoint of an offloaded Block; ``anchor``: a 0-dim tensor
+    with grad where ``x`` has none (unused: it makes the checkpoint's output need grad)."""
+    return _checkpointed_block(block, x, cos, sin, pack, tile)
+
+
 class _EmbeddingMixin:
     """The token embedding: while ``torch.compile`` traces a training forward, the weight's gradient comes from
     one op (:func:`embedding`); inside a capture's ``grads_into`` it is added into ``.grad`` by that op; otherwise
@@ -282,10 +289,13 @@ class _GPTMixin:
                     x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
             if block_idx < min(host, recompute):  # reentrant: the checkpoint saves its input, which the hooks move
-                if not x.requires_grad:  # (a frozen embedding's output: the reentrant checkpoint needs one input with
-                    x = x.detach().requires_grad_()  # grad, or the Block's trainable parameters get none)
+                # a frozen embedding's output: the reentrant checkpoint needs one input with grad, or the Block's
+                # trainable parameters get none; a 0-dim leaf serves (x made a leaf would be held, with its gradient,
+                # by its AccumulateGrad node for as long as the graph lives: through the whole backward, and past it
+                # where the loop keeps the loss: 2 (B, T, C) tensors, 4 GiB at 262k tokens of width 4096)
+                anchor = x.new_zeros((), requires_grad=True) if not x.requires_grad else None
                 with state_of(self).runtime.offloaded(self.config.n_embd):
-                    x = _checkpoint(_checkpointed_block, block, x, c, s, pack, tile, use_reentrant=True,
+                    x = _checkpoint(_offloaded_block, block, x, c, s, pack, tile, anchor, use_reentrant=True,
                                     preserve_rng_state=True)
             elif block_idx < recompute:  # only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
