@@ -298,3 +298,36 @@ def test_int8_head_keeps_its_own_forward():
     assert _int8_head(late)  # its forward returns LitGPT's logits
     with pytest.raises(NotImplementedError, match="int8"):
         lm_head_weight_bias(late.lm_head)
+
+
+@pytest.mark.parametrize("lora_mlp", [False, True])
+def test_4bit_mlp_runs_over_the_plan_s_tiles(lora_mlp):
+    """Issue 68's plan tiles QLoRA's MLP too: in a recomputed Block (the checkpoint's scope, the plan's tile) the 4-bit
+    MLP (frozen, or with LoRA on its three layers) runs over sequence tiles, with the output, the input's gradient and
+    the LoRA gradients of the MLP called whole."""
+    from lit_liger.swap._common import _CHECKPOINTED, _scoped, _tiled
+    from lit_liger.swap.mlp import tiled_mlp
+
+    lora = dict(lora_query=True, lora_value=True, lora_mlp=lora_mlp)
+    cfg, _, ours = _qlora_pair("Llama-3.2-1B", "nf4", **lora)
+    apply_liger(ours)
+    block = ours.transformer.h[0]
+    mlp = block.mlp
+    assert isinstance(mlp.fc_1, bnb.nn.Linear4bit) or isinstance(getattr(mlp.fc_1, "linear", None), bnb.nn.Linear4bit)
+    x = torch.randn(2, 13, cfg.n_embd)
+    with _scoped(block, _CHECKPOINTED), _tiled(block, 5):
+        assert block._liger_tile(x) == 5  # (a frozen plain GLU would run glu_mlp's chunks instead: 0)
+
+    def run(tile):
+        mlp.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        out = tiled_mlp(mlp, xi, tile)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+        return out.detach(), xi.grad, {n: p.grad for n, p in mlp.named_parameters() if p.grad is not None}
+
+    out_ref, dx_ref, g_ref = run(0)
+    out, dx, g = run(5)
+    assert rel_err(out, out_ref) <= 1e-5 and rel_err(dx, dx_ref) <= 1e-5
+    assert g.keys() == g_ref.keys() and bool(g) == lora_mlp
+    for n in g:
+        assert rel_err(g[n], g_ref[n]) <= 1e-5, n
