@@ -171,12 +171,14 @@ def test_dataparallel_estimates_with_the_same_per_token_bytes():
 # ------------------------------------------------------------------------------------------------
 # the plan applied: the same numbers, less kept
 # ------------------------------------------------------------------------------------------------
-def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0, host: int = 0, tile: int = 0):
+def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0, host: int = 0, tile: int = 0, pairs: int = 0):
     """Every plan: ``recompute`` Blocks recomputed, the lowest ``host`` of them (with ``offload``: all) keeping
-    their inputs in host memory, ``mlp`` Blocks at the MLP level, MLP tiles of ``tile`` tokens."""
+    their inputs in host memory, the lowest ``2 * pairs`` of those in pairs, ``mlp`` Blocks at the MLP level, MLP
+    tiles of ``tile`` tokens."""
     monkeypatch.setattr(runtime_memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True,
                         **_: memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0, mlp,
-                                             host=host if allow_offload else 0, tile=tile))
+                                             host=host if allow_offload else 0, tile=tile,
+                                             pairs=pairs if allow_offload else 0))
 
 
 @pytest.mark.parametrize(("recompute", "offload"), [(1, False), (2, False), (2, True)])
@@ -278,13 +280,13 @@ def test_explicit_settings_and_cpu_default(monkeypatch):
     """``True``: every Block, ``False``: none, ``None`` on CPU tensors: nothing to plan (no device memory)."""
     cfg, _, model = _lora_pair(dropout=0.0)
     x, _ = _data(cfg)
-    for setting, expected in [(True, (cfg.n_layer, False, 0, 0, 0)), (False, (0, False, 0, 0, 0)),
-                              (None, (0, False, 0, 0, 0))]:
+    for setting, expected in [(True, (cfg.n_layer, False, 0, 0, 0, 0)), (False, (0, False, 0, 0, 0, 0)),
+                              (None, (0, False, 0, 0, 0, 0))]:
         apply_liger(model, LigerConfig(activation_checkpointing=setting))
         assert swap_gpt._memory_plan_here(model, x) == expected
     with torch.no_grad():
         apply_liger(model, LigerConfig(activation_checkpointing=True))
-        assert swap_gpt._memory_plan_here(model, x) == (0, False, 0, 0, 0)
+        assert swap_gpt._memory_plan_here(model, x) == (0, False, 0, 0, 0, 0)
     assert memplan.plan_for(model, 24, torch.device("cpu")) is None
 
 
@@ -396,10 +398,10 @@ def test_tile_size_from_its_byte_budget(monkeypatch):
 def test_no_plan_fits_names_the_longest_micro_batch_that_does():
     """Where neither memory suffices, :class:`MemoryPlanError` (a ValueError) names what each memory lacks and the
     longest micro-batch that fits: that length fits, one token more does not, nor 5% more. Bound by the GPU (8B at
-    512k, 48 GiB, no host limit: 53 GiB needed with every input on the host) and by the host (128k, 40 GiB, 15 GiB
-    pinnable, whole MLPs: 20 inputs there)."""
+    512k, 48 GiB, no host limit: 53 GiB needed with every input on the host) and by the host (128k, 40 GiB, 7 GiB
+    pinnable, whole MLPs: 20 inputs off the GPU, 10 of them on the host in pairs)."""
     cfg = _config("Llama-3.1-8B")
-    cases = [(4 * 131072, 48 * GiB, None, True), (131072, 40 * GiB, 15 * GiB, False)]
+    cases = [(4 * 131072, 48 * GiB, None, True), (131072, 40 * GiB, 7 * GiB, False)]
     for tokens, free, host, tile in cases:
         with pytest.raises(ValueError) as err:
             memplan.decide(cfg, tokens, free, host=host, tile=tile)
@@ -556,7 +558,7 @@ def test_blocks_take_the_planned_paths(recompute, host, tile, monkeypatch):
         (list(auto.transformer.h).index(block), a[-1])) or real_block(block, *a))
     monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, xn, t: mlp_tiles.append(t) or real_tiled(mlp, xn, t))
     _force(monkeypatch, recompute, False, host=host, tile=tile)
-    assert swap_gpt._memory_plan_here(auto, x) == (recompute, host > 0, 0, host, tile)
+    assert swap_gpt._memory_plan_here(auto, x) == (recompute, host > 0, 0, host, tile, 0)
     loss_b, grads_b = _step(auto, x, y)
     assert paths == [True] * host + [False] * (recompute - host)
     assert packed == [(2, 12, cfg.n_embd)] * host
@@ -569,6 +571,64 @@ def test_blocks_take_the_planned_paths(recompute, host, tile, monkeypatch):
     assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
     for n in grads_a:
         assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, (n, rel_err(grads_b[n], grads_a[n]))
+
+
+@pytest.mark.parametrize(("n_layer", "pairs", "full"), [(3, 1, False), (4, 2, True)])
+def test_offloaded_pairs_keep_one_input_each(n_layer, pairs, full, monkeypatch):
+    """``MemPlan.pairs``: every Block offloaded, the lowest ``2 * pairs`` in pairs. LoRA with dropout (a frozen
+    embedding: the pair's anchor) and full fine-tuning (the embedding's output needs grad): one input copied to the
+    host per pair and per single Block; each pair's first Block runs three times (forward, the rerun that makes the
+    second's input, its own recompute), its second twice; loss and gradients equal to keeping everything (the reruns
+    draw the forward's dropout masks)."""
+    monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
+    packed, real_init = [], memplan._OnHost.__init__
+    monkeypatch.setattr(memplan._OnHost, "__init__", lambda self, h, e, d, *a: packed.append(tuple(h.shape))
+                        or real_init(self, h, e, d, *a))
+    cfg, plain, auto = _lora_pair(0.2, n_layer=n_layer)
+    if full:
+        for p in list(plain.parameters()) + list(auto.parameters()):
+            p.requires_grad_(True)
+    apply_liger(plain, LigerConfig(activation_checkpointing=False))
+    apply_liger(auto)
+    x, y = _data(cfg)
+    loss_a, grads_a = _step(plain, x, y)
+    runs = []
+    real_block = swap_gpt._checkpointed_block
+    monkeypatch.setattr(swap_gpt, "_checkpointed_block", lambda block, *a, **kw: runs.append(
+        list(auto.transformer.h).index(block)) or real_block(block, *a, **kw))
+    _force(monkeypatch, n_layer, True, host=n_layer, pairs=pairs)
+    assert swap_gpt._memory_plan_here(auto, x) == (n_layer, True, 0, n_layer, 0, pairs)
+    loss_b, grads_b = _step(auto, x, y)
+    assert packed == [(2, 12, cfg.n_embd)] * (n_layer - pairs)
+    expected = {i: (3 if i < 2 * pairs and i % 2 == 0 else 2) for i in range(n_layer)}
+    assert {i: runs.count(i) for i in range(n_layer)} == expected, runs
+    assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
+    assert ("transformer.wte.weight" in grads_a) == full
+    for n in grads_a:
+        assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, (n, rel_err(grads_b[n], grads_a[n]))
+
+
+def test_host_short_plans_pairs():
+    """The host cannot pin the inputs the GPU cannot keep: the fewest pairs that bring them within its room (8B at
+    262k, 45 GiB free, 40 GiB pinnable: 23 inputs off the GPU, 3 pairs, 20 inputs on the host), the GPU's estimate
+    unchanged by them; the line says so; where even every pair is not enough, the error names the host memory they
+    would need; with room enough, no pairs."""
+    cfg = _config("Llama-3.1-8B")
+    T = 262144
+    unpaired = memplan.decide(cfg, T, 45 * GiB, host=None, tile=True)
+    plan = memplan.decide(cfg, T, 45 * GiB, host=40 * GiB, tile=True)
+    inp = memplan.host_bytes(T * cfg.n_embd * 2)
+    assert (plan.host, plan.pairs, plan.host_need) == (unpaired.host, 3, 20 * inp) == (23, 3, 40 * GiB)
+    assert plan.need == unpaired.need and unpaired.pairs == 0
+    assert ("20 of their inputs kept in pinned host memory (40.0 GiB of the 40.0 GiB the host can pin; the lowest 6 "
+            "Blocks in pairs, one input kept per pair and the other rerun from it: 3 more Block forwards)"
+            in plan.line(T, 32))
+    with pytest.raises(memplan.MemoryPlanError) as err:  # (23 inputs, 11 pairs: 12 on the host, 24 GiB)
+        memplan.decide(cfg, T, 45 * GiB, host=23 * GiB, tile=True)
+    assert err.value.host_need == 12 * inp and "12 of their inputs in pinned host memory, the lowest 22 Blocks in pairs" \
+        in str(err.value)
+    assert memplan.decide(cfg, T, 45 * GiB, host=24 * GiB, tile=True).pairs == 11
+    assert memplan.decide(cfg, T, 45 * GiB, host=60 * GiB, tile=True).pairs == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -840,7 +900,7 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
         return runner.graphs[key]
 
     monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(swap_gpt, "_memory_plan_here", lambda gpt, idx: (0, False, 0, 0, 0))
+    monkeypatch.setattr(swap_gpt, "_memory_plan_here", lambda gpt, idx: (0, False, 0, 0, 0, 0))
     monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
     monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
     state_of(model).expected_lengths = None
@@ -1327,11 +1387,11 @@ def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
     apply_liger(model)
     x, _ = _data(cfg)
     _force(monkeypatch, cfg.n_layer, True)
-    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, True, 0, cfg.n_layer, 0)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, True, 0, cfg.n_layer, 0, 0)
     monkeypatch.setattr(_dist, "several_processes", lambda: True)
     monkeypatch.setattr(_dist, "replicated", lambda gpt: True)  # (inside DDP's forward)
     monkeypatch.setattr(swap_gpt, "sharded_processes", lambda gpt: False)
-    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, False, 0, 0, 0)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, False, 0, 0, 0, 0)
 
 
 def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():

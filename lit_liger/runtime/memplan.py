@@ -23,6 +23,11 @@ state still to come: :class:`Room`) and the host's (:func:`host_room`):
   Block whose rerun and backward would otherwise hold the MLP's ``(T, I)`` tensors whole runs them one tile of
   :func:`tile_tokens` tokens at a time (``MemPlan.tile``), where that lets the plan fit with fewer added FLOPs or
   fewer inputs on the host (it costs one more MLP forward per recomputed Block);
+* where the host cannot pin every input the GPU cannot keep, the lowest offloaded Blocks go in pairs
+  (``MemPlan.pairs``, ``lit_liger.swap.gpt._OffloadedPair``): a pair keeps only its first Block's input on the host;
+  its backward reruns the first Block without grad to make the second one's input, runs the second's backward, then
+  the first's from its input brought back again: one more forward of the first Block, no more GPU memory than one
+  offloaded Block's backward;
 * where neither memory suffices, :class:`MemoryPlanError` before the step's work, naming the bytes each memory lacks
   and the longest micro-batch that would fit.
 
@@ -215,8 +220,9 @@ class MemPlan:
     """What one micro-batch keeps: the lowest ``recompute`` Blocks are recomputed in backward and keep only their
     input, the lowest ``host`` of them in pinned host memory, the others on the GPU (``offload``: ``host > 0``; made
     with ``offload=True`` and no ``host``, every recomputed Block's); the ``mlp`` Blocks above them recompute their
-    MLP inputs in backward; the recomputed Blocks run their MLP over sequence tiles of ``tile`` tokens (0: whole).
-    ``need``: the estimated bytes of its activations on the GPU; ``available``: what the device had for them;
+    MLP inputs in backward; the recomputed Blocks run their MLP over sequence tiles of ``tile`` tokens (0: whole);
+    the lowest ``2 * pairs`` of the offloaded Blocks run in pairs, each pair keeping its first Block's input only
+    (``host - pairs`` inputs on the host). ``need``: the estimated bytes of its activations on the GPU; ``available``: what the device had for them;
     ``host_need``: the pinned host memory of the offloaded inputs; ``host_room``: what the host could pin (None: not
     known); ``room``: what held the GPU's memory (None: not read)."""
 
@@ -227,6 +233,7 @@ class MemPlan:
     mlp: int = 0  # Blocks above the recomputed ones whose fc_1 / fc_2 outputs are recomputed in backward
     host: int = 0
     tile: int = 0
+    pairs: int = 0  # the lowest 2 * pairs offloaded Blocks go in pairs: one input on the host per pair
     host_need: float = 0.0
     host_room: float | None = None
     room: Room | None = None
@@ -241,14 +248,19 @@ class MemPlan:
         tiles = f", their MLP in tiles of {self.tile:,} tokens" if self.tile else ""
         pinned = f"{self.host_need / gib:.1f} GiB" + (
             f" of the {self.host_room / gib:.1f} GiB the host can pin" if self.host_room is not None else "")
+        if self.pairs:
+            pinned += (f"; the lowest {2 * self.pairs} Blocks in pairs, one input kept per pair and the other rerun "
+                       f"from it: {self.pairs} more Block forwards")
         if not self.recompute and not self.mlp:
             what = "every Block's activations kept"
         elif self.offload and self.host >= self.recompute == n_layer:
-            what = (f"all {n_layer} Blocks recomputed in backward{tiles}, their inputs kept in pinned host memory "
-                    f"({pinned})")
+            what = (f"all {n_layer} Blocks recomputed in backward{tiles}, "
+                    + (f"{self.host - self.pairs} of " if self.pairs else "")
+                    + f"their inputs kept in pinned host memory ({pinned})")
         elif self.offload:
-            what = (f"{self.recompute} of {n_layer} Blocks recomputed in backward{tiles}, {self.host} of their inputs "
-                    f"kept in pinned host memory ({pinned}), the other {self.recompute - self.host} on the GPU")
+            what = (f"{self.recompute} of {n_layer} Blocks recomputed in backward{tiles}, {self.host - self.pairs} of "
+                    f"their inputs kept in pinned host memory ({pinned}), the other {self.recompute - self.host} on "
+                    "the GPU")
         else:
             what = f"{self.recompute} of {n_layer} Blocks recomputed in backward{tiles}, their inputs on the GPU"
             if self.mlp:
@@ -349,11 +361,22 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
         h = max(1, min(n, -(-int(base + n * inp - available) // inp)))
         plan = MemPlan(n, False, base + (n - h) * inp, available, 0, host=h, tile=tk, host_need=h * per_input,
                        host_room=host)
+        if host is not None and plan.host_need > host and plan.need <= available:
+            plan = _paired(plan, per_input, host)
         least = plan if least is None or plan.need < least.need else least
         if plan.need <= available and (host is None or plan.host_need <= host) \
-                and (chosen is None or plan.host < chosen.host):
+                and (chosen is None or (plan.pairs, plan.host) < (chosen.pairs, chosen.host)):
             chosen = plan
     return (chosen, None) if chosen is not None else (None, least)
+
+
+def _paired(plan: MemPlan, per_input: int, host: float) -> MemPlan:
+    """``plan`` (every Block recomputed, ``plan.host`` inputs on the host, more than ``host`` bytes of it) with the
+    fewest pairs of offloaded Blocks that bring the host's share within ``host`` (a pair keeps one input there; its
+    backward holds on the GPU what one offloaded Block's does); where none does, every pair there can be (the least of
+    the host it can ask)."""
+    pairs = min(plan.host // 2, -(-int(plan.host * per_input - host) // per_input))
+    return replace(plan, pairs=pairs, host_need=(plan.host - pairs) * per_input)
 
 
 def longest_tokens(config: Any, available: float, elt: int = 2, host: float | None = None, mlp: bool = False,
@@ -391,8 +414,10 @@ def decide(config: Any, tokens: int, available: float, elt: int = 2, allow_offlo
     n = config.n_layer
     how = (f"all {n} Blocks recomputed in backward"
            + (f", their MLP in tiles of {least.tile:,} tokens" if least.tile else "")
-           + (", all their inputs" if least.host == n else f", {least.host} of their inputs")
-           + " in pinned host memory")
+           + (", all their inputs" if least.host == n and not least.pairs else
+              f", {least.host - least.pairs} of their inputs")
+           + " in pinned host memory"
+           + (f", the lowest {2 * least.pairs} Blocks in pairs (one input kept per pair)" if least.pairs else ""))
     pinnable = ("host memory is not used here: several processes outside lit-liger's replica plan" if not allow_offload
                 else "no limit known" if room is None else f"the host can pin {room / gib:.1f} GiB")
     fit = (f"The longest micro-batch that fits: {longest:,} tokens (batch size x sequence length); shorten the "

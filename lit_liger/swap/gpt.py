@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint as _checkpoint, set_checkpoint_early_stop as _checkpoint_early_stop
+from torch.utils.checkpoint import checkpoint as _checkpoint, get_device_states, set_checkpoint_early_stop as \
+    _checkpoint_early_stop, set_device_states
 
 from .. import _dist
 from .._dist import sharded_processes
@@ -45,6 +46,66 @@ def _offloaded_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: 
     """:func:`_checkpointed_block` under the reentrant checkpoint of an offloaded Block; ``anchor``: a 0-dim tensor
     with grad where ``x`` has none (unused: it makes the checkpoint's output need grad)."""
     return _checkpointed_block(block, x, cos, sin, pack, tile)
+
+
+def _autocast_kwargs(device_type: str) -> dict:
+    return {"enabled": torch.is_autocast_enabled(device_type), "dtype": torch.get_autocast_dtype(device_type),
+            "cache_enabled": torch.is_autocast_cache_enabled()}
+
+
+class _OffloadedPair(torch.autograd.Function):
+    """Two offloaded Blocks that keep one input (``MemPlan.pairs``): the first Block's, which ``save_for_backward``
+    hands to the offload hooks (``ModelState.runtime.offloaded``: pinned host memory). Backward: the input back, the
+    first Block rerun without grad to make the second's input, the second's forward and backward; then the input back
+    again and the first Block's forward and backward. The GPU holds what one offloaded Block's backward holds (the
+    input from the host is dropped before the second Block runs; a reentrant checkpoint over both would hold it
+    throughout: one more ``(T, C)`` tensor); it costs one more forward of the first Block. As in a reentrant
+    checkpoint, the Blocks' parameters get their gradients from the backward run inside this one; the random number
+    generators' states (dropout) and autocast are those of the forward in each rerun. ``anchor``: a 0-dim tensor with
+    grad where ``x`` has none (so this backward runs); ``first`` / ``second``: the Blocks' calls, ``x`` -> output."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, first, second):
+        ctx.first, ctx.second, ctx.x_grad = first, second, x.requires_grad
+        ctx.device_type = x.device.type
+        ctx.cpu_rng = torch.get_rng_state()
+        ctx.devices, ctx.device_rng = get_device_states(x) if x.device.type != "cpu" else ([], [])
+        ctx.autocast = {t: _autocast_kwargs(t) for t in {x.device.type, "cpu"}}
+        ctx.save_for_backward(x)
+        return second(first(x))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        with _rerun(ctx):
+            with torch.no_grad():
+                mid = ctx.first(ctx.saved_tensors[0])
+            mid.requires_grad_(True)
+            out = ctx.second(mid)
+            torch.autograd.backward(out, grad)
+        grad_mid = mid.grad
+        del out, mid
+        with _rerun(ctx):
+            x = ctx.saved_tensors[0].detach().requires_grad_(ctx.x_grad)
+            out = ctx.first(x)
+            if out.requires_grad:
+                torch.autograd.backward(out, grad_mid)
+        return (x.grad if ctx.x_grad else None), None, None, None
+
+
+@contextlib.contextmanager
+def _rerun(ctx) -> Iterator[None]:
+    """Grad on, the random number generators where :class:`_OffloadedPair`'s forward found them (put back after),
+    autocast as it was."""
+    with torch.random.fork_rng(devices=ctx.devices, enabled=True, device_type=ctx.device_type
+                               if ctx.device_type != "cpu" else "cuda"), contextlib.ExitStack() as stack:
+        torch.set_rng_state(ctx.cpu_rng)
+        if ctx.devices:
+            set_device_states(ctx.devices, ctx.device_rng, device_type=ctx.device_type)
+        stack.enter_context(torch.enable_grad())
+        for device_type, kwargs in ctx.autocast.items():
+            stack.enter_context(torch.amp.autocast(device_type, **kwargs))
+        yield
 
 
 class _EmbeddingMixin:
@@ -277,26 +338,42 @@ class _GPTMixin:
         # of them in pinned host memory, the others on the GPU) and rerun in backward, their MLP over sequence tiles of
         # `tile` tokens (0: whole); the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
         # lit_liger.runtime.memplan)
-        recompute, _, mlp, host, tile = (_memory_plan_here(self, idx) if torch.compiler.is_compiling()
-                                         else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
+        recompute, _, mlp, host, tile, pairs = (
+            _memory_plan_here(self, idx) if torch.compiler.is_compiling()
+            else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
-        for block_idx, block in enumerate(self.transformer.h):
+        blocks, host, second = self.transformer.h, min(host, recompute), False
+        for block_idx, block in enumerate(blocks):
+            if second:  # (run with the Block below it, an offloaded pair)
+                second = False
+                continue
             if block_idx in cuts:
                 if taps is not None:
                     taps[block_idx] = x
                 elif x.requires_grad:  # (the Blocks from here up have their gradients when x has its own)
                     x.register_hook(functools.partial(_segment_ready, self, cuts[block_idx]))
             c, s = (cos[..., ri[block_idx]], sin[..., ri[block_idx]]) if ri is not None else (cos, sin)
-            if block_idx < min(host, recompute):  # reentrant: the checkpoint saves its input, which the hooks move
+            if block_idx < host:  # reentrant: the checkpoint saves its input, which the hooks move
                 # a frozen embedding's output: the reentrant checkpoint needs one input with grad, or the Block's
                 # trainable parameters get none; a 0-dim leaf serves (x made a leaf would be held, with its gradient,
                 # by its AccumulateGrad node for as long as the graph lives: through the whole backward, and past it
                 # where the loop keeps the loss: 2 (B, T, C) tensors, 4 GiB at 262k tokens of width 4096)
                 anchor = x.new_zeros((), requires_grad=True) if not x.requires_grad else None
+                # the lowest `pairs` pairs keep one input each (MemPlan.pairs): not across a segment cut
+                second = block_idx + 1 < min(host, 2 * pairs) and block_idx % 2 == 0 and block_idx + 1 not in cuts
                 with state_of(self).runtime.offloaded(self.config.n_embd):
-                    x = _checkpoint(_offloaded_block, block, x, c, s, pack, tile, anchor, use_reentrant=True,
-                                    preserve_rng_state=True)
+                    if second:
+                        c2, s2 = ((cos[..., ri[block_idx + 1]], sin[..., ri[block_idx + 1]]) if ri is not None
+                                  else (cos, sin))
+                        x = _OffloadedPair.apply(
+                            x, anchor, functools.partial(_checkpointed_block, block, cos=c, sin=s, pack=pack,
+                                                         tile=tile),
+                            functools.partial(_checkpointed_block, blocks[block_idx + 1], cos=c2, sin=s2, pack=pack,
+                                              tile=tile))
+                    else:
+                        x = _checkpoint(_offloaded_block, block, x, c, s, pack, tile, anchor, use_reentrant=True,
+                                        preserve_rng_state=True)
             elif block_idx < recompute:  # only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
                     x = _checkpoint(block, x, c, s, pack, None, None, use_reentrant=False, preserve_rng_state=True)
@@ -349,39 +426,40 @@ def _packing_why(gpt: nn.Module) -> str | None:
     return None
 
 
-def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int]:
-    """``(recompute, offload, mlp, host, tile)`` for this forward of ``idx``: the lowest ``recompute`` Blocks
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int, int]:
+    """``(recompute, offload, mlp, host, tile, pairs)`` for this forward of ``idx``: the lowest ``recompute`` Blocks
     recomputed in backward, the lowest ``host`` of them keeping their input in pinned host memory (``offload``: any),
-    ``mlp`` Blocks above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of
-    ``tile`` tokens (0: whole). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
+    the lowest ``2 * pairs`` of those in pairs that keep one input each (:class:`_OffloadedPair`), ``mlp`` Blocks
+    above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of ``tile`` tokens (0:
+    whole). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
     (automatic) :func:`lit_liger.runtime.memplan.plan_for` from the micro-batch's tokens and the device's and the
     host's memory (a CUDA device, eager mode; the log says each plan that recomputes more than any before it; it
     raises ``memplan.MemoryPlanError`` where nothing fits)."""
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not _checkpoint_blocks_here(gpt):
-        return 0, False, 0, 0, 0
+        return 0, False, 0, 0, 0, 0
     n = gpt.config.n_layer
     if setting is True:
-        return n, False, 0, 0, 0
+        return n, False, 0, 0, 0, 0
     if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return 0, False, 0, 0, 0
+        return 0, False, 0, 0, 0, 0
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
     rt = state_of(gpt).runtime
     if rt is None:  # (swapped without the runtime: no memory plan)
-        return 0, False, 0, 0, 0
+        return 0, False, 0, 0, 0, 0
     # (tiles: every Block is lit-liger's, which runs its MLP over the tiles its checkpointed call is given)
     plan = rt.memory_plan(gpt, idx.numel(), idx.device, elt, _dist.whole_model(gpt),
                           lambda: _mlp_recomputable(gpt, idx),
                           lambda: all(isinstance(b, _BlockMixin) for b in gpt.transformer.h))
     if plan is None:
-        return 0, False, 0, 0, 0
-    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0])
-    if (plan.recompute, plan.host, plan.mlp, plan.tile) > tuple(said):
-        said[:] = [plan.recompute, plan.host, plan.mlp, plan.tile]
+        return 0, False, 0, 0, 0, 0
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0, 0])
+    if (plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile) > tuple(said):
+        said[:] = [plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
-    return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile
+    return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile, plan.pairs
 
 
 def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:
