@@ -441,11 +441,11 @@ def test_plan_line_says_where_the_inputs_went_and_what_took_the_gpu(monkeypatch)
     expected peak; "does not fit" only where the plan truly does not."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
-    assert (plan.recompute, plan.host, plan.tile) == (32, 6, 9344) and plan.host_room == 0.8 * 100 * GiB
+    assert (plan.recompute, plan.host, plan.tile) == (32, 6, 9344) and plan.host_room == memplan.HOST_FRACTION * 100 * GiB
     line = plan.line(131072, 32)
     for part in ("lit-liger: memory plan at 131,072 tokens per micro-batch: 32 of 32 Blocks recomputed in backward, "
                  "their MLP in tiles of 9,344 tokens, 6 of their inputs kept in pinned host memory "
-                 "(6.0 GiB of the 80.0 GiB the host can pin), the other 26 on the GPU",
+                 "(6.0 GiB of the 60.0 GiB the host can pin), the other 26 on the GPU",
                  f"estimated {plan.need / GiB:.1f} GiB of activations for 40.0 GiB free",
                  "of the GPU's 80.0 GiB less 15.0 GiB allocated now, 1.0 GiB of gradients and 2.0 GiB of optimizer "
                  "state to come", f"a GPU peak of about {(18 * GiB + plan.need) / GiB:.1f} GiB"):
@@ -482,11 +482,11 @@ def test_host_room_read_once_per_model(monkeypatch, tmp_path):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert memplan.host_available() == 2000000 * 1024
     gpt = torch.nn.Linear(1, 1)
-    assert memplan.host_room(gpt) == 0.8 * 2000000 * 1024
+    assert memplan.host_room(gpt) == memplan.HOST_FRACTION * 2000000 * 1024
     meminfo.write_text("MemAvailable:   1000 kB\n")  # (the first step's pinned buffers: not this run's loss)
-    assert memplan.host_room(gpt) == 0.8 * 2000000 * 1024
+    assert memplan.host_room(gpt) == memplan.HOST_FRACTION * 2000000 * 1024
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert memplan.host_room(torch.nn.Linear(1, 1)) == 0.8 * 1000 * 1024 / 2
+    assert memplan.host_room(torch.nn.Linear(1, 1)) == memplan.HOST_FRACTION * 1000 * 1024 / 2
     limit, usage, stat = (tmp_path / n for n in ("memory.max", "memory.current", "memory.stat"))
     limit.write_text("3000000\n"), usage.write_text("2500000\n"), stat.write_text("anon 5\ninactive_file 100000\n")
     meminfo.write_text("MemAvailable:   2000 kB\n")
