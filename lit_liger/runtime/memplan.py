@@ -97,8 +97,8 @@ TILED_N_EMBD = 11
 #: Llama-3.1-8B LoRA at 262,144 tokens (benchmarks/results/h200-2026-12-02d, m1) peaked at 76.7 GiB of host memory
 #: (max RSS) with 54 GiB of inputs pinned: 22.7 GiB beside them. At 0.8 of a 128 GB host's ~123 GiB available, a
 #: 512k plan would pin 96 GiB (8 pairs), ~119 GiB with the rest, against issue 68's 100; at 0.6, 72 GiB (14 pairs,
-#: ~95 GiB with the rest; 6 more Block forwards than at 0.8, ~5% of the step's FLOPs). Shorter runs are unchanged where 0.6
-#: holds their inputs (262k: 60 GiB at most)
+#: ~95 GiB with the rest; 6 more Block forwards than at 0.8, ~5% of the step's FLOPs). Shorter runs are unchanged
+#: where 0.6 holds their inputs (262k: 60 GiB at most)
 HOST_FRACTION = 0.6
 #: an offloaded Block input's pinned copy is made of pieces whose sizes are this many bytes times a power of two (the
 #: binary digits of its size in these units): PyTorch's pinned-memory cache rounds each allocation up to a power of
