@@ -142,16 +142,17 @@ def test_batches_that_fill_their_length_have_their_lengths_read_now_and_then(pac
     full, _ = _batch(cfg, lengths=(20, 20, 20))
     padded, y = _batch(cfg)
     ours(full[:1])  # (one row: nothing to read, not counted)
-    for n in range(1, 18):
-        assert ours(full).rows is None, n
+    assert ours(full).rows is None  # batch 1: read, filled, unpacked
+    for n in range(2, 18):  # (the forward's decision alone, without running the model through the interpreter)
+        assert ours._liger_plan(full) is None, n
     assert len(read) == 3  # batches 1, 4 and 16
     assert ours(padded).rows is None and len(read) == 3  # batch 18: not read, unpacked
     _compare(ref, ours, _lora_step_loss, padded, y)  # batch 19: unpacked, stock's numbers
     assert len(read) == 3
     ours.__dict__["_liger_unread"] = 63
     assert ours(padded).rows is not None and len(read) == 4  # batch 64: read, padding found, packed
-    ours(full)
-    ours(full)
+    # (filled, after padding was seen: read, and packed as such a run packs a batch without padding)
+    assert ours._liger_plan(full) is not None and ours._liger_plan(full) is not None
     assert len(read) == 6  # every batch read from then on
     assert [n for n in range(1, 1100) if swap_gpt._reads_lengths_at(n)] == [1, 4, 16, 64, 256, 512, 768, 1024]
 
