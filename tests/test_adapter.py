@@ -227,12 +227,13 @@ def test_compile_keeps_no_more_than_eager(name, monkeypatch):
             assert _compiled_saved_bytes(ours, x, y)[2] - saved == L * N * (qkv_width - v_width) * e
 
 
-@pytest.mark.parametrize("name", ["Llama-3.2-1B", "Qwen3-0.6B", "gemma-2-2b"])
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b"])
 def test_compile_small_micro_batch_runs_litgpt_code(name):
     """Under torch.compile a micro-batch below ``compile_min_tokens`` runs LitGPT's own norm, attention
     and MLP code (inductor fuses it; lit-liger's custom ops would cost host time such small steps
     cannot hide); only the fused loss stays. At or above the threshold, lit-liger's ops run. Eager
-    mode ignores it. Loss and gradients equal stock LitGPT's either way."""
+    mode ignores it. Loss and gradients equal stock LitGPT's either way. (Qwen3's qk-norm under compile:
+    test_compile_keeps_no_more_than_eager.)"""
     cfg = tiny_config(name)
     ref, ours = _pair(cfg)
     B, T = 2, 8
