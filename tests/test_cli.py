@@ -382,6 +382,8 @@ def test_finetune_full_fp8_through_the_cli(assets, tmp_path, monkeypatch, capsys
     for name, extra in (("fp8", ["--liger.fp8", "tensorwise"]), ("bf16", [])):
         args = finetune_args(assets, "finetune_full", tmp_path / name, "true" if name == "fp8" else "false")
         args[args.index("--precision") + 1] = "bf16-true"
+        for flag in ("--train.micro_batch_size", "--train.global_batch_size"):  # (one sample a step: the
+            args[args.index(flag) + 1] = 1  # interpreter's emulated bf16 is its slowest path)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             run_cli(monkeypatch, [*args, *extra])
