@@ -1051,9 +1051,9 @@ def test_finetune_lora_packed_by_the_data_loader_matches_stock(assets, tmp_path,
     words = "def return value list self model data index tensor shape".split()
     data = tmp_path / "short.json"
     data.write_text(json.dumps([{"instruction": "Write it.", "input": "",
-                                 "output": " ".join(rng.choice(words) for _ in range(rng.randint(3, 60)))}
+                                 "output": " ".join(rng.choice(words) for _ in range(rng.randint(3, 30)))}
                                 for _ in range(40)]))
-    longer = ["--train.max_seq_length", 256, "--data.json_path", data]  # (the last value wins)
+    longer = ["--train.max_seq_length", 128, "--data.json_path", data]  # (the last value wins)
     run_cli(monkeypatch, [*finetune_args(assets, "finetune_lora", tmp_path / "off", "false"), *longer])
     off = capsys.readouterr().out
     planned, plan = [], packing.plan
@@ -1085,8 +1085,11 @@ def test_finetune_ending_by_epochs_with_saves_leaves_no_worker_to_the_collector(
     import gc
     import multiprocessing
 
+    data = tmp_path / "few.json"  # (an epoch of 5 steps: the assets' 36 training samples are 18 interpreted steps)
+    data.write_text(json.dumps(json.loads(Path(assets["data"]).read_text())[:11]))
     args = [*finetune_args(assets, "finetune_lora", tmp_path / "out", "true"), "--data.num_workers", 2,
-            "--train.max_steps", 1000, "--train.epochs", 1, "--train.save_interval", 4]  # (the last value wins)
+            "--train.max_steps", 1000, "--train.epochs", 1, "--train.save_interval", 4,
+            "--data.json_path", data]  # (the last value wins)
     enabled = gc.isenabled()
     gc.disable()  # (the cycle then lives until the collection below)
     try:
