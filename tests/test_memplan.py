@@ -458,12 +458,13 @@ def test_plan_line_says_where_the_inputs_went_and_what_took_the_gpu(monkeypatch)
 def test_plan_for_takes_the_device_s_limit_before_it_raises(monkeypatch):
     """Where no plan fits the share of the device the plan aims for, ``plan_for`` plans within ``LIMIT_FRACTION`` of
     it (the line says there is little margin, not that it does not fit); past that it raises before any work."""
-    gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB, host=5 * GiB)  # (4 GiB pinnable)
-    with pytest.raises(memplan.MemoryPlanError):  # (tiled: 6 inputs on the host at 40 GiB: too many)
-        memplan.decide(gpt.config, 131072, 40 * GiB, host=4 * GiB, tile=True)
+    gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB, host=2 * GiB)  # (HOST_FRACTION of it pinnable: 1.2 GiB)
+    pinnable = memplan.HOST_FRACTION * 2 * GiB
+    with pytest.raises(memplan.MemoryPlanError):  # (tiled: 6 inputs off the GPU at 40 GiB, 3 even in pairs)
+        memplan.decide(gpt.config, 131072, 40 * GiB, host=pinnable, tile=True)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
     limit = memplan.LIMIT_FRACTION * 80 * GiB - 18 * GiB
-    assert plan.available == limit and 40 * GiB < plan.need <= limit and plan.host_need <= 4 * GiB
+    assert plan.available == limit and 40 * GiB < plan.need <= limit and plan.host_need <= pinnable
     line = plan.line(131072, 32)
     assert "little margin" in line and "does not fit" not in line
     with pytest.raises(memplan.MemoryPlanError) as err:
