@@ -343,8 +343,9 @@ def test_offload_keeps_as_many_inputs_on_the_gpu_as_fit():
 
 def test_tiles_keep_inputs_off_the_host_and_the_host_budget_bounds_the_plan():
     """With tiles the recomputed Block's rerun and gradients hold no (T, I) tensor whole: at 128k tokens with 40 GiB
-    the plan puts 6 inputs on the host where whole MLPs need 20; a host that can pin 15 GiB takes the tiled plan and
-    refuses the whole one (an error that names both memories); with 56 GiB the tiled plan needs no host at all."""
+    the plan puts 6 inputs on the host where whole MLPs need 20; a host that can pin 9 GiB takes the tiled plan and
+    refuses the whole one, whose 20 inputs need 10 GiB even in pairs (an error that names both memories); with 56 GiB
+    the tiled plan needs no host at all."""
     cfg = _config("Llama-3.1-8B")
     T, inp, tile = 131072, GiB, 9344
     whole = memplan.decide(cfg, T, 40 * GiB)
@@ -359,13 +360,13 @@ def test_tiles_keep_inputs_off_the_host_and_the_host_budget_bounds_the_plan():
     assert transient + inp > loss
     assert tiled.need == transient + inp + inp + (32 - 6) * inp <= 40 * GiB
     assert tiled.need + inp > 40 * GiB  # (the fewest on the host)
-    bounded = memplan.decide(cfg, T, 40 * GiB, host=15 * GiB, tile=True)
-    assert bounded.host_room == 15 * GiB and bounded == replace(tiled, host_room=15 * GiB)
+    bounded = memplan.decide(cfg, T, 40 * GiB, host=9 * GiB, tile=True)
+    assert bounded.host_room == 9 * GiB and bounded == replace(tiled, host_room=9 * GiB)
     with pytest.raises(memplan.MemoryPlanError) as err:
-        memplan.decide(cfg, T, 40 * GiB, host=15 * GiB)
+        memplan.decide(cfg, T, 40 * GiB, host=9 * GiB)
     e = err.value
-    assert e.host_need == 20 * GiB > e.host_free == 15 * GiB and e.gpu_need <= e.gpu_free == 40 * GiB
-    assert "20.0 GiB of pinned host memory (the host can pin 15.0 GiB)" in str(e)
+    assert e.host_need == 10 * GiB > e.host_free == 9 * GiB and e.gpu_need <= e.gpu_free == 40 * GiB
+    assert "10.0 GiB of pinned host memory (the host can pin 9.0 GiB)" in str(e)
     assert "40.0 GiB free for them" in str(e)
     roomy = memplan.decide(cfg, T, 56 * GiB, tile=True)
     assert (roomy.recompute, roomy.host, roomy.tile) == (32, 0, tile) and not roomy.offload
