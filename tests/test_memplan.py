@@ -442,7 +442,8 @@ def test_plan_line_says_where_the_inputs_went_and_what_took_the_gpu(monkeypatch)
     expected peak; "does not fit" only where the plan truly does not."""
     gpt, cuda = _plan_gpt(monkeypatch, 40 * GiB)
     plan = memplan.plan_for(gpt, 131072, cuda, tile=True)
-    assert (plan.recompute, plan.host, plan.tile) == (32, 6, 9344) and plan.host_room == memplan.HOST_FRACTION * 100 * GiB
+    assert (plan.recompute, plan.host, plan.tile) == (32, 6, 9344)
+    assert plan.host_room == memplan.HOST_FRACTION * 100 * GiB
     line = plan.line(131072, 32)
     for part in ("lit-liger: memory plan at 131,072 tokens per micro-batch: 32 of 32 Blocks recomputed in backward, "
                  "their MLP in tiles of 9,344 tokens, 6 of their inputs kept in pinned host memory "
@@ -627,8 +628,8 @@ def test_host_short_plans_pairs():
             in plan.line(T, 32))
     with pytest.raises(memplan.MemoryPlanError) as err:  # (23 inputs, 11 pairs: 12 on the host, 24 GiB)
         memplan.decide(cfg, T, 45 * GiB, host=23 * GiB, tile=True)
-    assert err.value.host_need == 12 * inp and "12 of their inputs in pinned host memory, the lowest 22 Blocks in pairs" \
-        in str(err.value)
+    assert err.value.host_need == 12 * inp
+    assert "12 of their inputs in pinned host memory, the lowest 22 Blocks in pairs" in str(err.value)
     assert memplan.decide(cfg, T, 45 * GiB, host=24 * GiB, tile=True).pairs == 11
     assert memplan.decide(cfg, T, 45 * GiB, host=60 * GiB, tile=True).pairs == 0
 

@@ -227,8 +227,8 @@ class MemPlan:
     with ``offload=True`` and no ``host``, every recomputed Block's); the ``mlp`` Blocks above them recompute their
     MLP inputs in backward; the recomputed Blocks run their MLP over sequence tiles of ``tile`` tokens (0: whole);
     the lowest ``2 * pairs`` of the offloaded Blocks run in pairs, each pair keeping its first Block's input only
-    (``host - pairs`` inputs on the host). ``need``: the estimated bytes of its activations on the GPU; ``available``: what the device had for them;
-    ``host_need``: the pinned host memory of the offloaded inputs; ``host_room``: what the host could pin (None: not
+    (``host - pairs`` inputs on the host). ``need``: the estimated bytes of its activations on the GPU;
+    ``available``: what the device had for them; ``host_need``: the pinned host memory of the offloaded inputs; ``host_room``: what the host could pin (None: not
     known); ``room``: what held the GPU's memory (None: not read)."""
 
     recompute: int
