@@ -5,20 +5,20 @@
 #   run: BUILD=1 CALL=l0 bash benchmarks/calls/issue68-long-mem.sh             (carry .whl; the checkpoint and data)
 #   run: LEN=262144 CALL=l1 bash benchmarks/calls/issue68-long-mem.sh          (carry .whl; one iteration)
 # BUILD=1 RUN=1 does both in one call; QUANT=bnb.nf4-dq runs QLoRA (bitsandbytes' wheel in the carried folder); EXTRA:
-# more arguments (e.g. --liger.sdpa_backend cudnn).
+# more arguments (e.g. --liger.sdpa_backend cudnn); STEPS: iterations (2; 1 where one step fills the call).
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
-python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" > /tmp/args.txt <<'PY'
+python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" "${STEPS:-2}" > /tmp/args.txt <<'PY'
 import shlex, sys
 from pathlib import Path
 from benchmarks import finetune as F, recipe as R
-length, build, quant = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] or None
+length, build, quant, steps = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] or None, int(sys.argv[4])
 work = Path("/tmp/work")
 ckpt, _, info = F.build_inputs(work, "Llama-3.1-8B", 32, smoke=False, n_samples=8, max_seq_length=524288)
 data = work / "data" / f"long-{length}-{ckpt.name}-4.json"
 if not data.is_file():
     R.make_long_docs(data, ckpt, 4, length)
-args = R._command("lora", ckpt, data, work / f"long-{length}", 1, 2, "bf16-true", False, "liger", quant, 1, length, 1,
+args = R._command("lora", ckpt, data, work / f"long-{length}", 1, steps, "bf16-true", False, "liger", quant, 1, length, 1,
                   0.25)
 print(shlex.join(args))
 PY
