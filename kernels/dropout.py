@@ -15,6 +15,12 @@ that ``lora_A``'s gradient forms depends on), and the mask comes back from its b
 ``nn.Dropout``: ``torch.native_dropout`` is what it calls); ``dropout_grad_add_(dx, dxd, xd, scale)`` adds the
 dropout's backward ``dxd * kept(xd) * scale`` into ``dx`` in one pass (fp32 math, one rounding): the work of
 PyTorch's dropout backward and of the add of the two branches' input gradients.
+
+Where the LoRA branch's input ``x`` is kept anyway (the attention's output, which the attention's backward keeps;
+the input that ``fc_1`` and ``fc_2`` share; the GLU product, recomputed from the two inputs that the GLU's backward
+keeps), the dropped copy is not kept at all: the mask is kept as bits, 1/8 byte an element (``pack_kept``), and the
+backward forms ``dropout(x)`` again from ``x`` (or from the GLU's inputs) and the bits in the same pass that adds the
+dropout's backward into ``dx`` (``dropped_from_bits``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import triton
 import triton.language as tl
 
 from ._launch import elementwise_plan, fast_launch, use_triton
+from .swiglu import ACTIVATIONS, _act_and_grad, glu_reference
 
-__all__ = ["dropout_grad_add_", "encode_dropped_", "kept"]
+__all__ = ["dropout_grad_add_", "dropped_from_bits", "encode_dropped_", "kept", "pack_kept", "unpack_kept"]
 
 #: float dtype -> (integer view, the bit pattern of -0.0 in it)
 _BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float16: (torch.int16, -(1 << 15)),
@@ -60,6 +67,43 @@ def _grad_add_reference(dx: torch.Tensor, dxd: torch.Tensor, xd: torch.Tensor, s
     dx.copy_((dx.float() + dxd.float() * kept(xd) * scale).to(dx.dtype))
 
 
+_SHIFTS = {}
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    t = _SHIFTS.get(device)
+    if t is None:
+        t = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
+    return t
+
+
+def unpack_kept(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``bool`` mask (flat, ``n`` elements) of ``bits`` packed by :func:`pack_kept`: element ``i`` is bit
+    ``i % 8`` of byte ``i // 8``."""
+    if bits.dtype != torch.uint8 or bits.dim() != 1 or bits.numel() != (n + 7) // 8:
+        raise ValueError(f"lit-liger dropout: bits {tuple(bits.shape)} {bits.dtype} do not hold {n} mask elements")
+    return ((bits.unsqueeze(-1) >> _shifts(bits.device)) & 1).view(-1)[:n].bool()
+
+
+def _pack_reference(mask: torch.Tensor) -> torch.Tensor:
+    m = mask.reshape(-1).to(torch.uint8)
+    pad = (-m.numel()) % 8
+    if pad:
+        m = torch.cat([m, m.new_zeros(pad)])
+    return (m.view(-1, 8) << _shifts(m.device)).sum(-1, dtype=torch.int32).to(torch.uint8)
+
+
+def _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd):
+    src = x if x is not None else a
+    keep = unpack_kept(bits, src.numel()).view(src.shape)
+    if dx is not None:
+        dx.copy_((dx.float() + dxd.float() * keep * scale).to(dx.dtype))
+    if not write_xd:
+        return None
+    g = x if x is not None else glu_reference(a, b, activation)  # the forward's GLU product, rounded as it was
+    return (g.float() * keep * scale).to(g.dtype)
+
+
 # ----------------------------------------------------------------------------------------------
 # Triton kernels (flat 1-D launch over contiguous tensors)
 # ----------------------------------------------------------------------------------------------
@@ -84,6 +128,91 @@ def _grad_add_kernel(DX, DXD, XD, n, scale, NEG0: tl.constexpr, BLOCK: tl.conste
     dxd = tl.load(DXD + offs, mask=inb, other=0.0).to(tl.float32)
     dx += tl.where(keep, dxd * scale, 0.0)
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inb)
+
+
+@fast_launch
+@triton.jit
+def _pack_kernel(M, BITS, n, n_bytes, BLOCK: tl.constexpr):
+    byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for j in tl.static_range(8):
+        i = byte * 8 + j
+        m = tl.load(M + i, mask=i < n, other=0)
+        acc = acc | ((m != 0).to(tl.int32) << j)
+    tl.store(BITS + byte, acc.to(tl.uint8), mask=byte < n_bytes)
+
+
+@fast_launch
+@triton.jit
+def _dropped_kernel(DX, DXD, BITS, X, A, B, XD, n, scale, HAS_DX: tl.constexpr, WRITE_XD: tl.constexpr,
+                    GLU: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    """``dx += dxd * kept * scale`` (HAS_DX) and ``xd = src * kept * scale`` (WRITE_XD), ``kept`` read from the bits;
+    ``src``: X, or with GLU ``act(A) * B`` rounded to XD's dtype as the forward's GLU kernel rounds it."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    byte = tl.load(BITS + offs // 8, mask=inb, other=0).to(tl.int32)
+    keep = ((byte >> (offs % 8).to(tl.int32)) & 1) != 0
+    if HAS_DX:
+        dx = tl.load(DX + offs, mask=inb, other=0.0).to(tl.float32)
+        dxd = tl.load(DXD + offs, mask=inb, other=0.0).to(tl.float32)
+        dx += tl.where(keep, dxd * scale, 0.0)
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inb)
+    if WRITE_XD:
+        if GLU:
+            a = tl.load(A + offs, mask=inb, other=0.0).to(tl.float32)
+            b = tl.load(B + offs, mask=inb, other=0.0).to(tl.float32)
+            act, _ = _act_and_grad(a, ACTIVATION, False)
+            g = (act * b).to(XD.dtype.element_ty).to(tl.float32)
+        else:
+            g = tl.load(X + offs, mask=inb, other=0.0).to(tl.float32)
+        tl.store(XD + offs, tl.where(keep, g * scale, 0.0).to(XD.dtype.element_ty), mask=inb)
+
+
+def pack_kept(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (``bool``, contiguous: ``native_dropout``'s) as bits, flat ``uint8`` of ``ceil(n / 8)`` bytes (see
+    :func:`unpack_kept`)."""
+    if mask.dtype != torch.bool or not mask.is_contiguous():
+        raise ValueError(f"lit-liger dropout: the mask must be a contiguous bool tensor, got {mask.dtype}")
+    n = mask.numel()
+    if not use_triton(mask) or n == 0:
+        return _pack_reference(mask)
+    n_bytes = (n + 7) // 8
+    bits = torch.empty(n_bytes, dtype=torch.uint8, device=mask.device)
+    plan = elementwise_plan(n_bytes, mask.device)
+    _pack_kernel[plan.grid](mask.view(torch.uint8), bits, n, n_bytes, BLOCK=plan.block, num_warps=plan.num_warps)
+    return bits
+
+
+def dropped_from_bits(bits: torch.Tensor, scale: float, x: torch.Tensor | None = None,
+                      glu: tuple[torch.Tensor, torch.Tensor, str] | None = None, dx: torch.Tensor | None = None,
+                      dxd: torch.Tensor | None = None, write_xd: bool = True) -> torch.Tensor | None:
+    """The dropout's backward from its mask's bits, in one pass: ``dx += dxd * kept * scale`` in place (given ``dx``
+    and ``dxd``), and, with ``write_xd``, returns ``dropout(src) = src * kept * scale`` where ``src`` is ``x`` or,
+    given ``glu = (a, b, activation)``, the GLU product ``act(a) * b`` (:func:`lit_liger.kernels.swiglu.glu_reference`'s
+    rounding). Every tensor contiguous and of ``src``'s shape; ``scale`` = 1 / (1 - p)."""
+    if (x is None) == (glu is None):
+        raise ValueError("lit-liger dropout: give exactly one of x and glu")
+    a, b, activation = glu if glu is not None else (None, None, "silu")
+    src = x if x is not None else a
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    ts = [t for t in (x, a, b, dx, dxd) if t is not None]
+    if any(t.shape != src.shape or not t.is_contiguous() for t in ts) or (dx is None) != (dxd is None):
+        raise ValueError("lit-liger dropout: x (or a and b), dx and dxd must be contiguous tensors of one shape")
+    _bits(src)  # the dtype check
+    if not use_triton(src) or src.numel() == 0:
+        return _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd)
+    if bits.numel() != (src.numel() + 7) // 8 or bits.dtype != torch.uint8:
+        raise ValueError(f"lit-liger dropout: bits {tuple(bits.shape)} do not hold {src.numel()} mask elements")
+    n = src.numel()
+    xd = torch.empty_like(src) if write_xd else None
+    plan = elementwise_plan(n, src.device)
+    _dropped_kernel[plan.grid](dx if dx is not None else src, dxd if dxd is not None else src, bits,
+                               x if x is not None else src, a if a is not None else src, b if b is not None else src,
+                               xd if xd is not None else src, n, float(scale), HAS_DX=dx is not None,
+                               WRITE_XD=write_xd, GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation],
+                               BLOCK=plan.block, num_warps=plan.num_warps)
+    return xd
 
 
 def encode_dropped_(xd: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from ..kernels._launch import use_triton
 from ..kernels.attention import softcap_attention, supported_head_size
 from ..kernels.rope import rope, rope_qkv
 from ._common import _stock_under_compile
+from .lora import call_lora
 from . import attend as _attention
 from . import packing as _packing
 
@@ -142,7 +143,8 @@ class _AttentionMixin:
         proj = self.proj
         if type(proj) is nn.Linear and _grad_into.target_for(proj.weight) is not None:
             return _grad_into.linear(y, proj.weight, proj.bias)
-        return proj(y)
+        # the attention's backward keeps its output: a LoRA proj's dropout keeps its mask as bits beside it
+        return call_lora(proj, y, keep_input=True)
 
     def _liger_qk_norm(self) -> dict | None:
         """``rope``'s qk-norm arguments when ``norm_q``/``norm_k`` are LitGPT RMSNorms of each head

@@ -28,14 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.dropout import dropout_grad_add_, encode_dropped_
+from ..kernels.dropout import dropout_grad_add_, dropped_from_bits, encode_dropped_, pack_kept
 from ._common import _called_plainly, _is_dtensor, _plain_linear
 from .fp8 import is_float8_linear, tensorwise_fusable
 from .quant import _4bit_linear, dequantize, is_quantized
 from . import tied as _tied
 
 
-__all__ = ["lora_linear", "lora_parts"]
+__all__ = ["call_lora", "lora_linear", "lora_parts"]
 
 
 def lora_parts(module: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -58,13 +58,21 @@ class _LoRAFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool,
-                p: float = 0.0):
+                p: float = 0.0, keep_input: bool = False, glu_a=None, glu_b=None, activation: str | None = None):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
         ctx.p = p
-        if p > 0:  # the LoRA branch's dropout drawn here, its mask kept inside xd (kernels.dropout)
-            xd2, mask = torch.native_dropout(x2, p, True)  # nn.Dropout's call: the same random draws
-            encode_dropped_(xd2, mask)
+        # keep_input: x is kept for backward anyway (by another reader, or, given glu_a / glu_b, recomputed from
+        # them): the dropout's mask is kept as bits and dropout(x) formed again in backward (kernels.dropout)
+        ctx.glu = (glu_a is not None) and (keep_input or p == 0)
+        ctx.activation = activation
+        bits = None
+        if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
+            xd2, mask = torch.native_dropout(x2, p, True)
+            if keep_input:
+                bits = pack_kept(mask)  # 1/8 byte an element
+            else:
+                encode_dropped_(xd2, mask)  # its mask kept inside xd (2 bytes an element)
             del mask
             xd = xd2
         else:
@@ -86,20 +94,26 @@ class _LoRAFn(torch.autograd.Function):
             # (N, r) @ (r, hi - lo) accumulated into the part's columns of y: no zero-padded update tensor
             y[:, lo:hi].addmm_(h[:, i * r:(i + 1) * r], lora_b[row:row + hi - lo].t(), alpha=scaling)
             row += hi - lo
-        # x: for W's gradient, and for lora_A's where the LoRA branch reads x itself; xd: for lora_A's
-        keep_x = weight.requires_grad or (xd is None and lora_a.requires_grad)
-        ctx.save_for_backward(x2 if keep_x else None, xd2 if xd is not None else None, h, weight, lora_a, lora_b,
-                              w_scale)
+        ctx.bits = bits is not None
         ctx.same_input = xd is None
+        # x: for W's gradient, for lora_A's where the LoRA branch reads x itself, and for dropout(x) from the bits
+        # (not where the GLU's inputs give it); xd: for lora_A's
+        keep_x = not ctx.glu and (weight.requires_grad or ((ctx.same_input or ctx.bits) and lora_a.requires_grad))
+        keep_xd = xd is not None and not ctx.bits
+        glu_ab = (glu_a.reshape(-1, C), glu_b.reshape(-1, C)) if ctx.glu else (None, None)
+        ctx.save_for_backward(x2 if keep_x else None, xd2 if keep_xd else None, h, weight, lora_a, lora_b,
+                              w_scale, bits, *glu_ab)
         ctx.x_shape, ctx.scaling, ctx.parts, ctx.r = x.shape, scaling, parts, r
         ctx.has_bias = bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx: Any, dy):
-        x2, xd2, h, weight, lora_a, lora_b, w_scale = ctx.saved_tensors
+        x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, glu_a, glu_b = ctx.saved_tensors
+        glu = (glu_a, glu_b, ctx.activation) if ctx.glu else None
         if ctx.same_input:
-            xd2 = x2
+            # the LoRA branch read x itself: x kept, or the GLU product formed again from the GLU's inputs
+            xd2 = x2 if glu is None else glu_product(glu_a, glu_b, ctx.activation)
         need_x, need_xd, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:6]
         scaling, parts, r = ctx.scaling, ctx.parts, ctx.r
         dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
@@ -123,12 +137,18 @@ class _LoRAFn(torch.autograd.Function):
                 dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
+            elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
+                dx = dx.contiguous()
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dh @ lora_a,
+                                        write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dh @ lora_a, xd2, 1.0 / (1.0 - ctx.p))
         if need_xd and not ctx.same_input and ctx.p == 0:
             dxd = (dh @ lora_a).view(ctx.x_shape)
         if need_a:
+            if ctx.bits and xd2 is None:  # (x's gradient not asked for)
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
             if xd2 is None:
                 raise RuntimeError("lit-liger LoRA: the LoRA input was not saved for lora_A's gradient")
             da = dh.t() @ xd2  # (n·r, C)
@@ -142,12 +162,22 @@ class _LoRAFn(torch.autograd.Function):
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:
             db = dy2.sum(0)
-        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None, None)
+        return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None, None,
+                None, None, None, None)
+
+
+def glu_product(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(a) * b`` without autograd, rounded as lit-liger's GLU kernels round it (the reference on CPU)."""
+    from ..kernels.swiglu import _glu_fwd_impl, glu_reference
+    from ..kernels._launch import use_triton
+
+    return _glu_fwd_impl(a, b, activation) if use_triton(a) else glu_reference(a, b, activation)
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
                 lora_b: torch.Tensor, scaling: float, parts: tuple[tuple[int, int], ...],
-                xd: torch.Tensor | None = None, fp8: bool = False, dropout: float = 0.0) -> torch.Tensor:
+                xd: torch.Tensor | None = None, fp8: bool = False, dropout: float = 0.0, keep_input: bool = False,
+                glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
@@ -157,7 +187,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     (``p`` > 0, ``xd`` None): the LoRA branch's input is ``dropout(x)``, drawn here as ``nn.Dropout`` draws it
     (``torch.native_dropout``: the same mask for the same random state) and kept for backward as one tensor with
     its mask inside (:mod:`lit_liger.kernels.dropout`): 2 bytes per element of ``x`` where an ``xd =
-    dropout(x)`` given by the caller keeps 3 (``xd`` and PyTorch's ``bool`` mask)."""
+    dropout(x)`` given by the caller keeps 3 (``xd`` and PyTorch's ``bool`` mask). ``keep_input``: ``x`` is kept
+    for backward anyway (by another reader: the attention's output, an input two LoRA layers share), so the dropout
+    keeps its mask as bits beside it (1/8 byte an element) and forms ``dropout(x)`` again in backward. ``glu = (a, b,
+    activation)``: ``x`` is the GLU product ``act(a) * b`` of two tensors the GLU's backward keeps (a frozen
+    ``weight``); ``x`` itself is not kept but formed again from them in backward (with dropout: its bits beside)."""
     n = len(parts)
     if n == 0 or lora_a.shape[0] % n:
         raise ValueError(f"lora_A has {lora_a.shape[0]} rows, not a multiple of its {n} LoRA parts")
@@ -173,7 +207,17 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise TypeError(f"lit-liger LoRA: x, the weight and lora_A/lora_B must share one dtype, got {sorted(map(str, dtypes))}")
     if dropout and (xd is not None or not 0.0 < dropout < 1.0):
         raise ValueError(f"lit-liger LoRA: dropout={dropout} needs 0 < p < 1 and no xd")
-    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout))
+    glu_a = glu_b = activation = None
+    if glu is not None:
+        glu_a, glu_b, activation = glu
+        if xd is not None or weight.requires_grad or glu_a.shape != x.shape or glu_b.shape != x.shape \
+                or not (glu_a.is_contiguous() and glu_b.is_contiguous()):
+            raise ValueError("lit-liger LoRA: glu needs a frozen weight, no xd and contiguous a, b of x's shape")
+        keep_input = True
+    if keep_input and dropout and not x.is_contiguous():
+        raise ValueError("lit-liger LoRA: keep_input with dropout needs a contiguous x")
+    return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout),
+                         bool(keep_input), glu_a, glu_b, activation)
 
 
 class _LoRAMixin:
@@ -210,7 +254,10 @@ class _LoRAMixin:
         lin = self.linear
         return is_float8_linear(lin) and not lin.weight.requires_grad and tensorwise_fusable(x, lin)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, _liger_keep_input: bool = False,
+                _liger_glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+        """``_liger_keep_input`` / ``_liger_glu``: see :func:`lora_linear`'s ``keep_input`` / ``glu`` (lit-liger's Blocks
+        pass them through :func:`call_lora`)."""
         if not self._liger_lora_here(x):
             return super().forward(x)
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
@@ -220,7 +267,25 @@ class _LoRAMixin:
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and _called_plainly(drop):
             # the dropout drawn inside the LoRA function, its mask kept inside its output (2 bytes an element, not 3)
             return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
-                               fp8=is_float8_linear(lin), dropout=p)
+                               fp8=is_float8_linear(lin), dropout=p, keep_input=_liger_keep_input,
+                               glu=_liger_glu if _glu_usable(_liger_glu, x, lin.weight) else None)
+        if not p and _glu_usable(_liger_glu, x, lin.weight):  # x not kept: formed again from the GLU's inputs
+            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
+                               fp8=is_float8_linear(lin), glu=_liger_glu)
         xd = drop(x) if p else None  # (B, T, C)
         return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
                            fp8=is_float8_linear(lin))
+
+
+def _glu_usable(glu, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (glu is not None and not weight.requires_grad and glu[0].shape == x.shape == glu[1].shape
+            and glu[0].is_contiguous() and glu[1].is_contiguous())
+
+
+def call_lora(module: nn.Module, x: torch.Tensor, keep_input: bool = False,
+              glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+    """``module(x)``; where ``module`` is a swapped LoRA layer, told that ``x`` is kept for backward anyway
+    (``keep_input``) or is the GLU product of ``glu = (a, b, activation)`` (see :func:`lora_linear`)."""
+    if getattr(module, "_liger_lora_mixin", False) and (keep_input or glu is not None):
+        return module(x, _liger_keep_input=keep_input, _liger_glu=glu)
+    return module(x)

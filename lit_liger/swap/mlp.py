@@ -11,6 +11,7 @@ from ..kernels.swiglu import geglu, glu_linear, glu_mlp, swiglu
 from ._common import (_called_plainly, _CHECKPOINTED, _fresh_outputs, _frozen_linear, _in_scope, _MLP_RECOMPUTED,
                       _plain_linear, _stock_under_compile)
 from .fp8 import _fp8_fusable, glu_linear_fp8, is_float8_linear
+from .lora import call_lora
 
 
 class _TiledMLP(torch.autograd.Function):
@@ -85,7 +86,9 @@ def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
             and (weights := _frozen_mlp_weights(mlp, x)) is not None:
         return glu_mlp(x, *weights, activation=activation)
     reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
-    return _glu_proj(mlp.proj, mlp.fc_1(x), mlp.fc_2(x), activation, reuse)  # fc_1, fc_2: (B, T, I)
+    # LoRA fc_1 and fc_2 read one x: kept once for both, each LoRA dropout's mask as bits beside it (lora.call_lora)
+    a, b = call_lora(mlp.fc_1, x, keep_input=True), call_lora(mlp.fc_2, x, keep_input=True)  # (B, T, I)
+    return _glu_proj(mlp.proj, a, b, activation, reuse)
 
 
 def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str, reuse: bool) -> torch.Tensor:
@@ -106,7 +109,8 @@ def _glu_proj(proj: nn.Module, a: torch.Tensor, b: torch.Tensor, activation: str
         glu = swiglu(a, b, reuse_inputs=reuse)
     else:
         glu = geglu(a, b, "tanh" if activation == "gelu_tanh" else "none", reuse_inputs=reuse)
-    return proj(glu)  # (B, T, I) -> (B, T, C)
+    # a LoRA proj keeps no copy of glu: its backward forms it again from a and b, which the GLU's backward keeps
+    return call_lora(proj, glu, glu=(a, b, activation))  # (B, T, I) -> (B, T, C)
 
 
 def _frozen_mlp_weights(mlp: nn.Module, x: torch.Tensor) -> tuple | None:
