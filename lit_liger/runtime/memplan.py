@@ -24,10 +24,10 @@ state still to come: :class:`Room`) and the host's (:func:`host_room`):
   :func:`tile_tokens` tokens at a time (``MemPlan.tile``), where that lets the plan fit with fewer added FLOPs or
   fewer inputs on the host (it costs one more MLP forward per recomputed Block);
 * where the host cannot pin every input the GPU cannot keep, the lowest offloaded Blocks go in pairs
-  (``MemPlan.pairs``, ``lit_liger.swap.gpt._OffloadedPair``): a pair keeps only its first Block's input on the host;
-  its backward reruns the first Block without grad to make the second one's input, runs the second's backward, then
-  the first's from its input brought back again: one more forward of the first Block, no more GPU memory than one
-  offloaded Block's backward;
+  (``MemPlan.pairs``, ``lit_liger.swap.gpt._PairFirst`` / ``_PairSecond``): a pair keeps only its first Block's
+  input on the host; its backward reruns the first Block without grad to make the second one's input, runs the
+  second's backward, then the first's from its input brought back again: one more forward of the first Block, no
+  more GPU memory than one offloaded Block's backward (:data:`PAIR_EXTRA_N_EMBD`);
 * where neither memory suffices, :class:`MemoryPlanError` before the step's work, naming the bytes each memory lacks
   and the longest micro-batch that would fit.
 
@@ -100,6 +100,13 @@ TILED_N_EMBD = 11
 #: ~95 GiB with the rest; 6 more Block forwards than at 0.8, ~5% of the step's FLOPs). Shorter runs are unchanged
 #: where 0.6 holds their inputs (262k: 60 GiB at most)
 HOST_FRACTION = 0.6
+
+#: (T, C) tensors an offloaded pair's backward (``MemPlan.pairs``) holds on the GPU beyond an offloaded Block's: 1 as
+#: measured with the pair as one autograd Function, which held the gradient flowing into the pair through its whole
+#: backward (H200, 2 x 2048 tokens at Llama-3.2-1B's width: 16.7 MB over the unpaired peak, one such tensor being 16.8
+#: MB; benchmarks/results/h200-2026-12-02e); 0 by construction with the pair as two nodes (``swap.gpt._PairFirst`` /
+#: ``_PairSecond``), which autograd frees that gradient between; ``tests/test_memplan.py``'s GPU pair test checks it
+PAIR_EXTRA_N_EMBD = 0
 #: an offloaded Block input's pinned copy is made of pieces whose sizes are this many bytes times a power of two (the
 #: binary digits of its size in these units): PyTorch's pinned-memory cache rounds each allocation up to a power of
 #: two, which would cost up to twice the input (a 300k-token input of width 4096, 2.3 GiB, would take 4 GiB); pieces
@@ -367,7 +374,13 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
         plan = MemPlan(n, False, base + (n - h) * inp, available, 0, host=h, tile=tk, host_need=h * per_input,
                        host_room=host)
         if host is not None and plan.host_need > host and plan.need <= available:
-            plan = _paired(plan, per_input, host)
+            # pairs: what their backward holds beyond an offloaded Block's (PAIR_EXTRA_N_EMBD); where that does not
+            # fit beside the inputs the GPU keeps, more of them go to the host
+            paired_base = max(loss, transient(n, tk) + (1 + PAIR_EXTRA_N_EMBD) * inp) + inp
+            for more in range(h, n + 1):
+                plan = _paired(replace(plan, need=paired_base + (n - more) * inp, host=more), per_input, host)
+                if plan.need <= available:
+                    break
         least = plan if least is None or plan.need < least.need else least
         if plan.need <= available and (host is None or plan.host_need <= host) \
                 and (chosen is None or (plan.pairs, plan.host) < (chosen.pairs, chosen.host)):
@@ -377,9 +390,9 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
 
 def _paired(plan: MemPlan, per_input: int, host: float) -> MemPlan:
     """``plan`` (every Block recomputed, ``plan.host`` inputs on the host, more than ``host`` bytes of it) with the
-    fewest pairs of offloaded Blocks that bring the host's share within ``host`` (a pair keeps one input there; its
-    backward holds on the GPU what one offloaded Block's does); where none does, every pair there can be (the least of
-    the host it can ask)."""
+    fewest pairs of offloaded Blocks that bring the host's share within ``host`` (a pair keeps one input there);
+    where none does, every pair there can be (the least of the host it can ask). ``plan.need`` is the caller's, with
+    what a pair's backward holds beyond an offloaded Block's (:data:`PAIR_EXTRA_N_EMBD`)."""
     pairs = min(plan.host // 2, -(-int(plan.host * per_input - host) // per_input))
     return replace(plan, pairs=pairs, host_need=(plan.host - pairs) * per_input)
 

@@ -53,38 +53,39 @@ def _autocast_kwargs(device_type: str) -> dict:
             "cache_enabled": torch.is_autocast_cache_enabled()}
 
 
-class _OffloadedPair(torch.autograd.Function):
-    """Two offloaded Blocks that keep one input (``MemPlan.pairs``): the first Block's, which ``save_for_backward``
-    hands to the offload hooks (``ModelState.runtime.offloaded``: pinned host memory). Backward: the input back, the
-    first Block rerun without grad to make the second's input, the second's forward and backward; then the input back
-    again and the first Block's forward and backward. The GPU holds what one offloaded Block's backward holds (the
-    input from the host is dropped before the second Block runs; a reentrant checkpoint over both would hold it
-    throughout: one more ``(T, C)`` tensor); it costs one more forward of the first Block. As in a reentrant
-    checkpoint, the Blocks' parameters get their gradients from the backward run inside this one; the random number
-    generators' states (dropout) and autocast are those of the forward in each rerun. ``anchor``: a 0-dim tensor with
-    grad where ``x`` has none (so this backward runs); ``first`` / ``second``: the Blocks' calls, ``x`` -> output."""
+def _keep_rng(ctx, x: torch.Tensor) -> None:
+    """What :func:`_rerun` restores: the random number generators' states and autocast at this forward."""
+    ctx.device_type = x.device.type
+    ctx.cpu_rng = torch.get_rng_state()
+    ctx.devices, ctx.device_rng = get_device_states(x) if x.device.type != "cpu" else ([], [])
+    ctx.autocast = {t: _autocast_kwargs(t) for t in {x.device.type, "cpu"}}
+
+
+class _PairFirst(torch.autograd.Function):
+    """The first Block of an offloaded pair (``MemPlan.pairs``): it keeps its input, which ``save_for_backward`` hands
+    to the offload hooks (``ModelState.runtime.offloaded``: pinned host memory); its output, the second Block's input
+    (:class:`_PairSecond`), is kept by neither. Its backward brings the input back and runs the first Block's forward
+    and backward. ``anchor``: a 0-dim tensor with grad where ``x`` has none (so the backward runs); ``first``: the
+    Block's call; ``link``: a list this node puts itself in, for the second's backward to read the input through.
+
+    Two nodes, not one: one Function over both Blocks would be handed the gradient flowing into the pair and hold it
+    until its whole backward returned, one ``(T, C)`` tensor through the first Block's backward beyond what an
+    offloaded Block holds (measured on an H200 with that design: benchmarks/results/h200-2026-12-02e). Here autograd
+    frees that gradient when the second's backward returns. As in a reentrant checkpoint, the Blocks' parameters get
+    their gradients from the backward runs inside these; each rerun draws the random numbers (dropout) and runs the
+    autocast of its forward."""
 
     @staticmethod
-    def forward(ctx, x, anchor, first, second):
-        ctx.first, ctx.second, ctx.x_grad = first, second, x.requires_grad
-        ctx.device_type = x.device.type
-        ctx.cpu_rng = torch.get_rng_state()
-        ctx.devices, ctx.device_rng = get_device_states(x) if x.device.type != "cpu" else ([], [])
-        ctx.autocast = {t: _autocast_kwargs(t) for t in {x.device.type, "cpu"}}
+    def forward(ctx, x, anchor, first, link):
+        ctx.first, ctx.x_grad = first, x.requires_grad
+        _keep_rng(ctx, x)
         ctx.save_for_backward(x)
-        return second(first(x))
+        link.append(ctx)
+        return first(x)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        with _rerun(ctx):
-            with torch.no_grad():
-                mid = ctx.first(ctx.saved_tensors[0])
-            mid.requires_grad_(True)
-            out = ctx.second(mid)
-            torch.autograd.backward(out, grad)
-        grad_mid = mid.grad
-        del out, mid
+    def backward(ctx, grad_mid):
         with _rerun(ctx):
             x = ctx.saved_tensors[0].detach().requires_grad_(ctx.x_grad)
             out = ctx.first(x)
@@ -93,10 +94,41 @@ class _OffloadedPair(torch.autograd.Function):
         return (x.grad if ctx.x_grad else None), None, None, None
 
 
+class _PairSecond(torch.autograd.Function):
+    """The second Block of an offloaded pair: keeps nothing. Its backward brings the first's input back (through the
+    first's node, in ``link``), reruns the first Block without grad to make its own input (the input from the host
+    dropped as soon as that is made), then runs its forward and backward: the GPU holds what one offloaded Block's
+    backward holds, and the pair costs one more forward of its first Block and one more copy in."""
+
+    @staticmethod
+    def forward(ctx, mid, second, link):
+        ctx.second, ctx.link = second, link
+        _keep_rng(ctx, mid)
+        return second(mid)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        first = ctx.link[0]
+        with _rerun(first), torch.no_grad():
+            mid = first.first(first.saved_tensors[0])
+        with _rerun(ctx):
+            mid.requires_grad_(True)
+            out = ctx.second(mid)
+            torch.autograd.backward(out, grad)
+        return mid.grad, None, None
+
+
+def _offloaded_pair(x, anchor, first, second):
+    """``second(first(x))`` as an offloaded pair (:class:`_PairFirst`, :class:`_PairSecond`)."""
+    link: list = []
+    return _PairSecond.apply(_PairFirst.apply(x, anchor, first, link), second, link)
+
+
 @contextlib.contextmanager
 def _rerun(ctx) -> Iterator[None]:
-    """Grad on, the random number generators where :class:`_OffloadedPair`'s forward found them (put back after),
-    autocast as it was."""
+    """Grad on, the random number generators where the forward of ``ctx`` found them (:func:`_keep_rng`; put back
+    after), autocast as it was."""
     with torch.random.fork_rng(devices=ctx.devices, enabled=True, device_type=ctx.device_type
                                if ctx.device_type != "cpu" else "cuda"), contextlib.ExitStack() as stack:
         torch.set_rng_state(ctx.cpu_rng)
@@ -366,7 +398,7 @@ class _GPTMixin:
                     if second:
                         c2, s2 = ((cos[..., ri[block_idx + 1]], sin[..., ri[block_idx + 1]]) if ri is not None
                                   else (cos, sin))
-                        x = _OffloadedPair.apply(
+                        x = _offloaded_pair(
                             x, anchor, functools.partial(_checkpointed_block, block, cos=c, sin=s, pack=pack,
                                                          tile=tile),
                             functools.partial(_checkpointed_block, blocks[block_idx + 1], cos=c2, sin=s2, pack=pack,
@@ -429,7 +461,7 @@ def _packing_why(gpt: nn.Module) -> str | None:
 def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int, int]:
     """``(recompute, offload, mlp, host, tile, pairs)`` for this forward of ``idx``: the lowest ``recompute`` Blocks
     recomputed in backward, the lowest ``host`` of them keeping their input in pinned host memory (``offload``: any),
-    the lowest ``2 * pairs`` of those in pairs that keep one input each (:class:`_OffloadedPair`), ``mlp`` Blocks
+    the lowest ``2 * pairs`` of those in pairs that keep one input each (:func:`_offloaded_pair`), ``mlp`` Blocks
     above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of ``tile`` tokens (0:
     whole). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
     (automatic) :func:`lit_liger.runtime.memplan.plan_for` from the micro-batch's tokens and the device's and the
