@@ -72,22 +72,33 @@ def _pair(dtype, device, p=0.25):
     return stock, ours
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_lora_layer_with_dropout_matches_litgpt_and_keeps_one_tensor(device, dtype):
-    stock, ours = _pair(dtype, device)
-    x0 = _x_with_zeros((3, 11, 96), dtype, device, seed=2)
+def _against_litgpt(stock, ours, x0, call=None, exclude=()):
+    """Both layers on ``x0`` with the same dropout draw (``call(ours, x)``: how ours is called), backward with one
+    gradient: outputs and gradients within the dtype's tolerance (the LoRA ones reset after). Returns the bytes each
+    keeps for backward (``exclude``: storages not counted on ours') and the two inputs."""
     xs, xo = x0.clone().requires_grad_(), x0.clone().requires_grad_()
     torch.manual_seed(1)
     ys, bytes_s = saved_bytes(lambda: stock(xs))
     torch.manual_seed(1)  # the same dropout mask: both draw it with the same call
-    yo, bytes_o = saved_bytes(lambda: ours(xo))
+    call = call or (lambda m, x: m(x))
+    yo, bytes_o = saved_bytes(lambda: call(ours, xo), exclude=[xo, *exclude] if exclude else ())
     g = torch.randn_like(ys)
     ys.backward(g)
     yo.backward(g)
-    tol = TOL[dtype]
+    tol = TOL[x0.dtype]
     assert rel_err(yo, ys) < tol and rel_err(xo.grad, xs.grad) < tol
     for n in ("lora_A", "lora_B"):
         assert rel_err(getattr(ours, n).grad, getattr(stock, n).grad) < tol, n
+        getattr(ours, n).grad = getattr(stock, n).grad = None
+    return bytes_s, bytes_o, xs, xo
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lora_layer_with_dropout_matches_litgpt_and_keeps_one_tensor(device, dtype):
+    stock, ours = _pair(dtype, device)
+    x0 = _x_with_zeros((3, 11, 96), dtype, device, seed=2)
+    bytes_s, bytes_o, xs, xo = _against_litgpt(stock, ours, x0)
+    tol = TOL[dtype]
     # the gradient of x where x is exactly zero (kept or dropped) follows the mask as LitGPT's does
     zero = x0 == 0
     assert rel_err(xo.grad[zero], xs.grad[zero]) < tol
@@ -169,22 +180,8 @@ def test_lora_layer_keeping_its_input_keeps_the_mask_as_bits(device, dtype):
 
     stock, ours = _pair(dtype, device)
     x0 = _x_with_zeros((3, 11, 96), dtype, device, seed=2)
-    params = list(ours.parameters())
-    got = {}
-    for keep in (False, True):
-        xs, xo = x0.clone().requires_grad_(), x0.clone().requires_grad_()
-        torch.manual_seed(1)
-        ys = stock(xs)
-        torch.manual_seed(1)
-        yo, got[keep] = saved_bytes(lambda: call_lora(ours, xo, keep_input=keep), exclude=[xo, *params])
-        g = torch.randn_like(ys)
-        ys.backward(g)
-        yo.backward(g)
-        tol = TOL[dtype]
-        assert rel_err(yo, ys) < tol and rel_err(xo.grad, xs.grad) < tol
-        for n in ("lora_A", "lora_B"):
-            assert rel_err(getattr(ours, n).grad, getattr(stock, n).grad) < tol, (keep, n)
-            getattr(ours, n).grad = getattr(stock, n).grad = None
+    got = {keep: _against_litgpt(stock, ours, x0, lambda m, x: call_lora(m, x, keep_input=keep),
+                                 exclude=list(ours.parameters()))[1] for keep in (False, True)}
     n = x0.numel()
     assert got[False] - got[True] == n * x0.element_size() - (n + 7) // 8
 

@@ -256,8 +256,8 @@ class _LoRAMixin:
 
     def forward(self, x: torch.Tensor, _liger_keep_input: bool = False,
                 _liger_glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
-        """``_liger_keep_input`` / ``_liger_glu``: see :func:`lora_linear`'s ``keep_input`` / ``glu`` (lit-liger's Blocks
-        pass them through :func:`call_lora`)."""
+        """``_liger_keep_input`` / ``_liger_glu``: see :func:`lora_linear`'s ``keep_input`` / ``glu`` (lit-liger's
+        Blocks pass them through :func:`call_lora`)."""
         if not self._liger_lora_here(x):
             return super().forward(x)
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
