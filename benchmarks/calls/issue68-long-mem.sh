@@ -5,7 +5,9 @@
 #   run: BUILD=1 CALL=l0 bash benchmarks/calls/issue68-long-mem.sh             (carry .whl; the checkpoint and data)
 #   run: LEN=262144 CALL=l1 bash benchmarks/calls/issue68-long-mem.sh          (carry .whl; one iteration)
 # BUILD=1 RUN=1 does both in one call; QUANT=bnb.nf4-dq runs QLoRA (bitsandbytes' wheel in the carried folder); EXTRA:
-# more arguments (e.g. --liger.sdpa_backend cudnn); STEPS: iterations (2; 1 where one step fills the call).
+# more arguments (e.g. --liger.sdpa_backend cudnn); STEPS: iterations (2, the fewest litgpt's cosine schedule takes:
+# with 1 it divides by zero, h200-2026-12-02e e2). Where 2 steps do not fit a call (QLoRA at 393k: ~370 s a step),
+# EXTRA="--liger.defer_loss_sync false" prints iteration 1 as it ends (deferred, it prints only with iteration 2).
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
 python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" "${STEPS:-2}" > /tmp/args.txt <<'PY'
@@ -13,6 +15,8 @@ import shlex, sys
 from pathlib import Path
 from benchmarks import finetune as F, recipe as R
 length, build, quant, steps = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] or None, int(sys.argv[4])
+if steps < 2:
+    sys.exit("STEPS must be 2 or more: litgpt's cosine learning-rate schedule divides by zero with 1")
 work = Path("/tmp/work")
 ckpt, _, info = F.build_inputs(work, "Llama-3.1-8B", 32, smoke=False, n_samples=8, max_seq_length=524288)
 data = work / "data" / f"long-{length}-{ckpt.name}-4.json"
