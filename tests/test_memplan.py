@@ -5,6 +5,7 @@ keeping every Block's activations, the log lines, the graphs' decisions with the
 on a real device, and a run over 30 lengths that keeps the pool under its budget."""
 
 import copy
+import weakref
 import types
 from dataclasses import replace
 import warnings
@@ -609,6 +610,38 @@ def test_offloaded_pairs_keep_one_input_each(n_layer, pairs, full, monkeypatch):
     assert ("transformer.wte.weight" in grads_a) == full
     for n in grads_a:
         assert rel_err(grads_b[n], grads_a[n]) <= 1e-5, (n, rel_err(grads_b[n], grads_a[n]))
+
+
+def test_offloaded_pair_frees_the_gradient_flowing_in_before_its_first_block_runs_again():
+    """The pair is two autograd nodes: the gradient flowing into the pair (the second Block's) is freed when the
+    second's backward returns, before the first Block's recompute and backward; the pair as one Function held it
+    through them (one (T, C) tensor over an offloaded Block's peak, measured in h200-2026-12-02e). Seen through a
+    weak reference to that gradient (a tensor's Python object lives as long as the tensor)."""
+    torch.manual_seed(0)
+    w1, w2 = (torch.randn(8, 8, requires_grad=True) for _ in range(2))
+    flowing_in, seen = [], []
+
+    def first(h):
+        if torch.is_grad_enabled():  # the first Block's own recompute, in the first node's backward
+            seen.append(flowing_in[0]() is None)
+        return torch.tanh(h @ w1)
+
+    def second(h):
+        return torch.tanh(h @ w2)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    out = swap_gpt._offloaded_pair(x, None, first, second)
+    out.register_hook(lambda g: flowing_in.append(weakref.ref(g)))
+    (out * torch.randn(4, 8)).sum().backward()
+    assert seen == [True]
+    want_x, want_w1, want_w2 = x.grad.clone(), w1.grad.clone(), w2.grad.clone()
+    for t in (x, w1, w2):
+        t.grad = None
+    torch.manual_seed(0)
+    torch.randn(8, 8), torch.randn(8, 8), torch.randn(4, 8)
+    (second(first(x)) * torch.randn(4, 8)).sum().backward()  # the same function, plain autograd
+    for got, want in ((want_x, x.grad), (want_w1, w1.grad), (want_w2, w2.grad)):
+        assert rel_err(got, want) <= 1e-6
 
 
 def test_host_short_plans_pairs():
