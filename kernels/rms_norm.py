@@ -29,7 +29,7 @@ from ._checks import as_rows, check_float, check_last_dim, check_same_device, ch
 from ._grad_into import target_for, weight_grad
 from ._launch import fast_launch, partial_rows, row_plan, use_triton
 
-__all__ = ["rms_norm", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
+__all__ = ["rms_norm", "rms_norm_again", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,6 +290,17 @@ def rms_norm_residual(
         return s, rms_norm_reference(s, weight, eps, offset)
     y, s, _ = _fwd(x, residual, weight, float(eps), float(offset))
     return s, y
+
+
+def rms_norm_again(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """:func:`rms_norm`'s output formed again, without autograd, from the input its backward keeps: for a reader of
+    the normalized tensor that keeps ``x`` (which the norm keeps anyway) instead of its own copy. Bit for bit the
+    forward's output: the same kernel on the same input (``x`` the residual sum ``s`` for :func:`rms_norm_residual`,
+    whose kernel normalizes ``s`` rounded to its dtype), or the same reference on the reference path."""
+    with torch.no_grad():
+        if not use_triton(x):
+            return rms_norm_reference(x, weight, eps, offset)
+        return _rms_norm_fwd_impl(x, None, weight, float(eps), float(offset))[0]
 
 
 # ----------------------------------------------------------------------------------------------

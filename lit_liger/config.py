@@ -43,7 +43,8 @@ class LigerConfig:
         fused_residual: residual add + norm_2 fused in the Block where the structure allows.
         recompute_norm: in those Blocks, the RMSNorm outputs read by plain Linears (``attn.qkv``;
             ``mlp.fc_1``/``fc_2``) are recomputed in backward instead of kept for their weight
-            gradients (two ``(B, T, C)`` activations per layer less; one extra norm pass each).
+            gradients (two ``(B, T, C)`` activations per layer less; one extra norm pass each); read by LoRA
+            layers with a frozen base (LoRA, QLoRA), the same for the LoRA update's ``lora_A`` gradient.
         fused_linear_cross_entropy: in training, lm_head + cross-entropy without the N x V logits.
         embedding: the token embedding (``transformer.wte``, a plain ``nn.Embedding``): under ``torch.compile``, its
             weight gradient from one op running ATen's CUDA kernel (``kernels/embedding.py``) where inductor would

@@ -120,6 +120,56 @@ def test_model_matches_litgpt_and_checkpoints_unchanged(kw):
         assert rel_err(ours(x), stock(x)) < 1e-5
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "gemma-2-2b"])
+def test_lora_layers_reading_a_norm_keep_its_input_not_its_output(name, dropout):
+    """LoRA ``qkv`` (``norm_1``'s reader) and LoRA ``fc_1`` / ``fc_2`` (``norm_2``'s) form the norm's output again in
+    backward from the norm's input, which the norm keeps anyway: two ``(B, T, C)`` tensors per layer fewer than with
+    ``recompute_norm`` off (with dropout, the qkv dropout's mask kept as bits instead of the dropped copy), the same
+    loss and gradients bit for bit, and LitGPT's."""
+    from helpers import saved_bytes
+
+    over = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=136,
+                padded_vocab_size=128, vocab_size=128, block_size=32)
+    cfg = Config.from_name(name, **over, lora_r=4, lora_alpha=8, lora_dropout=dropout, lora_query=True,
+                           lora_value=True, lora_mlp=True)
+    cfg.sliding_window_indices = None
+    torch.manual_seed(0)
+    stock = GPT(cfg)
+    for n, p in stock.named_parameters():
+        if "lora_B" in n or "norm" in n:
+            torch.nn.init.normal_(p, mean=1.0 if "norm" in n else 0.0, std=0.2)
+    mark_only_lora_as_trainable(stock)
+    ours = copy.deepcopy(stock)
+    x = torch.randint(0, 128, (2, 9))
+
+    def run(model):
+        torch.manual_seed(3)
+        y, kept = saved_bytes(lambda: model(x), exclude=list(model.parameters()))
+        loss = y.float().logsumexp(-1).mean()
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        model.zero_grad(set_to_none=True)
+        return loss.detach(), kept, grads
+
+    loss_s, _, grads_s = run(stock)
+    got = {}
+    for on in (False, True):
+        apply_liger(ours, {"fused_linear_cross_entropy": False, "recompute_norm": on})
+        got[on] = run(ours)
+    (loss_off, kept_off, grads_off), (loss_on, kept_on, grads_on) = got[False], got[True]
+    assert torch.equal(loss_on, loss_off) and grads_on.keys() == grads_off.keys() == grads_s.keys()
+    for n in grads_s:
+        assert torch.equal(grads_on[n], grads_off[n]), n
+        assert rel_err(grads_on[n], grads_s[n]) < 1e-5, n
+    assert rel_err(loss_on, loss_s) < 1e-6
+    # (the first Block's norm_1 reads the frozen embedding's output, which needs no gradient: that norm keeps nothing,
+    # so its LoRA qkv keeps the embedding's output in place of the norm's, of one size)
+    N, C, L = x.numel(), cfg.n_embd, cfg.n_layer
+    bits = (N * C + 7) // 8 if dropout else 0
+    assert kept_off - kept_on == (2 * L - 1) * N * C * 4 - L * bits
+
+
 def test_fallbacks_run_litgpt_forward():
     m = _qkv((True, False, True))
     _swap_class(m, _LoRAMixin)

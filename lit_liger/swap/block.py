@@ -14,7 +14,8 @@ from ._common import (_called_plainly, _CHECKPOINTED, _in_scope, _MLP_RECOMPUTED
                       mlp_tile)
 from .attention import _AttentionMixin
 from .fp8 import _fp8_fusable, is_float8_linear, norm_linear_fp8, norm_mlp_fp8, tensorwise_fusable
-from .mlp import _frozen_mlp_weights, _GeGLUMixin, _glu_proj, _SwiGLUMixin, tiled_mlp
+from .lora import call_lora
+from .mlp import _frozen_mlp_weights, _GeGLUMixin, _glu_proj, _mlp_out, _SwiGLUMixin, tiled_mlp
 from .norms import _LayerNormMixin, _RMSNormMixin
 
 
@@ -73,6 +74,21 @@ class _BlockMixin:
             and (x is None or not is_float8_linear(mlp.fc_1) or _fp8_fusable(x, mlp.fc_1, mlp.fc_2))
         )
 
+    def _liger_lora_reads_norm(self, norm: nn.Module, module: nn.Module, *linears: nn.Module, x: torch.Tensor,
+                               input_pos=None) -> bool:
+        """A swapped RMSNorm's output is read by LoRA layers (``linears``, inside ``module``: the attention or the
+        GLU MLP) that may form it again in backward from the norm's input instead of keeping it
+        (:func:`lit_liger.swap.lora.lora_linear`'s ``norm``): training in eager mode (the LoRA function runs
+        there), no KV cache, every module called without hooks, some of ``linears`` swapped LoRA layers. Off
+        with ``LigerConfig.recompute_norm`` false."""
+        return (
+            getattr(self, "_liger_recompute_norm", False) and isinstance(norm, _RMSNormMixin)
+            and input_pos is None and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and any(getattr(m, "_liger_lora_mixin", False) for m in linears)
+            and (not isinstance(module, _AttentionMixin) or not _stock_under_compile(module, x))
+            and _called_plainly(norm, module, *linears)
+        )
+
     def _liger_recompute_mlp_here(self, x: torch.Tensor) -> bool:
         """``LigerConfig.recompute_mlp`` applies to this call (the fused norm_2 path already chosen): the Triton
         path (eager or compiled), outside a checkpointed Block, a plain ``proj`` Linear in the input's dtype, no
@@ -123,6 +139,11 @@ class _BlockMixin:
                 _, (qkv_out,) = rms_norm_linear(x, n1.weight, [(qkv.weight, qkv.bias)], n1.eps,
                                                 1.0 if n1.add_unit_offset else 0.0)  # (B, T, (nh + 2 ng) * hs)
             attention_output = self.attn._liger_attend(qkv_out, cos, sin, mask)
+        elif self._liger_lora_reads_norm(n1, self.attn, self.attn.qkv, x=x, input_pos=input_pos):
+            # a LoRA qkv forms norm_1's output again from x (which norm_1 keeps) instead of keeping it
+            offset = 1.0 if n1.add_unit_offset else 0.0
+            qkv_out = call_lora(self.attn.qkv, n1(x), norm=(x, n1.weight, n1.eps, offset))
+            attention_output = self.attn._liger_attend(qkv_out, cos, sin, mask)
         else:
             x_normed = n1(x)
             attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
@@ -160,7 +181,13 @@ class _BlockMixin:
             mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=True)
         else:
             x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
-            mlp_out = self._liger_mlp(x_normed)
+            mlp = self.mlp
+            if isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)) and not self._liger_tile(x_normed) \
+                    and self._liger_lora_reads_norm(n2, mlp, mlp.fc_1, mlp.fc_2, x=x):
+                # LoRA fc_1 / fc_2 form norm_2's output again from the sum x (which norm_2 keeps)
+                mlp_out = _mlp_out(mlp, x_normed, mlp._liger_activation, norm=(x, n2.weight, n2.eps, offset))
+            else:
+                mlp_out = self._liger_mlp(x_normed)
         return self.post_mlp_norm(mlp_out) + x
 
 

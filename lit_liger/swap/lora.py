@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.dropout import dropout_grad_add_, dropped_from_bits, encode_dropped_, pack_kept
+from ..kernels.rms_norm import rms_norm_again
 from ._common import _called_plainly, _is_dtensor, _plain_linear
 from .fp8 import is_float8_linear, tensorwise_fusable
 from .quant import _4bit_linear, dequantize, is_quantized
@@ -54,18 +55,19 @@ def lora_parts(module: nn.Module) -> tuple[tuple[int, int], ...]:
 
 class _LoRAFn(torch.autograd.Function):
     """``x Wᵀ + b`` plus each LoRA part's ``scaling · (xd Aᵢᵀ) Bᵢᵀ`` in its output columns (see the module doc).
-    ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself."""
+    ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself. ``source``: how ``x`` is
+    formed again in backward from two tensors others keep (``src_a``, ``src_b``), not kept itself: ``("glu",
+    activation)``, ``x = act(src_a) * src_b``; ``("rms", eps, offset)``, ``x = rms_norm(src_a, src_b)``."""
 
     @staticmethod
     def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool,
-                p: float = 0.0, keep_input: bool = False, glu_a=None, glu_b=None, activation: str | None = None):
+                p: float = 0.0, keep_input: bool = False, src_a=None, src_b=None, source: tuple | None = None):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
         ctx.p = p
-        # keep_input: x is kept for backward anyway (by another reader, or, given glu_a / glu_b, recomputed from
-        # them): the dropout's mask is kept as bits and dropout(x) formed again in backward (kernels.dropout)
-        ctx.glu = (glu_a is not None) and (keep_input or p == 0)
-        ctx.activation = activation
+        # keep_input: x is kept for backward anyway (by another reader, or, given a source, formed again from
+        # it): the dropout's mask is kept as bits and dropout(x) formed again in backward (kernels.dropout)
+        ctx.source = source if src_a is not None and (keep_input or p == 0) else None
         bits = None
         if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
             xd2, mask = torch.native_dropout(x2, p, True)
@@ -98,22 +100,27 @@ class _LoRAFn(torch.autograd.Function):
         ctx.same_input = xd is None
         # x: for W's gradient, for lora_A's where the LoRA branch reads x itself, and for dropout(x) from the bits
         # (not where the GLU's inputs give it); xd: for lora_A's
-        keep_x = not ctx.glu and (weight.requires_grad or ((ctx.same_input or ctx.bits) and lora_a.requires_grad))
+        keep_x = ctx.source is None and (weight.requires_grad
+                                         or ((ctx.same_input or ctx.bits) and lora_a.requires_grad))
         keep_xd = xd is not None and not ctx.bits
-        glu_ab = (glu_a.reshape(-1, C), glu_b.reshape(-1, C)) if ctx.glu else (None, None)
+        src = (src_a, src_b) if ctx.source is not None else (None, None)
         ctx.save_for_backward(x2 if keep_x else None, xd2 if keep_xd else None, h, weight, lora_a, lora_b,
-                              w_scale, bits, *glu_ab)
+                              w_scale, bits, *src)
         ctx.x_shape, ctx.scaling, ctx.parts, ctx.r = x.shape, scaling, parts, r
         ctx.has_bias = bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx: Any, dy):
-        x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, glu_a, glu_b = ctx.saved_tensors
-        glu = (glu_a, glu_b, ctx.activation) if ctx.glu else None
+        x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, src_a, src_b = ctx.saved_tensors
+        glu = None  # (a, b, activation): the dropout's pass forms the GLU product itself
+        if ctx.source is not None and ctx.source[0] == "glu":
+            glu = (src_a.reshape(-1, src_a.shape[-1]), src_b.reshape(-1, src_b.shape[-1]), ctx.source[1])
+        elif ctx.source is not None:  # the norm's output formed again from the input the norm keeps
+            x2 = rms_norm_again(src_a, src_b, *ctx.source[1:]).reshape(-1, src_a.shape[-1])
         if ctx.same_input:
-            # the LoRA branch read x itself: x kept, or the GLU product formed again from the GLU's inputs
-            xd2 = x2 if glu is None else glu_product(glu_a, glu_b, ctx.activation)
+            # the LoRA branch read x itself: x kept (or formed again), or the GLU product formed from the GLU's inputs
+            xd2 = x2 if glu is None else glu_product(*glu)
         need_x, need_xd, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:6]
         scaling, parts, r = ctx.scaling, ctx.parts, ctx.r
         dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
@@ -177,7 +184,8 @@ def glu_product(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tens
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
                 lora_b: torch.Tensor, scaling: float, parts: tuple[tuple[int, int], ...],
                 xd: torch.Tensor | None = None, fp8: bool = False, dropout: float = 0.0, keep_input: bool = False,
-                glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+                glu: tuple[torch.Tensor, torch.Tensor, str] | None = None,
+                norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
@@ -191,7 +199,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     for backward anyway (by another reader: the attention's output, an input two LoRA layers share), so the dropout
     keeps its mask as bits beside it (1/8 byte an element) and forms ``dropout(x)`` again in backward. ``glu = (a, b,
     activation)``: ``x`` is the GLU product ``act(a) * b`` of two tensors the GLU's backward keeps (a frozen
-    ``weight``); ``x`` itself is not kept but formed again from them in backward (with dropout: its bits beside)."""
+    ``weight``); ``x`` itself is not kept but formed again from them in backward (with dropout: its bits beside).
+    ``norm = (s, norm_weight, eps, offset)``: ``x`` is :func:`lit_liger.kernels.rms_norm.rms_norm` ``(s, norm_weight,
+    eps, offset)`` (or :func:`~lit_liger.kernels.rms_norm.rms_norm_residual`'s normalized output of the sum ``s``),
+    whose backward keeps ``s``; ``x`` is not kept but formed again from ``s`` in backward, bit for bit (a frozen
+    ``weight``; with dropout: its bits beside): one ``(B, T, C)`` tensor fewer for one norm pass in backward."""
     n = len(parts)
     if n == 0 or lora_a.shape[0] % n:
         raise ValueError(f"lora_A has {lora_a.shape[0]} rows, not a multiple of its {n} LoRA parts")
@@ -207,17 +219,24 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise TypeError(f"lit-liger LoRA: x, the weight and lora_A/lora_B must share one dtype, got {sorted(map(str, dtypes))}")
     if dropout and (xd is not None or not 0.0 < dropout < 1.0):
         raise ValueError(f"lit-liger LoRA: dropout={dropout} needs 0 < p < 1 and no xd")
-    glu_a = glu_b = activation = None
+    src_a = src_b = source = None
+    if glu is not None and norm is not None:
+        raise ValueError("lit-liger LoRA: give at most one of glu and norm")
     if glu is not None:
-        glu_a, glu_b, activation = glu
-        if xd is not None or weight.requires_grad or glu_a.shape != x.shape or glu_b.shape != x.shape \
-                or not (glu_a.is_contiguous() and glu_b.is_contiguous()):
+        src_a, src_b, activation = glu
+        if xd is not None or weight.requires_grad or src_a.shape != x.shape or src_b.shape != x.shape \
+                or not (src_a.is_contiguous() and src_b.is_contiguous()):
             raise ValueError("lit-liger LoRA: glu needs a frozen weight, no xd and contiguous a, b of x's shape")
-        keep_input = True
+        source, keep_input = ("glu", activation), True
+    if norm is not None:
+        src_a, src_b, eps, offset = norm
+        if xd is not None or weight.requires_grad or src_a.shape != x.shape or src_b.shape != x.shape[-1:]:
+            raise ValueError("lit-liger LoRA: norm needs a frozen weight, no xd, an input of x's shape and a (C,) weight")
+        source, keep_input = ("rms", float(eps), float(offset)), True
     if keep_input and dropout and not x.is_contiguous():
         raise ValueError("lit-liger LoRA: keep_input with dropout needs a contiguous x")
     return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout),
-                         bool(keep_input), glu_a, glu_b, activation)
+                         bool(keep_input), src_a, src_b, source)
 
 
 class _LoRAMixin:
@@ -255,37 +274,47 @@ class _LoRAMixin:
         return is_float8_linear(lin) and not lin.weight.requires_grad and tensorwise_fusable(x, lin)
 
     def forward(self, x: torch.Tensor, _liger_keep_input: bool = False,
-                _liger_glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
-        """``_liger_keep_input`` / ``_liger_glu``: see :func:`lora_linear`'s ``keep_input`` / ``glu`` (lit-liger's
-        Blocks pass them through :func:`call_lora`)."""
+                _liger_glu: tuple[torch.Tensor, torch.Tensor, str] | None = None,
+                _liger_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None) -> torch.Tensor:
+        """``_liger_keep_input`` / ``_liger_glu`` / ``_liger_norm``: see :func:`lora_linear`'s ``keep_input`` /
+        ``glu`` / ``norm`` (lit-liger's Blocks pass them through :func:`call_lora`)."""
         if not self._liger_lora_here(x):
             return super().forward(x)
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
         p = drop.p if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else 0.0
         lin = self.linear
+        glu = _liger_glu if _source_usable(_liger_glu, x, lin.weight) else None
+        norm = _liger_norm if glu is None and _source_usable(_liger_norm, x, lin.weight) else None
         if p and type(drop) is nn.Dropout and not drop.inplace and p < 1 and x.is_contiguous() \
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and _called_plainly(drop):
             # the dropout drawn inside the LoRA function, its mask kept inside its output (2 bytes an element, not 3)
             return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
-                               fp8=is_float8_linear(lin), dropout=p, keep_input=_liger_keep_input,
-                               glu=_liger_glu if _glu_usable(_liger_glu, x, lin.weight) else None)
-        if not p and _glu_usable(_liger_glu, x, lin.weight):  # x not kept: formed again from the GLU's inputs
+                               fp8=is_float8_linear(lin), dropout=p, keep_input=_liger_keep_input, glu=glu,
+                               norm=norm)
+        if not p and (glu is not None or norm is not None):  # x not kept: formed again from the GLU's / norm's input
             return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
-                               fp8=is_float8_linear(lin), glu=_liger_glu)
+                               fp8=is_float8_linear(lin), glu=glu, norm=norm)
         xd = drop(x) if p else None  # (B, T, C)
         return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
                            fp8=is_float8_linear(lin))
 
 
-def _glu_usable(glu, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (glu is not None and not weight.requires_grad and glu[0].shape == x.shape == glu[1].shape
-            and glu[0].is_contiguous() and glu[1].is_contiguous())
+def _source_usable(source: tuple | None, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A ``glu = (a, b, activation)`` or ``norm = (s, norm_weight, eps, offset)`` that :func:`lora_linear` takes for
+    this call: a frozen base weight; ``a``, ``b`` contiguous of ``x``'s shape, or ``s`` of ``x``'s shape."""
+    if source is None or weight.requires_grad or source[0].shape != x.shape:
+        return False
+    if isinstance(source[2], str):  # glu
+        return source[1].shape == x.shape and source[0].is_contiguous() and source[1].is_contiguous()
+    return source[1].shape == x.shape[-1:]
 
 
 def call_lora(module: nn.Module, x: torch.Tensor, keep_input: bool = False,
-              glu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+              glu: tuple[torch.Tensor, torch.Tensor, str] | None = None,
+              norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None) -> torch.Tensor:
     """``module(x)``; where ``module`` is a swapped LoRA layer, told that ``x`` is kept for backward anyway
-    (``keep_input``) or is the GLU product of ``glu = (a, b, activation)`` (see :func:`lora_linear`)."""
-    if getattr(module, "_liger_lora_mixin", False) and (keep_input or glu is not None):
-        return module(x, _liger_keep_input=keep_input, _liger_glu=glu)
+    (``keep_input``), is the GLU product of ``glu = (a, b, activation)`` or the RMSNorm output of ``norm = (s,
+    norm_weight, eps, offset)`` (see :func:`lora_linear`)."""
+    if getattr(module, "_liger_lora_mixin", False) and (keep_input or glu is not None or norm is not None):
+        return module(x, _liger_keep_input=keep_input, _liger_glu=glu, _liger_norm=norm)
     return module(x)

@@ -78,16 +78,21 @@ def tiled_mlp(mlp: nn.Module, x: torch.Tensor, tile: int) -> torch.Tensor:
     return _TiledMLP.apply(mlp, tile, x, *params)
 
 
-def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
+def _mlp_out(mlp: nn.Module, x: torch.Tensor, activation: str,
+             norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None) -> torch.Tensor:
     """``mlp.proj(act(fc_1(x)) * fc_2(x))`` (see :func:`_glu_proj`). Inside a checkpointed Block
     (``LigerConfig.activation_checkpointing``) a frozen MLP runs as :func:`glu_mlp`: its ``(B, T, I)``
-    tensors exist one chunk of rows at a time, in the Block's recompute and in its backward."""
+    tensors exist one chunk of rows at a time, in the Block's recompute and in its backward. ``norm = (s,
+    norm_weight, eps, offset)``: ``x`` is the Block's RMSNorm of ``s``, which LoRA ``fc_1`` / ``fc_2`` form again
+    in backward instead of keeping ``x`` (:func:`lit_liger.swap.lora.lora_linear`)."""
     if (_in_scope(mlp, _CHECKPOINTED) or _in_scope(mlp, _MLP_RECOMPUTED)) \
             and (weights := _frozen_mlp_weights(mlp, x)) is not None:
         return glu_mlp(x, *weights, activation=activation)
     reuse = _fresh_outputs(mlp.fc_1, mlp.fc_2)
-    # LoRA fc_1 and fc_2 read one x: kept once for both, each LoRA dropout's mask as bits beside it (lora.call_lora)
-    a, b = call_lora(mlp.fc_1, x, keep_input=True), call_lora(mlp.fc_2, x, keep_input=True)  # (B, T, I)
+    # LoRA fc_1 and fc_2 read one x: kept once for both (or formed again from the norm's input), each LoRA
+    # dropout's mask as bits beside it (lora.call_lora)
+    a = call_lora(mlp.fc_1, x, keep_input=True, norm=norm)  # (B, T, I)
+    b = call_lora(mlp.fc_2, x, keep_input=True, norm=norm)  # (B, T, I)
     return _glu_proj(mlp.proj, a, b, activation, reuse)
 
 
