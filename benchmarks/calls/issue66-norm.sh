@@ -1,0 +1,21 @@
+# Issue 66 after LoRA layers reading an RMSNorm form its output again from the norm's input (qkv; fc_1/fc_2):
+# gemma2-2b's shipped LoRA recipe (tied checkpoint), stock and lit-liger; then the README's Llama-3.2-1B LoRA row
+# (micro-batch 4) with the code before (BASE: a `git archive` of the commit before, without its results and docs,
+# carried as .base) and after, in one call.
+#   run: CALL=n1 bash benchmarks/calls/issue66-norm.sh     (carry: .whl .base)
+CALL=${CALL:-n} . benchmarks/calls.sh
+LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true --lora_projection true --lora_mlp true --lora_head true"
+timeout ${RECIPE_S:-300} python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
+  --variants stock,liger --iters ${ITERS:-120} --warmup 30 --work_dir /tmp/work --tied_head --out "/tmp/o/$NAME-gemma2" \
+  --litgpt_args "$LORA" > "/tmp/o/$NAME-gemma2.log" 2>&1
+echo "gemma2 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2.log"; leftovers
+rows() {  # rows NAME DIR
+  (cd "$2" && timeout ${ROW_S:-120} python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 \
+     --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
+  echo "$1 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^Llama" "/tmp/o/$NAME-$1.log"; leftovers
+}
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
+rows base-lora .base
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
+rows new-lora .
+pack
