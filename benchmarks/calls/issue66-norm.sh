@@ -14,8 +14,10 @@ rows() {  # rows NAME DIR
      --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
   echo "$1 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^Llama" "/tmp/o/$NAME-$1.log"; leftovers
 }
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
-rows base-lora .base
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
+if [ -d .base ]; then  # (without .base carried: this checkout's row only)
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
+  rows base-lora .base
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
+fi
 rows new-lora .
 pack
