@@ -560,7 +560,8 @@ def test_blocks_take_the_planned_paths(recompute, host, tile, monkeypatch):
                         real_ckpt(*a, **kw))
     monkeypatch.setattr(swap_gpt, "_checkpointed_block", lambda block, *a: tiles.append(
         (list(auto.transformer.h).index(block), a[-1])) or real_block(block, *a))
-    monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, xn, t: mlp_tiles.append(t) or real_tiled(mlp, xn, t))
+    monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, xn, t, **kw: mlp_tiles.append(t)
+                        or real_tiled(mlp, xn, t, **kw))
     _force(monkeypatch, recompute, False, host=host, tile=tile)
     assert swap_gpt._memory_plan_here(auto, x) == (recompute, host > 0, 0, host, tile, 0)
     loss_b, grads_b = _step(auto, x, y)

@@ -139,7 +139,7 @@ def test_checkpointed_block_with_a_tile(name, lora, monkeypatch):
     block = model.transformer.h[0]
     tiles = []
     real = swap_block.tiled_mlp
-    monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, x, tile: (tiles.append(tile), real(mlp, x, tile))[1])
+    monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, x, tile, **kw: (tiles.append(tile), real(mlp, x, tile, **kw))[1])
     T = 20
     cos, sin = model.cos[:T].unsqueeze(0), model.sin[:T].unsqueeze(0)
     x = torch.randn(2, T, cfg.n_embd)

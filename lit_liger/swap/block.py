@@ -15,7 +15,7 @@ from ._common import (_called_plainly, _CHECKPOINTED, _in_scope, _MLP_RECOMPUTED
 from .attention import _AttentionMixin
 from .fp8 import _fp8_fusable, is_float8_linear, norm_linear_fp8, norm_mlp_fp8, tensorwise_fusable
 from .lora import call_lora
-from .mlp import _frozen_mlp_weights, _GeGLUMixin, _glu_proj, _mlp_out, _SwiGLUMixin, tiled_mlp
+from .mlp import _frozen_mlp_weights, _GeGLUMixin, _glu_proj, _SwiGLUMixin, tiled_mlp
 from .norms import _LayerNormMixin, _RMSNormMixin
 
 
@@ -121,9 +121,10 @@ class _BlockMixin:
             return 0
         return tile
 
-    def _liger_mlp(self, x_normed: torch.Tensor) -> torch.Tensor:
-        """``self.mlp(x_normed)``, over sequence tiles where :meth:`_liger_tile` says."""
-        return tiled_mlp(self.mlp, x_normed, self._liger_tile(x_normed))
+    def _liger_mlp(self, x_normed: torch.Tensor, norm: tuple | None = None) -> torch.Tensor:
+        """``self.mlp(x_normed)``, over sequence tiles where :meth:`_liger_tile` says (``norm``: see
+        :func:`tiled_mlp`)."""
+        return tiled_mlp(self.mlp, x_normed, self._liger_tile(x_normed), norm=norm)
 
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if _stock_under_compile(self, x):
@@ -181,13 +182,11 @@ class _BlockMixin:
             mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=True)
         else:
             x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
-            mlp = self.mlp
-            if isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)) and not self._liger_tile(x_normed) \
+            mlp, norm = self.mlp, None
+            if isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)) \
                     and self._liger_lora_reads_norm(n2, mlp, mlp.fc_1, mlp.fc_2, x=x):
-                # LoRA fc_1 / fc_2 form norm_2's output again from the sum x (which norm_2 keeps)
-                mlp_out = _mlp_out(mlp, x_normed, mlp._liger_activation, norm=(x, n2.weight, n2.eps, offset))
-            else:
-                mlp_out = self._liger_mlp(x_normed)
+                norm = (x, n2.weight, n2.eps, offset)  # LoRA fc_1 / fc_2: norm_2's output formed again from x
+            mlp_out = self._liger_mlp(x_normed, norm)
         return self.post_mlp_norm(mlp_out) + x
 
 

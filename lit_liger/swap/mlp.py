@@ -67,13 +67,15 @@ class _TiledMLP(torch.autograd.Function):
                 *(None if g is None else g.to(p.dtype) for p, g in zip(params, sums)))
 
 
-def tiled_mlp(mlp: nn.Module, x: torch.Tensor, tile: int) -> torch.Tensor:
+def tiled_mlp(mlp: nn.Module, x: torch.Tensor, tile: int, norm: tuple | None = None) -> torch.Tensor:
     """``mlp(x)`` (any LitGPT MLP, swapped or not: its Linears plain, LoRA or 4-bit, frozen or trained) over sequence
     tiles of ``tile`` tokens of ``x`` ``(B, T, C)`` in the forward and in the backward's rerun (:class:`_TiledMLP`):
     its ``(B, T, intermediate)`` tensors exist one tile at a time. ``mlp(x)`` itself where one tile holds every
-    token."""
+    token; there, given ``norm = (s, norm_weight, eps, offset)``, a swapped GLU MLP (called without hooks, in eager
+    mode: the caller checks) is told that ``x`` is the RMSNorm of ``s`` (:func:`_mlp_out`; the tiles rerun their MLP
+    and ignore it)."""
     if tile <= 0 or x.size(0) * x.size(1) <= tile:
-        return mlp(x)
+        return mlp(x) if norm is None else _mlp_out(mlp, x, mlp._liger_activation, norm)
     params = tuple(p for p in mlp.parameters() if p.requires_grad)
     return _TiledMLP.apply(mlp, tile, x, *params)
 
