@@ -33,6 +33,15 @@ SHAPES = {  # name: (B, n_head, n_query_groups, T, head_size, softcap, scale)
     "hs128": (4, 16, 8, 2048, 128, 30.0, 128 ** -0.5),
 }
 DTYPES = {"gemma2-fp32": ("gemma2-b1", torch.float32)}  # name: (shape, dtype other than bf16)
+# packed micro-batches as gemma2-2b's shipped LoRA recipe runs them (micro-batch 2 of Alpaca2k, max_seq_length 512,
+# packed into one row of a length bucket): name: (B, n_head, n_query_groups, T, head_size, softcap, scale, sample
+# lengths); the kernels take each position's sample start (``starts``) and skip earlier samples' key blocks
+PACKED = {
+    "gemma2-pack512": (1, 8, 4, 512, 256, 50.0, 256 ** -0.5, (291, 187)),
+    "gemma2-pack1024": (1, 8, 4, 1024, 256, 50.0, 256 ** -0.5, (512, 397)),
+    "gemma2-pack256": (1, 8, 4, 256, 256, 50.0, 256 ** -0.5, (131, 97)),
+}
+SHAPES.update({k_: v_[:7] for k_, v_ in PACKED.items()})
 
 FWD = [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
        (128, 64, 8, 1), (64, 128, 8, 2), (128, 128, 8, 1)]
@@ -82,6 +91,35 @@ ROUND6 = dict(
 )
 
 
+# seventh round (head size 256, short packed rows): few query / key blocks per head leave most of the GPU's SMs idle
+# (T 1024, 8 heads: 64 blocks of 128 rows for 132 SMs): smaller blocks around the long-sequence plan
+ROUND7 = dict(
+    fwd=[(128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (32, 64, 4, 2),
+         (32, 32, 4, 2), (64, 128, 8, 1)],
+    kv=[(128, 64, 8, 1, 1), (64, 64, 8, 1, 1), (128, 32, 8, 1, 1), (64, 32, 8, 2, 1), (64, 32, 4, 2, 1),
+        (32, 32, 4, 2, 1), (128, 16, 4, 2, 1), (64, 16, 4, 2, 1), (32, 64, 8, 2, 0), (16, 64, 8, 2, 0),
+        (16, 32, 4, 2, 0)],
+    q=[(128, 32, 8, 3), (64, 32, 8, 3), (64, 32, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2),
+       (64, 16, 4, 3), (16, 64, 4, 2)],
+)
+
+
+def graph_median_ms(fn, n=20, reps=10) -> float:
+    """Median milliseconds of one ``fn()`` replayed in a CUDA graph of ``reps`` calls: short kernels timed without
+    the host's launch latency (as lit-liger's captured training steps run them)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for _ in range(reps):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return cuda_median_ms(g.replay, n) / reps
+
+
 def _errs(out, grads, ref_out, ref_grads) -> dict:
     return {"out": (out.float() - ref_out).abs().max().item(),
             **{f"d{n}": (g.float() - r).abs().max().item() for n, g, r in zip("qkv", grads, ref_grads)}}
@@ -91,6 +129,11 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     base_name, dtype = DTYPES.get(name, (name, torch.bfloat16))
     B, nh, ng, T, hs, cap, scale = SHAPES[base_name]
     dev = torch.device("cuda")
+    starts = None
+    if base_name in PACKED:  # each position's sample start; the pad after the samples is one more segment
+        lens = PACKED[base_name][7]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist(), T], device=dev)
+        starts = K.sample_starts(cu, T)
     g = torch.Generator(device=dev).manual_seed(0)
     # the post-RoPE layout lit-liger passes: (B, heads, T, hs) views of (B, T, heads, hs)
     q = torch.randn(B, T, nh, hs, device=dev, dtype=dtype, generator=g).transpose(1, 2)
@@ -102,14 +145,19 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     # accuracy against fp32 math (both kernels in bf16)
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = K.reference(qf, kf, vf, scale, cap)
+    ref = K.reference(qf, kf, vf, scale, cap, starts=starts)
     ref_g = torch.autograd.grad(ref, (qf, kf, vf), do.float())
     ref = ref.detach()
     ref32 = (ref, ref_g)
     del qf, kf, vf
     qb, kb, vb = (t.detach().requires_grad_() for t in (q, k, v))
-    o = K.softcap_attention(qb, kb, vb, scale, cap)
+    o = K.softcap_attention(qb, kb, vb, scale, cap, starts=starts)
     res["err_triton"] = _errs(o, torch.autograd.grad(o, (qb, kb, vb), do), ref, ref_g)
+    capf = float(cap or 0.0)
+    if starts is not None:  # packed: lit-liger's kernels only, in CUDA graphs (the recipe's steps are captured)
+        res["samples"] = list(PACKED[base_name][7])
+        return _sweep_packed(res, q, k, v, do, qb, kb, vb, ref32=(ref, ref_g), scale=scale, cap=cap, capf=capf,
+                             starts=starts, n=n, quick=quick, rnd=rnd, name=name, hs=hs)
     o = A.flex_attend(qb, kb, vb, scale=scale, softcap=cap)
     res["err_flex"] = _errs(o, torch.autograd.grad(o, (qb, kb, vb), do), ref, ref_g)
     del o
@@ -125,7 +173,6 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     res["flex_fwd_ms"] = cuda_median_ms(lambda: flex(q, k, v), n)
     res["flex_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(flex), n)
     res["triton_fwd_bwd_ms"] = cuda_median_ms(fwd_bwd(tri), n)
-    capf = float(cap or 0.0)
     o, lse = K._attn_fwd_impl(q, k, v, scale, capf)
     res["triton_fwd_ms"] = cuda_median_ms(lambda: K._attn_fwd_impl(q, k, v, scale, capf), n)
     res["triton_bwd_ms"] = cuda_median_ms(lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf), n)
@@ -143,7 +190,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
 
     base = L.attention_plan(hs, q.dtype, dev)
     sweeps = {}
-    cand = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6}[rnd]
+    cand = _ROUNDS[rnd]
     errs = {}
     for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
                                 ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
@@ -196,14 +243,73 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     return res
 
 
+_FIELDS = (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
+           ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
+           ("q", ("q_m", "q_n", "q_warps", "q_stages")))
+_ROUNDS = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7}
+
+
+def _sweep_packed(res, q, k, v, do, qb, kb, vb, *, ref32, scale, cap, capf, starts, n, quick, rnd, name, hs) -> dict:
+    """A packed shape: the kernels' forward and backward (``_attn_fwd_impl`` / ``_attn_bwd_impl`` with ``starts``)
+    timed in CUDA graphs, the default plan, then each candidate of one kernel with the others at the default (the
+    forward's candidates on the forward alone; the two backward kernels' on the whole backward), each candidate's
+    gradients against fp32 math, and the best of each combined."""
+    fwd = lambda: K._attn_fwd_impl(q, k, v, scale, capf, starts)  # noqa: E731
+    o, lse = fwd()
+    bwd = lambda: K._attn_bwd_impl(do, q, k, v, o, lse, scale, capf, starts)  # noqa: E731
+
+    def both():
+        o2, lse2 = K._attn_fwd_impl(q, k, v, scale, capf, starts)
+        K._attn_bwd_impl(do, q, k, v, o2, lse2, scale, capf, starts)
+
+    res["triton_fwd_ms"], res["triton_bwd_ms"] = graph_median_ms(fwd, n), graph_median_ms(bwd, n)
+    res["triton_fwd_bwd_ms"] = graph_median_ms(both, n)
+    print(name, "default", res["triton_fwd_ms"], res["triton_bwd_ms"], res["triton_fwd_bwd_ms"], flush=True)
+    if quick:
+        return res
+    base = L.attention_plan(hs, q.dtype, q.device)
+    res["default_plan"] = dataclasses.asdict(base)
+    sweeps, errs, chosen = {}, {}, {}
+    for part, fields in _FIELDS:
+        rows = {}
+        for c in _ROUNDS[rnd][part]:
+            L.ATTENTION_PLAN_OVERRIDE[0] = dataclasses.replace(base, **dict(zip(fields, c)))
+            try:
+                rows[str(c)] = graph_median_ms(fwd if part == "fwd" else bwd, n)
+                o2 = K.softcap_attention(qb, kb, vb, scale, cap, starts=starts)
+                errs[f"{part} {c}"] = _errs(o2, torch.autograd.grad(o2, (qb, kb, vb), do), *ref32)
+            except Exception as e:  # noqa: BLE001 - out of shared memory / registers
+                rows[str(c)] = f"{type(e).__name__}: {str(e)[:100]}"
+            finally:
+                L.ATTENTION_PLAN_OVERRIDE[0] = None
+        sweeps[part] = rows
+        ok = {k_: v_ for k_, v_ in rows.items() if isinstance(v_, float)}
+        if ok:
+            chosen.update(zip(fields, eval(min(ok, key=ok.get))))  # noqa: S307 - our own tuple reprs
+        print(name, part, {k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in rows.items()}, flush=True)
+    res["sweeps"], res["sweep_errs"] = sweeps, errs
+    plan = dataclasses.replace(base, **chosen)
+    res["best_plan"] = dataclasses.asdict(plan)
+    L.ATTENTION_PLAN_OVERRIDE[0] = plan
+    try:
+        res["best_fwd_bwd_ms"] = graph_median_ms(both, n)
+        o2 = K.softcap_attention(qb, kb, vb, scale, cap, starts=starts)
+        res["err_triton_best"] = _errs(o2, torch.autograd.grad(o2, (qb, kb, vb), do), *ref32)
+    finally:
+        L.ATTENTION_PLAN_OVERRIDE[0] = None
+    print(f"{name}: default {res['triton_fwd_bwd_ms']:.4f} ms, best {res['best_fwd_bwd_ms']:.4f} plan {chosen}",
+          flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="gemma2")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="accuracy and the default plan only (no sweep)")
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3, 4, 5, 6),
-                    help="candidate set: 1 or ROUND2 ... ROUND6")
+    ap.add_argument("--round", type=int, default=1, choices=tuple(_ROUNDS),
+                    help="candidate set: 1 or ROUND2 ... ROUND7")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
