@@ -332,8 +332,10 @@ _ATTN_CPU = AttentionPlan(16, 16, 4, 1, 16, 16, 4, 1, 16, 16, 4, 1, 16)
 ATTENTION_PLAN_OVERRIDE: list[AttentionPlan | None] = [None]
 
 
-def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> AttentionPlan:
-    """Launch settings of the causal / softcap attention kernels for one head size on one device.
+def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device, T: int = 0, heads: int = 0
+                   ) -> AttentionPlan:
+    """Launch settings of the causal / softcap attention kernels for one head size on one device; ``T`` the
+    sequence's length and ``heads`` its batch size times query heads (0: a long sequence's plan).
 
     The tiles sit in shared memory: a row of ``head_dim`` bf16 values is 512 bytes at 256, and the kernels hold
     four such tiles (q, k, v, dO) plus the pipeline's copies. The measured plans are the H100's (sm90: 227 KiB per
@@ -353,6 +355,13 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device) -> A
         # fp32 tiles take twice the shared memory: the bf16 plans below need more than an H100's 227 KiB at head
         # size 256 (measured: 295 KB requested). Not timed (lit-liger's adapter sends fp32 layers to FlexAttention)
         return AttentionPlan(64, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1)
+    if head_dim > 128 and T and heads * cdiv(T, 128) < lim.sm_count:
+        # a short sequence (a packed fine-tuning micro-batch: gemma2-2b's shipped LoRA recipe packs 2 samples of at
+        # most 512 tokens into one row): the long plan's 128-row blocks leave most SMs idle (T 1024, 8 heads: 64
+        # blocks for 132). Measured on an H200 (torch 2.11, triton 3.6), packed rows of 256, 512 and 1024 slots (two
+        # samples each), 8 heads / 4 groups, softcap 50, CUDA-graph timed: forward + backward 0.053 / 0.073 / 0.095
+        # ms against the long plan's 0.086 / 0.111 / 0.140 (h200-2026-12-03b a1: each kernel's best of 8-11 there)
+        return AttentionPlan(64, 32, 4, 3, 128, 32, 8, 1, 64, 32, 4, 2, kv_hs_major=True)
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,
         # softcap 50): each kernel's best of 9-10 candidates (h100-2026-11-24g/attn/), then of 6-8 around those

@@ -29,6 +29,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._checks import check_float, check_same_device, check_same_dtype
 from ._launch import attention_plan, cdiv, use_triton
@@ -386,7 +387,7 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     o = torch.empty((B, T, NH, HS), dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
     if o.numel():
-        plan = attention_plan(HS, q.dtype, q.device)
+        plan = attention_plan(HS, q.dtype, q.device, T, B * NH)
         scale2, cap_c1, cap2 = _consts(scale, softcap)
         _attn_fwd_kernel[(cdiv(T, plan.fwd_m), B * NH)](
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
@@ -418,7 +419,7 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     dv = torch.empty((B, T, NG, HS), dtype=v.dtype, device=v.device).transpose(1, 2)
     if not q.numel():
         return dq, dk, dv
-    plan = attention_plan(HS, q.dtype, q.device)
+    plan = attention_plan(HS, q.dtype, q.device, T, B * NH)
     scale2, cap_c1, cap2 = _consts(scale, softcap)
     delta = torch.empty((B, NH, T), dtype=torch.float32, device=q.device)
     _attn_delta_kernel[(cdiv(T, plan.delta_m), B * NH)](
@@ -445,10 +446,23 @@ def _attn_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
 _attn_bwd = torch.library.custom_op("lit_liger::attn_bwd", _attn_bwd_impl, mutates_args=())
 
 
+#: starts -> {(T, block_n): its query ends}: the layers of one packed forward share one ``starts`` tensor
+#: (``lit_liger.swap.packing.sample_starts``), whose query ends their backward computes once
+_QUERY_ENDS = WeakIdKeyDictionary()
+
+
 def _query_ends(starts: torch.Tensor, T: int, block_n: int) -> torch.Tensor:
     """Per key block of ``block_n`` keys, ``(first query whose first key is after the block's first key, the first
     after its last)`` (``starts`` is nondecreasing), int32 ``(2 * blocks,)``: the dK/dV kernel's unmasked query rows
-    and where its query loop stops. Device ops only (no sync)."""
+    and where its query loop stops. Device ops only (no sync); once per ``starts`` tensor and version."""
+    memo = _QUERY_ENDS.setdefault(starts, {})
+    key = (T, block_n, starts._version)
+    if key not in memo:
+        memo[key] = _query_ends_of(starts, T, block_n)
+    return memo[key]
+
+
+def _query_ends_of(starts: torch.Tensor, T: int, block_n: int) -> torch.Tensor:
     first = torch.arange(0, T, block_n, device=starts.device, dtype=starts.dtype)
     last = (first + block_n).clamp_(max=T) - 1
     ends = torch.searchsorted(starts, torch.stack([first, last], dim=1), right=True)  # (blocks, 2)

@@ -148,13 +148,20 @@ ATTENTION_DEVICES = [
 
 
 def _exercise_attention():
+    """Every plan: a short sequence's (these 40 tokens) and the long sequences' (``T`` 0: set as the override)."""
     from lit_liger.kernels.attention import softcap_attention
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for hs, cap in ((256, 50.0), (128, None), (64, 30.0)):
-            q = torch.randn(1, 2, 40, hs, dtype=dtype).requires_grad_()
-            k, v = (torch.randn(1, 1, 40, hs, dtype=dtype).requires_grad_() for _ in range(2))
-            softcap_attention(q, k, v, hs ** -0.5, cap).sum().backward()
+            for long in (False, True):
+                q = torch.randn(1, 2, 40, hs, dtype=dtype).requires_grad_()
+                k, v = (torch.randn(1, 1, 40, hs, dtype=dtype).requires_grad_() for _ in range(2))
+                if long:
+                    _launch.ATTENTION_PLAN_OVERRIDE[0] = _launch.attention_plan(hs, dtype, q.device)
+                try:
+                    softcap_attention(q, k, v, hs ** -0.5, cap).sum().backward()
+                finally:
+                    _launch.ATTENTION_PLAN_OVERRIDE[0] = None
 
 
 @pytest.mark.parametrize("limits, target, smem", ATTENTION_DEVICES, ids=["sm90", "sm80", "gfx942"])
@@ -178,3 +185,17 @@ def test_attention_kernels_compile_within_each_devices_shared_memory(monkeypatch
     assert len(results) == len(specs)
     worst = max(results, key=lambda r: r["shared"])
     assert worst["shared"] <= smem, worst
+
+
+def test_attention_plan_takes_smaller_blocks_where_a_long_plan_leaves_sms_idle(monkeypatch):
+    """At head size 256 on sm90 a short sequence (one packed fine-tuning row: fewer 128-row blocks over all heads
+    than SMs) gets the short plan, a long one (or ``T`` not given) the long plan; other head sizes one plan."""
+    monkeypatch.setattr(_launch, "_CPU_LIMITS", ATTENTION_DEVICES[0][0])  # an H100's 132 SMs, for CPU tensors
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    long = _launch.attention_plan(256, bf16, cpu)
+    short = _launch.attention_plan(256, bf16, cpu, T=1024, heads=8)  # 8 heads x 8 blocks of 128 rows < 132
+    assert long == _launch.attention_plan(256, bf16, cpu, T=2048, heads=32)  # 512 blocks: the long plan
+    assert long == _launch.attention_plan(256, bf16, cpu, T=2048, heads=66)
+    assert short == _launch.attention_plan(256, bf16, cpu, T=2048, heads=8)  # 128 blocks
+    assert (short.fwd_m, short.kv_n, short.q_m) == (64, 32, 64) and (long.fwd_m, long.kv_n, long.q_m) == (128, 64, 128)
+    assert _launch.attention_plan(128, bf16, cpu, T=512, heads=8) == _launch.attention_plan(128, bf16, cpu)

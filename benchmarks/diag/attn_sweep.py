@@ -264,11 +264,18 @@ def _sweep_packed(res, q, k, v, do, qb, kb, vb, *, ref32, scale, cap, capf, star
 
     res["triton_fwd_ms"], res["triton_bwd_ms"] = graph_median_ms(fwd, n), graph_median_ms(bwd, n)
     res["triton_fwd_bwd_ms"] = graph_median_ms(both, n)
-    print(name, "default", res["triton_fwd_ms"], res["triton_bwd_ms"], res["triton_fwd_bwd_ms"], flush=True)
+    B, nh, T = q.shape[:3]
+    base = L.attention_plan(hs, q.dtype, q.device, T, B * nh)  # the plan this shape runs with
+    res["default_plan"] = dataclasses.asdict(base)
+    L.ATTENTION_PLAN_OVERRIDE[0] = L.attention_plan(hs, q.dtype, q.device)  # the long sequences' plan
+    try:
+        res["long_plan_fwd_bwd_ms"] = graph_median_ms(both, n)
+    finally:
+        L.ATTENTION_PLAN_OVERRIDE[0] = None
+    print(name, "default: fwd, bwd, both", res["triton_fwd_ms"], res["triton_bwd_ms"], res["triton_fwd_bwd_ms"],
+          "the long plan's both", res["long_plan_fwd_bwd_ms"], flush=True)
     if quick:
         return res
-    base = L.attention_plan(hs, q.dtype, q.device)
-    res["default_plan"] = dataclasses.asdict(base)
     sweeps, errs, chosen = {}, {}, {}
     for part, fields in _FIELDS:
         rows = {}

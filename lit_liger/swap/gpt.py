@@ -358,7 +358,8 @@ class _GPTMixin:
         T = idx.size(1)
         pack = None
         if plan is not None:  # each token at its position inside its sample
-            cos, sin, pack = self.cos[plan.positions].unsqueeze(0), self.sin[plan.positions].unsqueeze(0), plan.pack
+            cos, sin = self.cos[plan.positions].unsqueeze(0), self.sin[plan.positions].unsqueeze(0)
+            pack = plan.pack.for_one_forward()  # (what every layer derives from the boundaries, derived once)
         else:
             cos = self.cos[:T].unsqueeze(0)  # (1, T, rope_n_elem)
             sin = self.sin[:T].unsqueeze(0)

@@ -49,6 +49,14 @@ class Pack:
     cu_seqlens: torch.Tensor
     max_len: int
     bounds: tuple[int, ...] | None = None
+    #: what one forward computes once for all its layers from ``cu_seqlens`` (:func:`sample_starts`): a dict on the
+    #: copy a model's forward makes for itself (``GPT._liger_hidden``), None on the plan's own (whose boundaries a
+    #: captured step rewrites in place before each replay)
+    memo: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def for_one_forward(self) -> "Pack":
+        """This pack for one forward (and its recompute in backward): the same boundaries, a memo of its own."""
+        return dataclasses.replace(self, memo={})
 
 
 @dataclasses.dataclass
@@ -273,11 +281,18 @@ class _FlashVarlen(torch.autograd.Function):
 
 def sample_starts(pack: Pack, n: int, window: int | None) -> torch.Tensor:
     """Each packed position's first key (its sample's start; with a sliding window ``W`` at least ``i - W + 1``),
-    int32 ``(n,)`` on the device: the softcap kernel's ``starts``. Computed per call from ``cu_seqlens`` (device ops,
-    no sync), not kept: a captured step copies new boundaries into the same ``pack`` before each replay."""
+    int32 ``(n,)`` on the device: the softcap kernel's ``starts``. Computed from ``cu_seqlens`` (device ops, no sync)
+    once per forward where ``pack.memo`` is a dict (a forward's own copy: the layers of one window share it), else per
+    call: a captured step copies new boundaries into the plan's ``pack`` before each replay."""
     from ..kernels.attention import sample_starts as _starts
 
-    return _starts(pack.cu_seqlens, n, window)
+    memo = pack.memo
+    if memo is not None and (n, window) in memo:
+        return memo[(n, window)]
+    starts = _starts(pack.cu_seqlens, n, window)
+    if memo is not None:
+        memo[(n, window)] = starts
+    return starts
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float, window: int | None,
