@@ -3,9 +3,10 @@
 # (micro-batch 4) with the code before (BASE: a `git archive` of the commit before, without its results and docs,
 # carried as .base) and after, in one call.
 #   run: CALL=n1 bash benchmarks/calls/issue66-norm.sh     (carry: .whl .base)
+#        CALL=a3 RECIPE_S=1 ROWS="base new base new" ROW_S=110 LITERS=300 bash benchmarks/calls/issue66-norm.sh
 CALL=${CALL:-n} . benchmarks/calls.sh
 LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true --lora_projection true --lora_mlp true --lora_head true"
-timeout ${RECIPE_S:-300} python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
+[ "${RECIPE_S:-300}" -gt 1 ] && timeout ${RECIPE_S:-300} python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
   --variants stock,liger --iters ${ITERS:-120} --warmup 30 --work_dir /tmp/work --tied_head --out "/tmp/o/$NAME-gemma2" \
   --litgpt_args "$LORA" > "/tmp/o/$NAME-gemma2.log" 2>&1
 echo "gemma2 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2.log"; leftovers
@@ -14,10 +15,17 @@ rows() {  # rows NAME DIR
      --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
   echo "$1 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^Llama" "/tmp/o/$NAME-$1.log"; leftovers
 }
-if [ -d .base ]; then  # (without .base carried: this checkout's row only)
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
-  rows base-lora .base
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
-fi
-rows new-lora .
+# ROWS: the order of the rows, e.g. "base new base new" (a base row only where .base is carried)
+i=0
+for row in ${ROWS:-base new}; do
+  i=$((i + 1))
+  if [ "$row" = base ]; then
+    [ -d .base ] || continue
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
+    rows base-lora-$i .base
+  else
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
+    rows new-lora-$i .
+  fi
+done
 pack
