@@ -133,12 +133,14 @@ def _grad_add_kernel(DX, DXD, XD, n, scale, NEG0: tl.constexpr, BLOCK: tl.conste
 @fast_launch
 @triton.jit
 def _pack_kernel(M, BITS, n, n_bytes, BLOCK: tl.constexpr):
+    """BLOCK bytes of bits from one contiguous ``(BLOCK, 8)`` tile of the mask (coalesced: eight loads strided by 8
+    bytes read each sector eight times, measured at ~1 TB/s on an H200). Bit ``j`` of byte ``k`` is element
+    ``8k + j``; the eight bits are distinct, so their sum is their OR."""
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for j in tl.static_range(8):
-        i = byte * 8 + j
-        m = tl.load(M + i, mask=i < n, other=0)
-        acc = acc | ((m != 0).to(tl.int32) << j)
+    j = tl.arange(0, 8)
+    i = byte[:, None] * 8 + j[None, :]
+    m = tl.load(M + i, mask=i < n, other=0)
+    acc = tl.sum((m != 0).to(tl.int32) << j[None, :].to(tl.int32), axis=1)
     tl.store(BITS + byte, acc.to(tl.uint8), mask=byte < n_bytes)
 
 

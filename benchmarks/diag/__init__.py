@@ -41,6 +41,8 @@ DIAGS = {
                                "Triton kernel, forward and backward time, TFLOP/s, memory (issue 68)"),
     "cli-mem": ("cli_mem", "what is live at a real lit-liger / litgpt training run's memory peak, by the code that "
                            "allocated it (memory-history replay of the whole run)"),
+    "pack-bits": ("pack_bits", "the LoRA dropout's mask packed into bits (kernels/dropout.py's pack_kept) against "
+                               "its strided predecessor, at gemma2-2b's recipe shapes (CUDA-graph timed)"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }
