@@ -199,3 +199,36 @@ def test_attention_plan_takes_smaller_blocks_where_a_long_plan_leaves_sms_idle(m
     assert short == _launch.attention_plan(256, bf16, cpu, T=2048, heads=8)  # 128 blocks
     assert (short.fwd_m, short.kv_n, short.q_m) == (64, 32, 64) and (long.fwd_m, long.kv_n, long.q_m) == (128, 64, 128)
     assert _launch.attention_plan(128, bf16, cpu, T=512, heads=8) == _launch.attention_plan(128, bf16, cpu)
+
+
+def _exercise_dropout():
+    """Every kernel of ``kernels/dropout.py`` on each dtype: the mask inside the dropped input, its bits, the
+    backward from either (with ``x`` or the GLU product as the source)."""
+    from lit_liger.kernels import dropout as D
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(3, 2051, dtype=dtype)
+        xd, mask = torch.native_dropout(x, 0.3, True)
+        D.encode_dropped_(xd, mask)
+        D.dropout_grad_add_(torch.randn_like(x), torch.randn_like(x), xd, 1 / 0.7)
+        bits = D.pack_kept(mask)
+        D.dropped_from_bits(bits, 1 / 0.7, x=x, dx=torch.randn_like(x), dxd=torch.randn_like(x))
+        D.dropped_from_bits(bits, 1 / 0.7, glu=(x, torch.randn_like(x), "silu"), write_xd=True)
+
+
+def test_dropout_kernels_compile_for_gpus(monkeypatch):
+    """The LoRA dropout's kernels (its mask packed into bits among them) compile for every target and fit the
+    A100's shared memory."""
+    if not _launch.interpret_mode():
+        pytest.skip("records launches through Triton's interpreter")
+    from lit_liger.kernels import dropout as D
+
+    specs = _record_launches(monkeypatch, _exercise_dropout)
+    kernels = {name for name, obj in vars(D).items() if name.endswith("_kernel") and hasattr(obj, "fn")}
+    assert kernels and {s["name"] for s in specs} == kernels, kernels
+    results = _compile(specs, TARGETS)
+    failures = [r for r in results if "error" in r]
+    assert not failures, json.dumps(failures[:2], indent=1)
+    compiled = [r for r in results if "kernel" in r]
+    assert sum(r["target"] == "cuda:90" for r in compiled) == len(specs)
+    assert max(r["shared"] for r in compiled) <= 163 * 1024
