@@ -359,8 +359,9 @@ def attention_plan(head_dim: int, dtype: torch.dtype, device: torch.device, T: i
         # a short sequence (a packed fine-tuning micro-batch: gemma2-2b's shipped LoRA recipe packs 2 samples of at
         # most 512 tokens into one row): the long plan's 128-row blocks leave most SMs idle (T 1024, 8 heads: 64
         # blocks for 132). Measured on an H200 (torch 2.11, triton 3.6), packed rows of 256, 512 and 1024 slots (two
-        # samples each), 8 heads / 4 groups, softcap 50, CUDA-graph timed: forward + backward 0.053 / 0.073 / 0.095
-        # ms against the long plan's 0.086 / 0.111 / 0.140 (h200-2026-12-03b a1: each kernel's best of 8-11 there)
+        # samples each), 8 heads / 4 groups, softcap 50, CUDA-graph timed: each kernel's best of 8-11 candidates
+        # (h200-2026-12-03b a1), one plan for the three rows; forward + backward 0.049 / 0.065 / 0.087 ms against the
+        # long plan's 0.077 / 0.103 / 0.132 in one run (a2)
         return AttentionPlan(64, 32, 4, 3, 128, 32, 8, 1, 64, 32, 4, 2, kv_hs_major=True)
     if head_dim > 128:
         # measured on an H100 (torch 2.11, triton 3.6), gemma-2-2b's layer at B4 T2048 bf16 (8 heads, 4 groups,
