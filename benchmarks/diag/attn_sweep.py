@@ -103,6 +103,12 @@ ROUND7 = dict(
        (64, 16, 4, 3), (16, 64, 4, 2)],
 )
 
+#: each kernel's AttentionPlan fields, in the order of a candidate tuple; the candidate sets by round
+_FIELDS = (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
+           ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
+           ("q", ("q_m", "q_n", "q_warps", "q_stages")))
+_ROUNDS = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7}
+
 
 def graph_median_ms(fn, n=20, reps=10) -> float:
     """Median milliseconds of one ``fn()`` replayed in a CUDA graph of ``reps`` calls: short kernels timed without
@@ -192,11 +198,9 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     sweeps = {}
     cand = _ROUNDS[rnd]
     errs = {}
-    for part, cands, fields in (("fwd", cand["fwd"], ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-                                ("kv", cand["kv"], ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
-                                ("q", cand["q"], ("q_m", "q_n", "q_warps", "q_stages"))):
+    for part, fields in _FIELDS:
         rows = {}
-        for c in cands:
+        for c in cand[part]:
             plan = dataclasses.replace(base, **dict(zip(fields, c)))
             L.ATTENTION_PLAN_OVERRIDE[0] = plan
             try:
@@ -222,9 +226,7 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
         return eval(min(ok, key=ok.get)) if ok else None  # noqa: S307 - our own tuple reprs
 
     chosen = {}
-    for part, fields in (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-                         ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
-                         ("q", ("q_m", "q_n", "q_warps", "q_stages"))):
+    for part, fields in _FIELDS:
         b_ = best(part)
         if b_ is not None:
             chosen.update(zip(fields, b_))
@@ -241,12 +243,6 @@ def run_shape(name: str, n: int, quick: bool, rnd: int = 1) -> dict:
     print(f"{name}: flex {flex_fb:.3f} ms, triton default {res['triton_fwd_bwd_ms']:.3f}, best {res['best_fwd_bwd_ms']:.3f} "
           f"plan {chosen}", flush=True)
     return res
-
-
-_FIELDS = (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
-           ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
-           ("q", ("q_m", "q_n", "q_warps", "q_stages")))
-_ROUNDS = {1: dict(fwd=FWD, kv=KV, q=QB), 2: ROUND2, 3: ROUND3, 4: ROUND4, 5: ROUND5, 6: ROUND6, 7: ROUND7}
 
 
 def _sweep_packed(res, q, k, v, do, qb, kb, vb, *, ref32, scale, cap, capf, starts, n, quick, rnd, name, hs) -> dict:
