@@ -103,6 +103,7 @@ ROUND7 = dict(
        (64, 16, 4, 3), (16, 64, 4, 2)],
 )
 
+
 #: each kernel's AttentionPlan fields, in the order of a candidate tuple; the candidate sets by round
 _FIELDS = (("fwd", ("fwd_m", "fwd_n", "fwd_warps", "fwd_stages")),
            ("kv", ("kv_m", "kv_n", "kv_warps", "kv_stages", "kv_hs_major")),
