@@ -32,6 +32,17 @@ leftovers() {
 
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
+# gemma2 SECONDS [VARIANTS [TAG]]: gemma2-2b's shipped LoRA recipe (micro-batch 2, global batch 6, LoRA r8 with
+# dropout on every projection and the head; tied checkpoint), ITERS iterations (30 untimed), into /tmp/o/$NAME-gemma2TAG
+gemma2() {
+  local lora="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true"
+  lora="$lora --lora_projection true --lora_mlp true --lora_head true"
+  timeout "$1" python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
+    --variants "${2:-stock,liger}" --iters "${ITERS:-120}" --warmup 30 --work_dir /tmp/work --tied_head \
+    --out "/tmp/o/$NAME-gemma2$3" --litgpt_args "$lora" > "/tmp/o/$NAME-gemma2$3.log" 2>&1
+  echo "gemma2$3 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2$3.log"; leftovers
+}
+
 # row_cmd RECIPE_JSON VARIANT STEPS OUT_DIR [LIGER]: that row's `lit-liger` arguments (shell-quoted) with
 # --train.max_steps STEPS, --out_dir OUT_DIR and, given LIGER, --liger LIGER (e.g. false: the same run stock)
 row_cmd() {

@@ -27,6 +27,8 @@ CASES = {
     "qkv GQA q+v": lambda d: _qkv((True, False, True), dropout=d),
     "qkv GQA k only, bias": lambda d: _qkv((False, True, False), dropout=d, bias=True),
     "qkv MHA q+k+v": lambda d: _qkv((True, True, True), n_query_groups=8, dropout=d),
+    "qkv GQA q+k+v": lambda d: _qkv((True, True, True), dropout=d),  # the parts side by side: one GEMM (tables)
+    "qkv GQA k+v, bias": lambda d: _qkv((False, True, True), dropout=d, bias=True),
     "qkv MQA q+v": lambda d: _qkv((True, False, True), n_query_groups=1, dropout=d),
     "linear": lambda d: _init_b(LoRALinear(96, 80, r=6, lora_alpha=12, lora_dropout=d, bias=True)),
 }

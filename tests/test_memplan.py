@@ -277,6 +277,33 @@ def test_plan_line_printed_when_the_plan_grows(monkeypatch, capsys):
     assert "inputs kept in pinned host memory" in lines[2]
 
 
+def test_first_recomputing_plan_said_against_its_measured_peak(monkeypatch, capsys):
+    """The first plan that recomputes is said, then once, at the next planned forward, the GPU peak and host memory
+    measured by then against the plan's expected peak (issue 68: the estimate within 10% of the measured peak)."""
+    cfg, _, model = _lora_pair(dropout=0.0)
+    apply_liger(model)
+    x, y = _data(cfg)
+    room = memplan.Room(total=80 * GiB, fraction=0.75, allocated=16 * GiB, grads=1 * GiB, state=0.0)
+    monkeypatch.setattr(runtime_memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True, **_:
+                        memplan.MemPlan(2, False, 40 * GiB, 43 * GiB, room=room))
+    reads = []
+    monkeypatch.setattr(swap_gpt, "_measured_peaks", lambda device: reads.append(device) or (55 * GiB, 20 * GiB))
+    for _ in range(3):
+        _step(model, x, y)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "lit-liger: memory plan" in ln]
+    assert len(lines) == 2 and len(reads) == 1, lines
+    assert "2 of 2 Blocks recomputed" in lines[0] and "a GPU peak of about 57.0 GiB" in lines[0]
+    assert lines[1].endswith("measured: a GPU peak of 55.0 GiB (the plan expected 57.0 GiB: -3.5%), host memory at "
+                             "most 20.0 GiB"), lines[1]
+    # the host's pinned Block inputs and optimizer state still to come are said beside
+    plan = memplan.MemPlan(32, True, 40 * GiB, 43 * GiB, host=30, host_need=60 * GiB,
+                           room=replace(room, state=2 * GiB))
+    said = plan.peak_line(262144, 61 * GiB, 70 * GiB)
+    assert "a GPU peak of 61.0 GiB (the plan expected 59.0 GiB: +3.4%, of which 2.0 GiB of optimizer state" in said
+    assert said.endswith("host memory at most 70.0 GiB (60.0 GiB of it pinned for Block inputs)")
+    assert memplan.MemPlan(0, False, 1.0, 2.0).expected_peak is None  # (no device read: no expected peak)
+
+
 def test_explicit_settings_and_cpu_default(monkeypatch):
     """``True``: every Block, ``False``: none, ``None`` on CPU tensors: nothing to plan (no device memory)."""
     cfg, _, model = _lora_pair(dropout=0.0)

@@ -14,10 +14,6 @@ if [ -n "$TESTS" ]; then
   echo "pytest rc=$? ($(( $(date +%s) - S )) s)"; tail -3 "/tmp/o/$NAME-pytest.log"
 fi
 if [ "${RECIPE_S:-0}" -gt 0 ]; then
-  LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true --lora_projection true --lora_mlp true --lora_head true"
-  timeout $RECIPE_S python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
-    --variants ${VARIANTS:-stock,liger} --iters ${ITERS:-120} --warmup 30 --work_dir /tmp/work --tied_head \
-    --out "/tmp/o/$NAME-gemma2" --litgpt_args "$LORA" > "/tmp/o/$NAME-gemma2.log" 2>&1
-  echo "gemma2 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2.log"; leftovers
+  gemma2 "$RECIPE_S" "${VARIANTS:-stock,liger}"
 fi
 pack

@@ -5,11 +5,7 @@
 #   run: CALL=n1 bash benchmarks/calls/issue66-norm.sh     (carry: .whl .base)
 #        CALL=a3 RECIPE_S=1 ROWS="base new base new" ROW_S=110 LITERS=300 bash benchmarks/calls/issue66-norm.sh
 CALL=${CALL:-n} . benchmarks/calls.sh
-LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true --lora_projection true --lora_mlp true --lora_head true"
-[ "${RECIPE_S:-300}" -gt 1 ] && timeout ${RECIPE_S:-300} python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
-  --variants stock,liger --iters ${ITERS:-120} --warmup 30 --work_dir /tmp/work --tied_head --out "/tmp/o/$NAME-gemma2" \
-  --litgpt_args "$LORA" > "/tmp/o/$NAME-gemma2.log" 2>&1
-echo "gemma2 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2.log"; leftovers
+[ "${RECIPE_S:-300}" -gt 1 ] && gemma2 "${RECIPE_S:-300}"
 rows() {  # rows NAME DIR
   (cd "$2" && timeout ${ROW_S:-120} python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 \
      --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)

@@ -255,6 +255,30 @@ class MemPlan:
         object.__setattr__(self, "host", host)
         object.__setattr__(self, "offload", host > 0)
 
+    @property
+    def expected_peak(self) -> float | None:
+        """The GPU peak (bytes) the plan expects a step to reach: what is allocated now, the gradients and the optimizer
+        state to come and the activations it estimates; None where the device was not read (:attr:`room`)."""
+        room = self.room
+        return None if room is None else room.allocated + room.grads + room.state + self.need
+
+    def peak_line(self, tokens: int, peak: float, host_peak: float | None) -> str:
+        """The log line that holds the plan against what its first step measured: ``peak``, the GPU's highest
+        allocation (bytes, ``torch.cuda.max_memory_allocated``) when the next planned forward starts; ``host_peak``,
+        the process's peak resident host memory (pinned copies included; None: not known)."""
+        gib, expected = 2**30, self.expected_peak
+        said = f"lit-liger: memory plan at {tokens:,} tokens per micro-batch, measured: a GPU peak of {peak / gib:.1f} GiB"
+        if expected:
+            said += f" (the plan expected {expected / gib:.1f} GiB: {peak / expected - 1:+.1%}"
+            if self.room.state:  # (with several micro-batches a step, the optimizer may not have stepped yet)
+                said += f", of which {self.room.state / gib:.1f} GiB of optimizer state, maybe not allocated yet"
+            said += ")"
+        if host_peak is not None:
+            said += f", host memory at most {host_peak / gib:.1f} GiB"
+            if self.host_need:
+                said += f" ({self.host_need / gib:.1f} GiB of it pinned for Block inputs)"
+        return said
+
     def line(self, tokens: int, n_layer: int) -> str:
         gib = 2**30
         tiles = f", their MLP in tiles of {self.tile:,} tokens" if self.tile else ""
@@ -285,7 +309,7 @@ class MemPlan:
             est += (f" ({(self.available + used) / room.total:.0%} of the GPU's {room.total / gib:.1f} GiB less "
                     f"{room.allocated / gib:.1f} GiB allocated now, {room.grads / gib:.1f} GiB of gradients and "
                     f"{room.state / gib:.1f} GiB of optimizer state to come): a GPU peak of about "
-                    f"{(used + self.need) / gib:.1f} GiB")
+                    f"{self.expected_peak / gib:.1f} GiB")
             share = room.free()
             if share < self.need <= self.available:
                 est += (f" (over the {room.fraction:.0%} of the GPU the plan aims for, {share / gib:.1f} GiB: little "

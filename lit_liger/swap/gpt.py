@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -488,11 +489,30 @@ def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int
     if plan is None:
         return 0, False, 0, 0, 0, 0
     said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0, 0])
+    # the first plan said that recomputes: its measured peak said at the next planned forward (the next step's with
+    # one micro-batch a step), once
+    due = gpt.__dict__.get("_liger_peak_due")
+    if due:
+        gpt.__dict__["_liger_peak_due"] = False
+        print(due[0].peak_line(due[1], *_measured_peaks(idx.device)), flush=True)
     if (plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile) > tuple(said):
         said[:] = [plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
+            if due is None and plan.room is not None and (plan.recompute or plan.mlp):
+                gpt.__dict__["_liger_peak_due"] = (plan, idx.numel())  # (a plan that trades compute for memory)
     return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile, plan.pairs
+
+
+def _measured_peaks(device: torch.device) -> tuple[float, float | None]:
+    """The GPU's highest allocation so far (bytes) and this process's peak resident host memory (None where the
+    platform does not say it in KiB: Linux)."""
+    peak = float(torch.cuda.max_memory_allocated(device))
+    if not sys.platform.startswith("linux"):
+        return peak, None
+    import resource
+
+    return peak, float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _mlp_recomputable(gpt: nn.Module, idx: torch.Tensor) -> bool:

@@ -36,7 +36,7 @@ from .quant import _4bit_linear, dequantize, is_quantized
 from . import tied as _tied
 
 
-__all__ = ["call_lora", "lora_linear", "lora_parts"]
+__all__ = ["call_lora", "lora_linear", "lora_parts", "part_tables"]
 
 
 def lora_parts(module: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -53,6 +53,23 @@ def lora_parts(module: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(b for b, on in zip(bounds, enable) if on)
 
 
+def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where two or more LoRA parts lie side by side (``LoRAQKVLinear`` with q and k, or k and v, or all three on), the
+    tables :func:`lora_linear` runs their updates with as one GEMM each way (forward, ``dh``, ``lora_B``'s gradient):
+    ``mask (n, W)`` in ``dtype``, 1 where column ``c`` of the parts' ``W`` columns belongs to part ``i``, and
+    ``part_of (W, 1, 1)``, each column's part. None for one part or parts with a gap (q and v only): the per-part
+    GEMMs. Built with device kernels (no host copy), once per layer and device / dtype by the swapped layers."""
+    if len(parts) < 2 or any(parts[i][1] != parts[i + 1][0] for i in range(len(parts) - 1)):
+        return None
+    lo = parts[0][0]
+    part_of = torch.empty(parts[-1][1] - lo, dtype=torch.long, device=device)
+    for i, (a, b) in enumerate(parts):
+        part_of[a - lo:b - lo].fill_(i)
+    mask = (part_of.unsqueeze(0) == torch.arange(len(parts), device=device).unsqueeze(1)).to(dtype)
+    return mask, part_of.view(-1, 1, 1)
+
+
 class _LoRAFn(torch.autograd.Function):
     """``x Wᵀ + b`` plus each LoRA part's ``scaling · (xd Aᵢᵀ) Bᵢᵀ`` in its output columns (see the module doc).
     ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself. ``source``: how ``x`` is
@@ -61,7 +78,8 @@ class _LoRAFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x, xd, weight, bias, lora_a, lora_b, scaling: float, parts: tuple, r: int, fp8: bool,
-                p: float = 0.0, keep_input: bool = False, src_a=None, src_b=None, source: tuple | None = None):
+                p: float = 0.0, keep_input: bool = False, src_a=None, src_b=None, source: tuple | None = None,
+                tables: tuple | None = None):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
         ctx.p = p
@@ -91,11 +109,18 @@ class _LoRAFn(torch.autograd.Function):
         else:
             y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
         h = xd2 @ lora_a.t()  # (N, n·r)
-        row = 0
-        for i, (lo, hi) in enumerate(parts):
-            # (N, r) @ (r, hi - lo) accumulated into the part's columns of y: no zero-padded update tensor
-            y[:, lo:hi].addmm_(h[:, i * r:(i + 1) * r], lora_b[row:row + hi - lo].t(), alpha=scaling)
-            row += hi - lo
+        bt = None  # the parts side by side (tables given): B's blocks on a block diagonal, (n·r, W), one GEMM
+        if tables is not None:
+            lo, hi = parts[0][0], parts[-1][1]
+            bt = lora_b.new_empty(len(parts), r, hi - lo)  # (n, r, W), written row-major (B^T is a strided view)
+            bt = torch.mul(lora_b.t().unsqueeze(0), tables[0].unsqueeze(1), out=bt).view(-1, hi - lo)  # (n·r, W)
+            y[:, lo:hi].addmm_(h, bt, alpha=scaling)  # the zeros off the diagonal add exact zeros
+        else:
+            row = 0
+            for i, (lo, hi) in enumerate(parts):
+                # (N, r) @ (r, hi - lo) accumulated into the part's columns of y: no zero-padded update tensor
+                y[:, lo:hi].addmm_(h[:, i * r:(i + 1) * r], lora_b[row:row + hi - lo].t(), alpha=scaling)
+                row += hi - lo
         ctx.bits = bits is not None
         ctx.same_input = xd is None
         # x: for W's gradient, for lora_A's where the LoRA branch reads x itself, and for dropout(x) from the bits
@@ -105,14 +130,14 @@ class _LoRAFn(torch.autograd.Function):
         keep_xd = xd is not None and not ctx.bits
         src = (src_a, src_b) if ctx.source is not None else (None, None)
         ctx.save_for_backward(x2 if keep_x else None, xd2 if keep_xd else None, h, weight, lora_a, lora_b,
-                              w_scale, bits, *src)
+                              w_scale, bits, *src, bt, tables[1] if tables is not None else None)
         ctx.x_shape, ctx.scaling, ctx.parts, ctx.r = x.shape, scaling, parts, r
         ctx.has_bias = bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx: Any, dy):
-        x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, src_a, src_b = ctx.saved_tensors
+        x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, src_a, src_b, bt, part_of = ctx.saved_tensors
         glu = None  # (a, b, activation): the dropout's pass forms the GLU product itself
         if ctx.source is not None and ctx.source[0] == "glu":
             glu = (src_a.reshape(-1, src_a.shape[-1]), src_b.reshape(-1, src_b.shape[-1]), ctx.source[1])
@@ -129,8 +154,10 @@ class _LoRAFn(torch.autograd.Function):
         dh = None
         if need_x or need_xd or need_a:
             dh = dy2.new_empty(dy2.shape[0], lora_a.shape[0])  # (N, n·r)
+            if bt is not None:  # the block diagonal's zeros drop the other parts' columns from each part's sum
+                dh.addmm_(dy2[:, parts[0][0]:parts[-1][1]], bt.t(), beta=0, alpha=scaling)
             row = 0
-            for i, (lo, hi) in enumerate(parts):
+            for i, (lo, hi) in enumerate(parts if bt is None else ()):
                 # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
                 dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0, alpha=scaling)
                 row += hi - lo
@@ -161,8 +188,13 @@ class _LoRAFn(torch.autograd.Function):
             da = dh.t() @ xd2  # (n·r, C)
         if need_lb:
             dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
+            if bt is not None:  # every part's gradient against every part's h, each column's own part's taken
+                lo, hi = parts[0][0], parts[-1][1]
+                full = dy2.new_empty(hi - lo, h.shape[1])  # (W, n·r)
+                full.addmm_(dy2[:, lo:hi].t(), h, beta=0, alpha=scaling)
+                dlb = full.view(hi - lo, len(parts), r).gather(1, part_of.expand(-1, -1, r)).view(hi - lo, r)
             row = 0
-            for i, (lo, hi) in enumerate(parts):
+            for i, (lo, hi) in enumerate(parts if bt is None else ()):
                 dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0, alpha=scaling)
                 row += hi - lo
         if need_w:
@@ -170,7 +202,7 @@ class _LoRAFn(torch.autograd.Function):
         if need_b and ctx.has_bias:
             db = dy2.sum(0)
         return (dx.view(ctx.x_shape) if dx is not None else None, dxd, dw, db, da, dlb, None, None, None, None, None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def glu_product(a: torch.Tensor, b: torch.Tensor, activation: str) -> torch.Tensor:
@@ -185,7 +217,8 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 lora_b: torch.Tensor, scaling: float, parts: tuple[tuple[int, int], ...],
                 xd: torch.Tensor | None = None, fp8: bool = False, dropout: float = 0.0, keep_input: bool = False,
                 glu: tuple[torch.Tensor, torch.Tensor, str] | None = None,
-                norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None) -> torch.Tensor:
+                norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """A LitGPT LoRA layer's output ``(..., out)`` for ``x (..., C)``: ``weight (out, C)``, ``lora_a (n·r, C)``,
     ``lora_b (Σ part sizes, r)``, ``parts`` from :func:`lora_parts`, ``xd`` the LoRA branch's input where it is
     not ``x`` (dropout). A bitsandbytes 4-bit ``weight`` (QLoRA's frozen base) is dequantized to ``x``'s dtype
@@ -233,10 +266,13 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         if xd is not None or weight.requires_grad or src_a.shape != x.shape or src_b.shape != x.shape[-1:]:
             raise ValueError("lit-liger LoRA: norm needs a frozen weight, no xd, an input of x's shape and a (C,) weight")
         source, keep_input = ("rms", float(eps), float(offset)), True
+    if tables is not None and (len(parts) < 2 or tables[0].shape != (n, parts[-1][1] - parts[0][0])
+                               or tables[0].dtype != x.dtype or tables[0].device != x.device):
+        raise ValueError("lit-liger LoRA: tables must be part_tables(parts, x.device, x.dtype)")
     if keep_input and dropout and not x.is_contiguous():
         raise ValueError("lit-liger LoRA: keep_input with dropout needs a contiguous x")
     return _LoRAFn.apply(x, xd, weight, bias, lora_a, lora_b, float(scaling), parts, r, bool(fp8), float(dropout),
-                         bool(keep_input), src_a, src_b, source)
+                         bool(keep_input), src_a, src_b, source, tables)
 
 
 class _LoRAMixin:
@@ -268,6 +304,15 @@ class _LoRAMixin:
             and _called_plainly(self.linear)
         )
 
+    def _liger_part_tables(self, parts: tuple, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:func:`part_tables` for this layer's parts on ``x``'s device and dtype, built on the first call for them
+        (a constant of the layer's shape: an eager warm-up builds it before CUDA graphs capture the layer)."""
+        cache = self.__dict__.setdefault("_liger_tables", {})
+        key = (parts, x.device, x.dtype)
+        if key not in cache:
+            cache[key] = part_tables(parts, x.device, x.dtype)
+        return cache[key]
+
     def _liger_fp8_base(self, x: torch.Tensor) -> bool:
         """``LigerConfig.fp8`` tensorwise: a frozen float8 base Linear whose GEMMs the LoRA function runs itself."""
         lin = self.linear
@@ -283,20 +328,22 @@ class _LoRAMixin:
         drop = self.lora_dropout  # nn.Dropout, or LitGPT's identity lambda when lora_dropout == 0
         p = drop.p if isinstance(drop, nn.Dropout) and drop.training and drop.p > 0 else 0.0
         lin = self.linear
+        parts = lora_parts(self)
+        tables = self._liger_part_tables(parts, x)
         glu = _liger_glu if _source_usable(_liger_glu, x, lin.weight) else None
         norm = _liger_norm if glu is None and _source_usable(_liger_norm, x, lin.weight) else None
         if p and type(drop) is nn.Dropout and not drop.inplace and p < 1 and x.is_contiguous() \
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and _called_plainly(drop):
             # the dropout drawn inside the LoRA function, its mask kept inside its output (2 bytes an element, not 3)
-            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
+            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, parts,
                                fp8=is_float8_linear(lin), dropout=p, keep_input=_liger_keep_input, glu=glu,
-                               norm=norm)
+                               norm=norm, tables=tables)
         if not p and (glu is not None or norm is not None):  # x not kept: formed again from the GLU's / norm's input
-            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self),
-                               fp8=is_float8_linear(lin), glu=glu, norm=norm)
+            return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, parts,
+                               fp8=is_float8_linear(lin), glu=glu, norm=norm, tables=tables)
         xd = drop(x) if p else None  # (B, T, C)
-        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, lora_parts(self), xd,
-                           fp8=is_float8_linear(lin))
+        return lora_linear(x, lin.weight, lin.bias, self.lora_A, self.lora_B, self.scaling, parts, xd,
+                           fp8=is_float8_linear(lin), tables=tables)
 
 
 def _source_usable(source: tuple | None, x: torch.Tensor, weight: torch.Tensor) -> bool:
