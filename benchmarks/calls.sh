@@ -32,6 +32,14 @@ leftovers() {
 
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
+# use_code base|new: install the code before (.base: a `git archive` of the commit before, without results and docs,
+# where carried; status 1 where not) or this checkout, for before/after rows in one call (run the row inside .base)
+use_code() {
+  local dir=.
+  if [ "$1" = base ]; then dir=.base; [ -d .base ] || return 1; fi
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$dir" >/dev/null 2>&1 && echo "$1 installed"
+}
+
 # gemma2 SECONDS [VARIANTS [TAG]]: gemma2-2b's shipped LoRA recipe (micro-batch 2, global batch 6, LoRA r8 with
 # dropout on every projection and the head; tied checkpoint), ITERS iterations (30 untimed), into /tmp/o/$NAME-gemma2TAG
 gemma2() {

@@ -15,13 +15,7 @@ rows() {  # rows NAME DIR
 i=0
 for row in ${ROWS:-base new}; do
   i=$((i + 1))
-  if [ "$row" = base ]; then
-    [ -d .base ] || continue
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
-    rows base-lora-$i .base
-  else
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
-    rows new-lora-$i .
-  fi
+  use_code "$row" || continue
+  if [ "$row" = base ]; then rows base-lora-$i .base; else rows new-lora-$i .; fi
 done
 pack

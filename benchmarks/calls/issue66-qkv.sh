@@ -7,12 +7,10 @@ CALL=${CALL:-q} . benchmarks/calls.sh
 i=0
 for row in ${ROWS:-base new base new}; do
   i=$((i + 1))
+  use_code "$row" || continue
   if [ "$row" = base ]; then
-    [ -d .base ] || continue
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .base >/dev/null 2>&1 && echo "base installed"
-    (cd .base && NAME=$NAME S=$S gemma2 "${RECIPE_S:-150}" liger "-base-$i")
+    (cd .base && gemma2 "${RECIPE_S:-150}" liger "-base-$i")
   else
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 && echo "this checkout installed"
     gemma2 "${RECIPE_S:-150}" liger "-new-$i"
   fi
 done

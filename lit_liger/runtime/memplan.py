@@ -267,7 +267,8 @@ class MemPlan:
         allocation (bytes, ``torch.cuda.max_memory_allocated``) when the next planned forward starts; ``host_peak``,
         the process's peak resident host memory (pinned copies included; None: not known)."""
         gib, expected = 2**30, self.expected_peak
-        said = f"lit-liger: memory plan at {tokens:,} tokens per micro-batch, measured: a GPU peak of {peak / gib:.1f} GiB"
+        said = (f"lit-liger: memory plan at {tokens:,} tokens per micro-batch, measured: a GPU peak of "
+                f"{peak / gib:.1f} GiB")
         if expected:
             said += f" (the plan expected {expected / gib:.1f} GiB: {peak / expected - 1:+.1%}"
             if self.room.state:  # (with several micro-batches a step, the optimizer may not have stepped yet)
