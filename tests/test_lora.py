@@ -10,7 +10,7 @@ from helpers import TOL, rel_err
 from lit_liger import LigerConfig, apply_liger
 from lit_liger.swap.adapter import _swap_class, is_swapped
 from lit_liger.swap.lora import _LoRAMixin
-from lit_liger.swap.lora import lora_linear, lora_parts
+from lit_liger.swap.lora import lora_linear, lora_parts, part_tables
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -218,3 +218,13 @@ def test_bad_inputs_raise():
     ref[:, :6] += 0.5 * (x @ a[:2].t()) @ b[:6].t()
     ref[:, 6:] += 0.5 * (x @ a[2:].t()) @ b[6:].t()
     assert rel_err(y, ref) < 1e-6
+    # the parts side by side as one GEMM (part_tables): the same output; tables that do not fit are refused
+    tables = part_tables(((0, 6), (6, 12)), "cpu", torch.float32)
+    assert rel_err(lora_linear(x, w, None, a, b, 0.5, ((0, 6), (6, 12)), tables=tables), ref) < 1e-6
+    assert part_tables(((0, 4), (8, 12)), "cpu", torch.float32) is None  # (a gap: one GEMM per part)
+    with pytest.raises(ValueError, match="part_tables"):
+        lora_linear(x, w, None, a, b, 0.5, ((0, 6), (6, 12)), tables=part_tables(((0, 5), (5, 12)), "cpu",
+                                                                                   torch.float32)[::-1])
+    with pytest.raises(ValueError, match="part_tables"):
+        lora_linear(x, w, None, a, b, 0.5, ((0, 6), (6, 12)), tables=part_tables(((0, 6), (6, 12)), "cpu",
+                                                                                   torch.float64))

@@ -187,12 +187,13 @@ class _LoRAFn(torch.autograd.Function):
                 raise RuntimeError("lit-liger LoRA: the LoRA input was not saved for lora_A's gradient")
             da = dh.t() @ xd2  # (n·r, C)
         if need_lb:
-            dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
             if bt is not None:  # every part's gradient against every part's h, each column's own part's taken
                 lo, hi = parts[0][0], parts[-1][1]
                 full = dy2.new_empty(hi - lo, h.shape[1])  # (W, n·r)
                 full.addmm_(dy2[:, lo:hi].t(), h, beta=0, alpha=scaling)
                 dlb = full.view(hi - lo, len(parts), r).gather(1, part_of.expand(-1, -1, r)).view(hi - lo, r)
+            else:
+                dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
             row = 0
             for i, (lo, hi) in enumerate(parts if bt is None else ()):
                 dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0, alpha=scaling)
@@ -266,7 +267,8 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         if xd is not None or weight.requires_grad or src_a.shape != x.shape or src_b.shape != x.shape[-1:]:
             raise ValueError("lit-liger LoRA: norm needs a frozen weight, no xd, an input of x's shape and a (C,) weight")
         source, keep_input = ("rms", float(eps), float(offset)), True
-    if tables is not None and (len(parts) < 2 or tables[0].shape != (n, parts[-1][1] - parts[0][0])
+    if tables is not None and (len(parts) < 2 or any(a[1] != b[0] for a, b in zip(parts, parts[1:]))
+                               or tables[0].shape != (n, parts[-1][1] - parts[0][0])
                                or tables[0].dtype != x.dtype or tables[0].device != x.device):
         raise ValueError("lit-liger LoRA: tables must be part_tables(parts, x.device, x.dtype)")
     if keep_input and dropout and not x.is_contiguous():
