@@ -134,9 +134,9 @@ def _grad_add_kernel(DX, DXD, XD, n, scale, NEG0: tl.constexpr, BLOCK: tl.conste
 @triton.jit
 def _pack_kernel(M, BITS, n, n_bytes, BLOCK: tl.constexpr):
     """BLOCK bytes of bits from one contiguous ``(BLOCK, 8)`` tile of the mask, one coalesced load (the kernel before
-    made eight loads strided by 8 bytes, one per bit: ~1 TB/s in gemma2's recipe, h200-2026-12-03b a3p; this one is
-    not timed yet, ``python -m benchmarks diag pack-bits``). Bit ``j`` of byte ``k`` is element ``8k + j``; the eight
-    bits are distinct, so their sum is their OR."""
+    made eight loads strided by 8 bytes, one per bit: this one is 2.5-4.4x faster, ``python -m benchmarks diag
+    pack-bits`` in h200-2026-12-03c b1; 0.77 -> 0.26 ms an iteration of gemma2's recipe). Bit ``j`` of byte ``k`` is
+    element ``8k + j``; the eight bits are distinct, so their sum is their OR."""
     byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     j = tl.arange(0, 8)
     i = byte[:, None] * 8 + j[None, :]
