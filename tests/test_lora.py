@@ -79,6 +79,16 @@ def test_parts_follow_litgpt_layout():
     m = _qkv((True, False, True), n_head=8, n_query_groups=2, head_size=16)
     assert lora_parts(m) == ((0, 128), (160, 192))
     assert lora_parts(LoRALinear(10, 20, r=2)) == ((0, 20),)
+    assert part_tables(lora_parts(m), "cpu", torch.float32) is None  # (q and v: a gap, one GEMM per part)
+    # q, k, v side by side (GQA: 128 + 32 + 32 columns): each column's part, as a 0/1 mask and as an index
+    mask, part_of = part_tables(lora_parts(_qkv((True, True, True))), "cpu", torch.bfloat16)
+    expected = torch.tensor([0] * 128 + [1] * 32 + [2] * 32)
+    assert torch.equal(part_of.view(-1), expected) and mask.dtype == torch.bfloat16
+    assert torch.equal(mask, (expected == torch.arange(3).unsqueeze(1)).to(torch.bfloat16))
+    ours = _qkv((True, True, True))
+    _swap_class(ours, _LoRAMixin)
+    ours(torch.randn(2, 3, 128))
+    assert [t is not None for t in ours._liger_tables.values()] == [True]  # (the swapped layer takes one GEMM)
 
 
 @pytest.mark.parametrize("kw", [dict(lora_query=True, lora_value=True),

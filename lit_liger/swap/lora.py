@@ -156,11 +156,13 @@ class _LoRAFn(torch.autograd.Function):
             dh = dy2.new_empty(dy2.shape[0], lora_a.shape[0])  # (N, n·r)
             if bt is not None:  # the block diagonal's zeros drop the other parts' columns from each part's sum
                 dh.addmm_(dy2[:, parts[0][0]:parts[-1][1]], bt.t(), beta=0, alpha=scaling)
-            row = 0
-            for i, (lo, hi) in enumerate(parts if bt is None else ()):
-                # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
-                dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0, alpha=scaling)
-                row += hi - lo
+            else:
+                row = 0
+                for i, (lo, hi) in enumerate(parts):
+                    # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
+                    dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0,
+                                                    alpha=scaling)
+                    row += hi - lo
         dx = dxd = da = dlb = dw = db = None
         if need_x:
             if ctx.fp8:
@@ -194,10 +196,11 @@ class _LoRAFn(torch.autograd.Function):
                 dlb = full.view(hi - lo, len(parts), r).gather(1, part_of.expand(-1, -1, r)).view(hi - lo, r)
             else:
                 dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
-            row = 0
-            for i, (lo, hi) in enumerate(parts if bt is None else ()):
-                dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0, alpha=scaling)
-                row += hi - lo
+                row = 0
+                for i, (lo, hi) in enumerate(parts):
+                    dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0,
+                                                  alpha=scaling)
+                    row += hi - lo
         if need_w:
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:
