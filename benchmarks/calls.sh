@@ -51,6 +51,14 @@ gemma2() {
   echo "gemma2$3 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2$3.log"; leftovers
 }
 
+# llama1b TAG [DIR]: the README's Llama-3.2-1B LoRA row (micro-batch 4, lit-liger, LITERS iterations, 30 untimed), run
+# inside DIR (default .; .base for the code before), into /tmp/o/$NAME-TAG
+llama1b() {
+  (cd "${2:-.}" && timeout ${ROW_S:-120} python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 \
+     --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
+  echo "$1 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^Llama" "/tmp/o/$NAME-$1.log"; leftovers
+}
+
 # row_cmd RECIPE_JSON VARIANT STEPS OUT_DIR [LIGER]: that row's `lit-liger` arguments (shell-quoted) with
 # --train.max_steps STEPS, --out_dir OUT_DIR and, given LIGER, --liger LIGER (e.g. false: the same run stock)
 row_cmd() {

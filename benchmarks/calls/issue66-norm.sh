@@ -6,16 +6,11 @@
 #        CALL=a3 RECIPE_S=1 ROWS="base new base new" ROW_S=110 LITERS=300 bash benchmarks/calls/issue66-norm.sh
 CALL=${CALL:-n} . benchmarks/calls.sh
 [ "${RECIPE_S:-300}" -gt 1 ] && gemma2 "${RECIPE_S:-300}"
-rows() {  # rows NAME DIR
-  (cd "$2" && timeout ${ROW_S:-120} python3 -m benchmarks recipe --models Llama-3.2-1B --methods lora --micro_batches 4 \
-     --variants liger --iters ${LITERS:-200} --warmup 30 --work_dir /tmp/work --out "/tmp/o/$NAME-$1" > "/tmp/o/$NAME-$1.log" 2>&1)
-  echo "$1 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^Llama" "/tmp/o/$NAME-$1.log"; leftovers
-}
 # ROWS: the order of the rows, e.g. "base new base new" (a base row only where .base is carried)
 i=0
 for row in ${ROWS:-base new}; do
   i=$((i + 1))
   use_code "$row" || continue
-  if [ "$row" = base ]; then rows base-lora-$i .base; else rows new-lora-$i .; fi
+  if [ "$row" = base ]; then llama1b base-lora-$i .base; else llama1b new-lora-$i; fi
 done
 pack
