@@ -41,8 +41,7 @@ __all__ = [
     "fast_launch_enabled",
     "fp8_tile_plan",
     "embedding_grad_plan",
-    "DroppedLoRAPlan",
-    "dropped_lora_plan",
+    "dropped_tile_plan",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
@@ -233,46 +232,14 @@ def embedding_grad_plan(n_cols: int, device: torch.device) -> tuple[int, int]:
     return min(next_pow2(n_cols), 8 * lim.warp_size * warps), warps
 
 
-@dataclass(frozen=True)
-class DroppedLoRAPlan:
-    """Launch of ``kernels.dropout.dropped_lora_grads``: programs over ``(column blocks, splits)``; each program takes
-    ``block_cols`` columns of ``rows_per_split`` rows in tiles of ``block_rows`` (``block_r``: LoRA's ``n·r``
-    padded to a ``tl.dot`` size) and writes its columns of ``lora_A``'s gradient (``splits`` > 1: one fp32
-    partial per split, summed after)."""
-    block_rows: int
-    block_cols: int
-    block_r: int
-    splits: int
-    rows_per_split: int
-    num_warps: int
-    num_stages: int
-
-
-def dropped_lora_plan(n_rows: int, n_cols: int, r: int, device: torch.device, block_cols: int | None = None,
-                      splits: int | None = None) -> DroppedLoRAPlan:
-    """``kernels.dropout.dropped_lora_grads``' launch for ``(n_rows, n_cols)`` inputs and a LoRA of ``r`` rows
-    (``n·r``). Bandwidth-bound (~6 bytes an element in 16 bits) with a small ``tl.dot`` each way: 64-row tiles, 32
-    columns a program; with fewer column blocks than SMs the rows are split too (at least 4 tiles a split) so that
-    long inputs fill the GPU, each split's ``lora_A`` gradient an fp32 partial. ``block_cols`` / ``splits``
-    override (``python -m benchmarks diag dropped-lora`` sweeps them). The interpreter gets small tiles."""
-    return _dropped_lora_plan(n_rows, n_cols, r, device_limits(device), block_cols, splits)
-
-
-@functools.lru_cache(maxsize=1024)
-def _dropped_lora_plan(n_rows: int, n_cols: int, r: int, lim: DeviceLimits, block_cols: int | None,
-                       splits: int | None) -> DroppedLoRAPlan:
-    gpu = lim.sm_count > 0 and lim is not _CPU_LIMITS
-    bm = 64 if gpu else 16
-    bc = block_cols or (32 if gpu else 16)
-    br = max(16, next_pow2(r))
-    tiles = cdiv(max(n_rows, 1), bm)
-    if splits is None:
-        col_blocks = cdiv(max(n_cols, 1), bc)
-        splits = 1 if not gpu else max(1, min(cdiv(tiles, 4), cdiv(2 * lim.sm_count, col_blocks)))
-    splits = max(1, min(splits, tiles))
-    rows_per_split = cdiv(tiles, splits) * bm
-    splits = cdiv(max(n_rows, 1), rows_per_split)  # no empty split
-    return DroppedLoRAPlan(bm, bc, br, splits, rows_per_split, _clamp_warps(4, lim) if gpu else 1, 3 if gpu else 1)
+def dropped_tile_plan(device: torch.device) -> tuple[int, int, int]:
+    """``(block_rows, block_cols, num_warps)`` of ``kernels.dropout._dropped_dh_kernel`` (a LoRA dropout's backward
+    from its bits with ``dh @ lora_A`` formed in registers: bandwidth bound, ``n·r`` FMAs an element): 32 x 128 tiles
+    (32 elements a thread over 4 warps of 32), whose ``n·r`` steps each load 32 values of ``dh`` and 128 of ``lora_A``
+    (cached). The interpreter gets small tiles: CPU tests use small shapes."""
+    if device.type != "cuda":
+        return 16, 16, 1
+    return 32, 128, _clamp_warps(4, device_limits(device))
 
 
 def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:

@@ -29,11 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, dropped_lora_plan, elementwise_plan, fast_launch, interpret_mode, use_triton
+from ._launch import cdiv, dropped_tile_plan, elementwise_plan, fast_launch, use_triton
 from .swiglu import ACTIVATIONS, _act_and_grad, glu_reference
 
-__all__ = ["dropout_grad_add_", "dropped_from_bits", "dropped_lora_grads", "encode_dropped_", "kept", "pack_kept",
-           "unpack_kept"]
+__all__ = ["dropout_grad_add_", "dropped_from_bits", "encode_dropped_", "kept", "pack_kept", "unpack_kept"]
 
 #: float dtype -> (integer view, the bit pattern of -0.0 in it)
 _BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float16: (torch.int16, -(1 << 15)),
@@ -105,16 +104,8 @@ def _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd):
     return (g.float() * keep * scale).to(g.dtype)
 
 
-def _dropped_lora_reference(bits, scale, dh, lora_a, x, a, b, activation, dx):
-    """:func:`dropped_lora_grads` as PyTorch ops: ``dxd = dh @ lora_a`` rounded to the dtype as LitGPT's GEMM rounds
-    it, ``dx += dxd * kept * scale`` in fp32 with one rounding, ``lora_A``'s gradient ``dhᵀ @ dropout(src)``."""
-    if dx is not None:
-        _dropped_reference(dx, dh @ lora_a, bits, scale, x, a, b, activation, False)
-    return dh.t() @ _dropped_reference(None, None, bits, scale, x, a, b, activation, True)
-
-
 # ----------------------------------------------------------------------------------------------
-# Triton kernels (flat 1-D launch over contiguous tensors, but for the tiled _dropped_lora_kernel)
+# Triton kernels (flat 1-D launch over contiguous tensors, but for the tiled _dropped_dh_kernel)
 # ----------------------------------------------------------------------------------------------
 @fast_launch
 @triton.jit
@@ -182,59 +173,37 @@ def _dropped_kernel(DX, DXD, BITS, X, A, B, XD, n, scale, HAS_DX: tl.constexpr, 
 
 @fast_launch
 @triton.jit
-def _dropped_lora_kernel(DX, BITS, X, A, B, DH, LA, DA, n_rows, n_cols, R, rows_per_split, scale,
-                         HAS_DX: tl.constexpr, GLU: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
-                         BM: tl.constexpr, BC: tl.constexpr, BR: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """One LoRA layer's backward after its dropout, for ``BC`` columns of one split's rows: ``dx += (dh @ lora_A) *
-    kept * scale`` (HAS_DX; ``dh @ lora_A`` in fp32 from registers, never stored) and this split's ``dhᵀ @
-    dropout(src)`` (``lora_A``'s gradient; ``dropout(src)`` rounded to the input's dtype as LitGPT's is) written to
-    ``DA`` (a ``(R, n_cols)`` block of it per split). ``src``: X, or with GLU ``act(A) * B`` rounded as the forward's
-    GLU kernel rounds it. ``UPCAST``: the ``tl.dot`` operands in fp32 (fp32 inputs: exact products; bf16 under the
-    interpreter, whose bf16 ``tl.dot`` is wrong)."""
-    cols = tl.program_id(0) * BC + tl.arange(0, BC)
-    split = tl.program_id(1)
-    cin = cols < n_cols
-    rr = tl.arange(0, BR)
-    rin = rr < R
-    la = tl.load(LA + rr[:, None] * n_cols + cols[None, :], mask=rin[:, None] & cin[None, :], other=0.0)  # (BR, BC)
-    if UPCAST:
-        la = la.to(tl.float32)
-    acc = tl.zeros((BR, BC), dtype=tl.float32)
-    row0 = split * rows_per_split
-    row_end = tl.minimum(row0 + rows_per_split, n_rows)
-    for start in tl.range(row0, row_end, BM, num_stages=NUM_STAGES):
-        rows = start + tl.arange(0, BM)
-        inr = rows < row_end
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        inb = inr[:, None] & cin[None, :]
-        byte = tl.load(BITS + offs // 8, mask=inb, other=0).to(tl.int32)
-        keep = ((byte >> (offs % 8).to(tl.int32)) & 1) != 0
-        dh = tl.load(DH + rows[:, None] * R + rr[None, :], mask=inr[:, None] & rin[None, :], other=0.0)  # (BM, BR)
-        if UPCAST:
-            dh = dh.to(tl.float32)
-        if HAS_DX:
-            if UPCAST:
-                dxd = tl.dot(dh, la, input_precision="ieee")
-            else:
-                dxd = tl.dot(dh, la)
-            dx = tl.load(DX + offs, mask=inb, other=0.0).to(tl.float32)
-            dx += tl.where(keep, dxd * scale, 0.0)
-            tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inb)
+def _dropped_dh_kernel(DX, DH, LA, BITS, X, A, B, XD, n_rows, n_cols, scale, R: tl.constexpr,
+                       WRITE_XD: tl.constexpr, GLU: tl.constexpr, ACTIVATION: tl.constexpr, BM: tl.constexpr,
+                       BC: tl.constexpr):
+    """:func:`_dropped_kernel` with ``dxd = DH @ LA`` formed in registers, never stored: one ``(BM, BC)`` tile of
+    ``(n_rows, n_cols)`` a program; ``DH (n_rows, R)`` and ``LA (R, n_cols)`` (LoRA's ``dh`` and ``lora_A``, ``R`` =
+    ``n·r``: a few dozen fp32 FMAs an element, their operands one column of ``DH`` and one row of ``LA`` a step)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    inr = rows < n_rows
+    inc = cols < n_cols
+    inb = inr[:, None] & inc[None, :]
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    byte = tl.load(BITS + offs // 8, mask=inb, other=0).to(tl.int32)
+    keep = ((byte >> (offs % 8).to(tl.int32)) & 1) != 0
+    dxd = tl.zeros((BM, BC), dtype=tl.float32)
+    for k in tl.static_range(R):
+        h = tl.load(DH + rows * R + k, mask=inr, other=0.0).to(tl.float32)
+        w = tl.load(LA + k * n_cols + cols, mask=inc, other=0.0).to(tl.float32)
+        dxd += h[:, None] * w[None, :]
+    dx = tl.load(DX + offs, mask=inb, other=0.0).to(tl.float32)
+    dx += tl.where(keep, dxd * scale, 0.0)
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inb)
+    if WRITE_XD:
         if GLU:
             a = tl.load(A + offs, mask=inb, other=0.0).to(tl.float32)
             b = tl.load(B + offs, mask=inb, other=0.0).to(tl.float32)
             act, _ = _act_and_grad(a, ACTIVATION, False)
-            g = (act * b).to(A.dtype.element_ty).to(tl.float32)
+            g = (act * b).to(XD.dtype.element_ty).to(tl.float32)
         else:
             g = tl.load(X + offs, mask=inb, other=0.0).to(tl.float32)
-        xd = tl.where(keep, g * scale, 0.0).to(X.dtype.element_ty)  # dropout(src), rounded as LitGPT's
-        if UPCAST:
-            acc += tl.dot(tl.trans(dh), xd.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(tl.trans(dh), xd)
-    da = DA + split.to(tl.int64) * R * n_cols
-    tl.store(da + rr[:, None] * n_cols + cols[None, :], acc.to(DA.dtype.element_ty), mask=rin[:, None] & cin[None, :])
-
+        tl.store(XD + offs, tl.where(keep, g * scale, 0.0).to(XD.dtype.element_ty), mask=inb)
 
 def pack_kept(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` (``bool``, contiguous: ``native_dropout``'s) as bits, flat ``uint8`` of ``ceil(n / 8)`` bytes (see
@@ -253,11 +222,15 @@ def pack_kept(mask: torch.Tensor) -> torch.Tensor:
 
 def dropped_from_bits(bits: torch.Tensor, scale: float, x: torch.Tensor | None = None,
                       glu: tuple[torch.Tensor, torch.Tensor, str] | None = None, dx: torch.Tensor | None = None,
-                      dxd: torch.Tensor | None = None, write_xd: bool = True) -> torch.Tensor | None:
+                      dxd: torch.Tensor | None = None, write_xd: bool = True,
+                      lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """The dropout's backward from its mask's bits, in one pass: ``dx += dxd * kept * scale`` in place (given ``dx``
     and ``dxd``), and, with ``write_xd``, returns ``dropout(src) = src * kept * scale`` where ``src`` is ``x`` or,
     given ``glu = (a, b, activation)``, the GLU product ``act(a) * b`` (:func:`lit_liger.kernels.swiglu.glu_reference`'s
-    rounding). Every tensor contiguous and of ``src``'s shape; ``scale`` = 1 / (1 - p)."""
+    rounding). Every tensor contiguous and of ``src``'s shape; ``scale`` = 1 / (1 - p). ``lora = (dh, lora_a)`` in
+    place of ``dxd``: ``dxd = dh @ lora_a`` (a LoRA branch's input gradient, ``dh (N, n·r)``, ``lora_a (n·r, C)``,
+    contiguous, of ``src``'s dtype) formed inside the pass in fp32, never stored: one GEMM launch and one ``(N, C)``
+    tensor's write and read fewer."""
     if (x is None) == (glu is None):
         raise ValueError("lit-liger dropout: give exactly one of x and glu")
     a, b, activation = glu if glu is not None else (None, None, "silu")
@@ -265,71 +238,41 @@ def dropped_from_bits(bits: torch.Tensor, scale: float, x: torch.Tensor | None =
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     ts = [t for t in (x, a, b, dx, dxd) if t is not None]
-    if any(t.shape != src.shape or not t.is_contiguous() for t in ts) or (dx is None) != (dxd is None):
-        raise ValueError("lit-liger dropout: x (or a and b), dx and dxd must be contiguous tensors of one shape")
+    if any(t.shape != src.shape or not t.is_contiguous() for t in ts) \
+            or (dx is None) != (dxd is None and lora is None) or (dxd is not None and lora is not None):
+        raise ValueError("lit-liger dropout: x (or a and b), dx and dxd (or lora) must be contiguous tensors of one "
+                         "shape")
     _bits(src)  # the dtype check
+    if lora is not None:
+        dh, lora_a = lora
+        if src.dim() != 2 or dh.dim() != 2 or dh.shape[0] != src.shape[0] \
+                or lora_a.shape != (dh.shape[1], src.shape[1]) or not (dh.is_contiguous() and lora_a.is_contiguous()):
+            raise ValueError(f"lit-liger dropout: dh {tuple(dh.shape)} and lora_A {tuple(lora_a.shape)} must be "
+                             f"contiguous (N, n·r) and (n·r, C) for 2-D inputs {tuple(src.shape)}")
+        if dh.dtype != src.dtype or lora_a.dtype != src.dtype:
+            raise TypeError(f"lit-liger dropout: dh and lora_A must be {src.dtype}, got {dh.dtype}, {lora_a.dtype}")
     if not use_triton(src) or src.numel() == 0:
+        if lora is not None:
+            dxd = lora[0] @ lora[1]
         return _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd)
     if bits.numel() != (src.numel() + 7) // 8 or bits.dtype != torch.uint8:
         raise ValueError(f"lit-liger dropout: bits {tuple(bits.shape)} do not hold {src.numel()} mask elements")
     n = src.numel()
     xd = torch.empty_like(src) if write_xd else None
+    args = (x if x is not None else src, a if a is not None else src, b if b is not None else src,
+            xd if xd is not None else src)
+    if lora is not None:
+        bm, bc, warps = dropped_tile_plan(src.device)
+        _dropped_dh_kernel[(cdiv(src.shape[0], bm), cdiv(src.shape[1], bc))](
+            dx, lora[0], lora[1], bits, *args, src.shape[0], src.shape[1], float(scale), R=lora[0].shape[1],
+            WRITE_XD=write_xd, GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation], BM=bm, BC=bc,
+            num_warps=warps)
+        return xd
     plan = elementwise_plan(n, src.device)
-    _dropped_kernel[plan.grid](dx if dx is not None else src, dxd if dxd is not None else src, bits,
-                               x if x is not None else src, a if a is not None else src, b if b is not None else src,
-                               xd if xd is not None else src, n, float(scale), HAS_DX=dx is not None,
-                               WRITE_XD=write_xd, GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation],
-                               BLOCK=plan.block, num_warps=plan.num_warps)
+    _dropped_kernel[plan.grid](dx if dx is not None else src, dxd if dxd is not None else src, bits, *args, n,
+                               float(scale), HAS_DX=dx is not None, WRITE_XD=write_xd, GLU=glu is not None,
+                               ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps)
     return xd
-
-
-def dropped_lora_grads(bits: torch.Tensor, scale: float, dh: torch.Tensor, lora_a: torch.Tensor,
-                       x: torch.Tensor | None = None, glu: tuple[torch.Tensor, torch.Tensor, str] | None = None,
-                       dx: torch.Tensor | None = None, block_cols: int | None = None,
-                       splits: int | None = None) -> torch.Tensor:
-    """A LoRA layer's backward after its dropout, its mask kept as bits, in one pass over ``(N, C)``: given ``dx``,
-    ``dx += (dh @ lora_a) * kept * scale`` in place (the LoRA branch's input gradient through the dropout, added to
-    the frozen base's), and returns ``lora_a``'s gradient ``dhᵀ @ dropout(src)`` ``(n·r, C)``, where ``src`` is ``x``
-    or, given ``glu = (a, b, activation)``, the GLU product ``act(a) * b``. What :func:`dropped_from_bits` with a
-    ``dh @ lora_a`` GEMM before it and a ``dhᵀ @ xd`` GEMM after it computes, without the ``(N, C)`` tensors ``dh @
-    lora_a`` and ``xd``: three launches become one. ``dh`` ``(N, n·r)`` and ``lora_a`` ``(n·r, C)`` contiguous, of
-    ``src``'s dtype; ``scale`` = 1 / (1 - p). ``block_cols`` / ``splits``: the launch's, where not the plan's
-    (:func:`lit_liger.kernels._launch.dropped_lora_plan`)."""
-    if (x is None) == (glu is None):
-        raise ValueError("lit-liger dropout: give exactly one of x and glu")
-    a, b, activation = glu if glu is not None else (None, None, "silu")
-    src = x if x is not None else a
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    if src.dim() != 2 or any(t.shape != src.shape or not t.is_contiguous() for t in (x, a, b, dx) if t is not None):
-        raise ValueError("lit-liger dropout: x (or a and b) and dx must be contiguous 2-D tensors of one shape")
-    n_rows, n_cols = src.shape
-    if dh.dim() != 2 or dh.shape[0] != n_rows or lora_a.shape != (dh.shape[1], n_cols) \
-            or not (dh.is_contiguous() and lora_a.is_contiguous()):
-        raise ValueError(f"lit-liger dropout: dh {tuple(dh.shape)} and lora_A {tuple(lora_a.shape)} must be "
-                         f"contiguous (N, n·r) and (n·r, C) for inputs {tuple(src.shape)}")
-    _bits(src)  # the dtype check
-    if {dh.dtype, lora_a.dtype} != {src.dtype}:
-        raise TypeError(f"lit-liger dropout: dh and lora_A must be {src.dtype}, got {dh.dtype} and {lora_a.dtype}")
-    if bits.numel() != (src.numel() + 7) // 8 or bits.dtype != torch.uint8:
-        raise ValueError(f"lit-liger dropout: bits {tuple(bits.shape)} do not hold {src.numel()} mask elements")
-    if not use_triton(src) or src.numel() == 0:
-        return _dropped_lora_reference(bits, scale, dh, lora_a, x, a, b, activation, dx)
-    R = dh.shape[1]
-    plan = dropped_lora_plan(n_rows, n_cols, R, src.device, block_cols, splits)
-    one = plan.splits == 1
-    da = torch.empty((R, n_cols) if one else (plan.splits, R, n_cols), device=src.device,
-                     dtype=src.dtype if one else torch.float32)
-    grid = (cdiv(n_cols, plan.block_cols), plan.splits)
-    _dropped_lora_kernel[grid](dx if dx is not None else src, bits, x if x is not None else src,
-                               a if a is not None else src, b if b is not None else src, dh, lora_a, da, n_rows,
-                               n_cols, R, plan.rows_per_split, float(scale), HAS_DX=dx is not None,
-                               GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation],
-                               UPCAST=src.dtype == torch.float32 or interpret_mode(), BM=plan.block_rows,
-                               BC=plan.block_cols, BR=plan.block_r, NUM_STAGES=plan.num_stages,
-                               num_warps=plan.num_warps)
-    return da if one else da.sum(0).to(src.dtype)
-
 
 def encode_dropped_(xd: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``xd`` (``native_dropout``'s output) rewritten in place to carry ``mask`` (its ``bool`` mask): returns ``xd``."""

@@ -174,73 +174,50 @@ def test_bits_bad_inputs_are_refused(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("src", ["x", "silu", "gelu_tanh"])
-@pytest.mark.parametrize("with_dx", [True, False])
-@pytest.mark.parametrize("splits", [None, 3])
-def test_lora_grads_from_bits_in_one_pass(device, dtype, src, with_dx, splits):
-    """``dropped_lora_grads``: ``dx += (dh @ lora_A) * mask / (1 - p)`` and ``lora_A``'s gradient ``dhᵀ @ dropout(src)``
-    in one pass, against fp64 of the same inputs (``dropout(src)`` rounded to the dtype, as LitGPT's is), at
-    partial row and column tiles, a LoRA of 3 parts of r = 8 (24 rows, padded in the kernel), and split rows (fp32
-    partials summed). The reference path (CPU without the interpreter) is held to the same numbers."""
-    from lit_liger.kernels.swiglu import _glu_fwd_impl, glu_reference
-
-    shape, p, R = (133, 72), 0.3, 24
+@pytest.mark.parametrize("r", [8, 24])
+def test_dropped_from_bits_forms_the_lora_input_gradient_itself(device, dtype, src, r, monkeypatch):
+    """``dropped_from_bits(..., lora=(dh, lora_A))``: ``dx += (dh @ lora_A) * mask / (1 - p)`` with ``dh @ lora_A``
+    formed inside the pass, against fp64 of the same inputs, at partial row and column tiles and LoRAs of one part
+    and of three (``n·r`` = 8, 24); the same ``dropout(src)`` as with ``dxd`` given; the reference path (CPU without
+    the interpreter) held to the same numbers."""
+    shape, p = (45, 150), 0.3
     x = _x_with_zeros(shape, dtype, device)
     b = torch.randn(shape).to(device=device, dtype=dtype)
-    g = x if src == "x" else (_glu_fwd_impl(x, b, src) if D.use_triton(x) else glu_reference(x, b, src))
     mask = torch.rand(shape, device=device) >= p
     bits = D.pack_kept(mask)
-    dh = (torch.randn(shape[0], R) / 4).to(device=device, dtype=dtype)
-    lora_a = (torch.randn(R, shape[1]) / 4).to(device=device, dtype=dtype)
+    dh = (torch.randn(shape[0], r) / 4).to(device=device, dtype=dtype)
+    lora_a = (torch.randn(r, shape[1]) / 4).to(device=device, dtype=dtype)
     dx0 = torch.randn(shape).to(device=device, dtype=dtype)
     kw = dict(x=x) if src == "x" else dict(glu=(x, b, src))
-    xd = (g.double() * mask / (1 - p)).to(dtype).double()  # LitGPT's dropout(src), in the dtype
-    want_da = dh.double().t() @ xd
-    want_dx = dx0.double() + (dh.double() @ lora_a.double()) * mask / (1 - p)
-    # 16 bits: the outputs' rounding (Triton's interpreter rounds toward zero: twice the error of rounding to nearest)
-    tol = 1e-6 if dtype == torch.float32 else 1.2e-2
-    dx = dx0.clone() if with_dx else None
-    da = D.dropped_lora_grads(bits, 1 / (1 - p), dh, lora_a, dx=dx, splits=splits, **kw)
-    assert da.shape == lora_a.shape and da.dtype == dtype
-    assert rel_err(da, want_da) <= tol
-    if with_dx:
-        assert rel_err(dx, want_dx) <= tol
-    ref_dx = dx0.clone() if with_dx else None
-    ref_da = D._dropped_lora_reference(bits, 1 / (1 - p), dh, lora_a, kw.get("x"), kw.get("glu", (None,))[0],
-                                       b if src != "x" else None, src if src != "x" else "silu", ref_dx)
-    assert rel_err(ref_da, want_da) <= tol and (not with_dx or rel_err(ref_dx, want_dx) <= tol)
+    want = dx0.double() + (dh.double() @ lora_a.double()) * mask / (1 - p)
+    # 16 bits: dx's rounding (Triton's interpreter rounds toward zero: twice the error of rounding to nearest)
+    tol = 1e-6 if dtype == torch.float32 else 8e-3
+    xd_given = D.dropped_from_bits(bits, 1 / (1 - p), dx=dx0.clone(), dxd=dh @ lora_a, **kw)
+    given_by_triton = D.use_triton(x)
+    for triton_path in (True, False):
+        if not triton_path:
+            monkeypatch.setattr(D, "use_triton", lambda t: False)
+        dx = dx0.clone()
+        xd = D.dropped_from_bits(bits, 1 / (1 - p), dx=dx, lora=(dh, lora_a), **kw)
+        assert rel_err(dx, want) <= tol, triton_path
+        if triton_path or not given_by_triton:  # (the reference's dropout(src) is the reference's own rounding)
+            assert torch.equal(xd, xd_given)
+        assert D.dropped_from_bits(bits, 1 / (1 - p), dx=dx0.clone(), lora=(dh, lora_a), write_xd=False, **kw) is None
     assert (~mask).any() and mask.any()
 
 
-def test_lora_grads_from_bits_plan_covers_every_row():
-    """The launch plan over GPU-like limits: every row in exactly one split of whole tiles, no empty split, the rows
-    split only where the column blocks leave SMs idle."""
-    from lit_liger.kernels._launch import DeviceLimits, _dropped_lora_plan
-
-    gpu = DeviceLimits("gpu", 32, 1024, 132, (9, 0), False)
-    for n_rows, n_cols, r in [(1, 8, 8), (500, 2304, 24), (500, 9216, 8), (262144, 4096, 16), (4097, 2048, 8)]:
-        plan = _dropped_lora_plan(n_rows, n_cols, r, gpu, None, None)
-        assert plan.block_r >= max(16, r) and plan.rows_per_split % plan.block_rows == 0
-        assert (plan.splits - 1) * plan.rows_per_split < n_rows <= plan.splits * plan.rows_per_split
-        if -(-n_cols // plan.block_cols) >= 2 * 132:
-            assert plan.splits == 1
-    assert _dropped_lora_plan(262144, 4096, 16, gpu, None, None).splits > 1
-    assert _dropped_lora_plan(500, 2304, 24, gpu, None, 100).splits <= -(-500 // 64)
-
-
-def test_lora_grads_from_bits_bad_inputs_are_refused(device):
+def test_lora_input_gradient_in_the_pass_bad_inputs_are_refused(device):
     x = torch.randn(6, 16, device=device)
     bits = D.pack_kept(torch.rand(6, 16, device=device) < 0.5)
     dh, lora_a = torch.randn(6, 8, device=device), torch.randn(8, 16, device=device)
-    with pytest.raises(ValueError, match="exactly one"):
-        D.dropped_lora_grads(bits, 2.0, dh, lora_a)
     with pytest.raises(ValueError, match="lora_A"):
-        D.dropped_lora_grads(bits, 2.0, dh, lora_a[:, :8], x=x)
+        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), lora=(dh, lora_a[:, :8]))
+    with pytest.raises(ValueError, match="one shape"):  # dxd and lora both given, or lora without dx
+        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), dxd=x.clone(), lora=(dh, lora_a))
     with pytest.raises(ValueError, match="one shape"):
-        D.dropped_lora_grads(bits, 2.0, dh, lora_a, x=x, dx=x[:3].clone())
+        D.dropped_from_bits(bits, 2.0, x=x, lora=(dh, lora_a))
     with pytest.raises(TypeError, match="must be"):
-        D.dropped_lora_grads(bits, 2.0, dh.double(), lora_a, x=x)
-    with pytest.raises(ValueError, match="mask elements"):
-        D.dropped_lora_grads(bits[:-1], 2.0, dh, lora_a, x=x)
+        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), lora=(dh.double(), lora_a))
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lora_layer_keeping_its_input_keeps_the_mask_as_bits(device, dtype):

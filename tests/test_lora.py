@@ -138,9 +138,9 @@ def test_lora_layers_reading_a_norm_keep_its_input_not_its_output(name, dropout)
     """LoRA ``qkv`` (``norm_1``'s reader) and LoRA ``fc_1`` / ``fc_2`` (``norm_2``'s) form the norm's output again in
     backward from the norm's input, which the norm keeps anyway: two ``(B, T, C)`` tensors per layer fewer than with
     ``recompute_norm`` off (with dropout, the qkv dropout's mask kept as bits instead of the dropped copy), the same
-    loss bit for bit and gradients bit for bit without dropout, and LitGPT's. (With dropout and the bits, lora_A's
-    gradient and the dropout's backward come from one pass, ``dropped_lora_grads``, whose sums run in their own order:
-    the gradients then agree to fp32 rounding.)"""
+    loss bit for bit and gradients bit for bit without dropout, and LitGPT's. (With dropout and the bits, the LoRA
+    branch's input gradient ``dh @ lora_A`` is summed inside the dropout's backward pass, in its own order: the
+    gradients then agree to fp32 rounding.)"""
     from helpers import saved_bytes
 
     over = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=136,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.dropout import dropout_grad_add_, dropped_from_bits, dropped_lora_grads, encode_dropped_, pack_kept
+from ..kernels.dropout import dropout_grad_add_, dropped_from_bits, encode_dropped_, pack_kept
 from ..kernels.rms_norm import rms_norm_again
 from ._common import _called_plainly, _is_dtensor, _plain_linear
 from .fp8 import is_float8_linear, tensorwise_fusable
@@ -164,11 +164,6 @@ class _LoRAFn(torch.autograd.Function):
                                                     alpha=scaling)
                     row += hi - lo
         dx = dxd = da = dlb = dw = db = None
-        # the dropout's mask as bits: lora_A's gradient from the same pass that adds the dropout's backward into dx
-        # (kernels.dropout.dropped_lora_grads: neither dh @ lora_A nor dropout(x) stored, one launch for three)
-        src = glu[0] if glu is not None else x2
-        fused_a = ctx.bits and need_a and src is not None and dh.dtype == lora_a.dtype == src.dtype \
-            and lora_a.is_contiguous()
         if need_x:
             if ctx.fp8:
                 from .fp8 import frozen_base_fp8_dx
@@ -178,21 +173,20 @@ class _LoRAFn(torch.autograd.Function):
                 dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
-            elif ctx.bits and fused_a:
-                dx = dx.contiguous()
-                da = dropped_lora_grads(bits, 1.0 / (1.0 - ctx.p), dh, lora_a, x=None if glu else x2, glu=glu, dx=dx)
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dh @ lora_a,
+                # dh @ lora_A formed inside that pass (not stored) where the dtypes agree (they do but under autocast)
+                src = x2 if glu is None else glu[0]
+                fused = dh.dtype == lora_a.dtype == dx.dtype == src.dtype and lora_a.is_contiguous()
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx,
+                                        dxd=None if fused else dh @ lora_a, lora=(dh, lora_a) if fused else None,
                                         write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dh @ lora_a, xd2, 1.0 / (1.0 - ctx.p))
         if need_xd and not ctx.same_input and ctx.p == 0:
             dxd = (dh @ lora_a).view(ctx.x_shape)
-        if need_a and da is None and fused_a:  # (x's gradient not asked for)
-            da = dropped_lora_grads(bits, 1.0 / (1.0 - ctx.p), dh, lora_a, x=None if glu else x2, glu=glu)
-        elif need_a and da is None:
+        if need_a:
             if ctx.bits and xd2 is None:  # (x's gradient not asked for)
                 xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
             if xd2 is None:

@@ -1,10 +1,10 @@
-# Issue 66: a LoRA layer's backward after its dropout in one pass (kernels.dropout.dropped_lora_grads: dx through the
-# dropout and lora_A's gradient, three launches made one). DIAG=1: `diag dropped-lora` (the kernel against the three
-# launches, with a launch sweep; the 262k shape too); TESTS=1: tests/test_dropout.py and tests/test_lora.py on the GPU;
-# G_ROWS: gemma2-2b's shipped LoRA recipe rows, lit-liger, with the code before (base: .base, a `git archive` of the
-# commit before, without results and docs) or after (new), e.g. "base new"; L_ROWS: the README's Llama-3.2-1B LoRA row
-# the same way.
-#   run: CALL=c1 DIAG=1 TESTS=1 G_ROWS="base new" ITERS=200 bash benchmarks/calls/issue66-onepass.sh   (carry: .whl .base)
+# Issue 66: a LoRA dropout's backward from its bits with dh @ lora_A formed inside the pass (kernels.dropout's
+# dropped_from_bits with lora=...: one GEMM launch and one (N, C) round trip fewer a LoRA layer). DIAG=1: `diag
+# dropped-lora` (the pass against the GEMM before it, with a tile sweep; the 262k shape too); TESTS=1:
+# tests/test_dropout.py and tests/test_lora.py on the GPU; G_ROWS: gemma2-2b's shipped LoRA recipe rows, lit-liger,
+# with the code before (base: .base, a `git archive` of the commit before, without results and docs) or after (new),
+# e.g. "base new"; L_ROWS: the README's Llama-3.2-1B LoRA row the same way.
+#   run: CALL=c2 DIAG=1 TESTS=1 G_ROWS="base new" ITERS=200 bash benchmarks/calls/issue66-dh.sh   (carry: .whl .base)
 CALL=${CALL:-o} . benchmarks/calls.sh
 if [ -n "$DIAG" ]; then
   timeout ${DIAG_S:-150} python3 -m benchmarks diag dropped-lora --long --out "/tmp/o/$NAME-diag" > "/tmp/o/$NAME-diag.log" 2>&1
