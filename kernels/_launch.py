@@ -41,7 +41,6 @@ __all__ = [
     "fast_launch_enabled",
     "fp8_tile_plan",
     "embedding_grad_plan",
-    "dropped_tile_plan",
 ]
 
 # A row-wise kernel keeps one row in registers; past this many bytes per row it would spill.
@@ -230,16 +229,6 @@ def embedding_grad_plan(n_cols: int, device: torch.device) -> tuple[int, int]:
     lim = device_limits(device)
     warps = _clamp_warps(4, lim)
     return min(next_pow2(n_cols), 8 * lim.warp_size * warps), warps
-
-
-def dropped_tile_plan(device: torch.device) -> tuple[int, int, int]:
-    """``(block_rows, block_cols, num_warps)`` of ``kernels.dropout._dropped_dh_kernel`` (a LoRA dropout's backward
-    from its bits with ``dh @ lora_A`` formed in registers: bandwidth bound, ``n·r`` FMAs an element): 32 x 128 tiles
-    (32 elements a thread over 4 warps of 32), whose ``n·r`` steps each load 32 values of ``dh`` and 128 of ``lora_A``
-    (cached). The interpreter gets small tiles: CPU tests use small shapes."""
-    if device.type != "cuda":
-        return 16, 16, 1
-    return 32, 128, _clamp_warps(4, device_limits(device))
 
 
 def fp8_tile_plan(device: torch.device) -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, dropped_tile_plan, elementwise_plan, fast_launch, use_triton
+from ._launch import elementwise_plan, fast_launch, use_triton
 from .swiglu import ACTIVATIONS, _act_and_grad, glu_reference
 
 __all__ = ["dropout_grad_add_", "dropped_from_bits", "encode_dropped_", "kept", "pack_kept", "unpack_kept"]
@@ -105,7 +105,7 @@ def _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd):
 
 
 # ----------------------------------------------------------------------------------------------
-# Triton kernels (flat 1-D launch over contiguous tensors, but for the tiled _dropped_dh_kernel)
+# Triton kernels (flat 1-D launch over contiguous tensors)
 # ----------------------------------------------------------------------------------------------
 @fast_launch
 @triton.jit
@@ -171,40 +171,6 @@ def _dropped_kernel(DX, DXD, BITS, X, A, B, XD, n, scale, HAS_DX: tl.constexpr, 
         tl.store(XD + offs, tl.where(keep, g * scale, 0.0).to(XD.dtype.element_ty), mask=inb)
 
 
-@fast_launch
-@triton.jit
-def _dropped_dh_kernel(DX, DH, LA, BITS, X, A, B, XD, n_rows, n_cols, scale, R: tl.constexpr,
-                       WRITE_XD: tl.constexpr, GLU: tl.constexpr, ACTIVATION: tl.constexpr, BM: tl.constexpr,
-                       BC: tl.constexpr):
-    """:func:`_dropped_kernel` with ``dxd = DH @ LA`` formed in registers, never stored: one ``(BM, BC)`` tile of
-    ``(n_rows, n_cols)`` a program; ``DH (n_rows, R)`` and ``LA (R, n_cols)`` (LoRA's ``dh`` and ``lora_A``, ``R`` =
-    ``n·r``: a few dozen fp32 FMAs an element, their operands one column of ``DH`` and one row of ``LA`` a step)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    inr = rows < n_rows
-    inc = cols < n_cols
-    inb = inr[:, None] & inc[None, :]
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    byte = tl.load(BITS + offs // 8, mask=inb, other=0).to(tl.int32)
-    keep = ((byte >> (offs % 8).to(tl.int32)) & 1) != 0
-    dxd = tl.zeros((BM, BC), dtype=tl.float32)
-    for k in tl.static_range(R):
-        h = tl.load(DH + rows * R + k, mask=inr, other=0.0).to(tl.float32)
-        w = tl.load(LA + k * n_cols + cols, mask=inc, other=0.0).to(tl.float32)
-        dxd += h[:, None] * w[None, :]
-    dx = tl.load(DX + offs, mask=inb, other=0.0).to(tl.float32)
-    dx += tl.where(keep, dxd * scale, 0.0)
-    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inb)
-    if WRITE_XD:
-        if GLU:
-            a = tl.load(A + offs, mask=inb, other=0.0).to(tl.float32)
-            b = tl.load(B + offs, mask=inb, other=0.0).to(tl.float32)
-            act, _ = _act_and_grad(a, ACTIVATION, False)
-            g = (act * b).to(XD.dtype.element_ty).to(tl.float32)
-        else:
-            g = tl.load(X + offs, mask=inb, other=0.0).to(tl.float32)
-        tl.store(XD + offs, tl.where(keep, g * scale, 0.0).to(XD.dtype.element_ty), mask=inb)
-
 def pack_kept(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` (``bool``, contiguous: ``native_dropout``'s) as bits, flat ``uint8`` of ``ceil(n / 8)`` bytes (see
     :func:`unpack_kept`)."""
@@ -222,15 +188,11 @@ def pack_kept(mask: torch.Tensor) -> torch.Tensor:
 
 def dropped_from_bits(bits: torch.Tensor, scale: float, x: torch.Tensor | None = None,
                       glu: tuple[torch.Tensor, torch.Tensor, str] | None = None, dx: torch.Tensor | None = None,
-                      dxd: torch.Tensor | None = None, write_xd: bool = True,
-                      lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+                      dxd: torch.Tensor | None = None, write_xd: bool = True) -> torch.Tensor | None:
     """The dropout's backward from its mask's bits, in one pass: ``dx += dxd * kept * scale`` in place (given ``dx``
     and ``dxd``), and, with ``write_xd``, returns ``dropout(src) = src * kept * scale`` where ``src`` is ``x`` or,
     given ``glu = (a, b, activation)``, the GLU product ``act(a) * b`` (:func:`lit_liger.kernels.swiglu.glu_reference`'s
-    rounding). Every tensor contiguous and of ``src``'s shape; ``scale`` = 1 / (1 - p). ``lora = (dh, lora_a)`` in
-    place of ``dxd``: ``dxd = dh @ lora_a`` (a LoRA branch's input gradient, ``dh (N, n·r)``, ``lora_a (n·r, C)``,
-    contiguous, of ``src``'s dtype) formed inside the pass in fp32, never stored: one GEMM launch and one ``(N, C)``
-    tensor's write and read fewer."""
+    rounding). Every tensor contiguous and of ``src``'s shape; ``scale`` = 1 / (1 - p)."""
     if (x is None) == (glu is None):
         raise ValueError("lit-liger dropout: give exactly one of x and glu")
     a, b, activation = glu if glu is not None else (None, None, "silu")
@@ -238,41 +200,23 @@ def dropped_from_bits(bits: torch.Tensor, scale: float, x: torch.Tensor | None =
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     ts = [t for t in (x, a, b, dx, dxd) if t is not None]
-    if any(t.shape != src.shape or not t.is_contiguous() for t in ts) \
-            or (dx is None) != (dxd is None and lora is None) or (dxd is not None and lora is not None):
-        raise ValueError("lit-liger dropout: x (or a and b), dx and dxd (or lora) must be contiguous tensors of one "
-                         "shape")
+    if any(t.shape != src.shape or not t.is_contiguous() for t in ts) or (dx is None) != (dxd is None):
+        raise ValueError("lit-liger dropout: x (or a and b), dx and dxd must be contiguous tensors of one shape")
     _bits(src)  # the dtype check
-    if lora is not None:
-        dh, lora_a = lora
-        if src.dim() != 2 or dh.dim() != 2 or dh.shape[0] != src.shape[0] \
-                or lora_a.shape != (dh.shape[1], src.shape[1]) or not (dh.is_contiguous() and lora_a.is_contiguous()):
-            raise ValueError(f"lit-liger dropout: dh {tuple(dh.shape)} and lora_A {tuple(lora_a.shape)} must be "
-                             f"contiguous (N, n·r) and (n·r, C) for 2-D inputs {tuple(src.shape)}")
-        if dh.dtype != src.dtype or lora_a.dtype != src.dtype:
-            raise TypeError(f"lit-liger dropout: dh and lora_A must be {src.dtype}, got {dh.dtype}, {lora_a.dtype}")
     if not use_triton(src) or src.numel() == 0:
-        if lora is not None:
-            dxd = lora[0] @ lora[1]
         return _dropped_reference(dx, dxd, bits, scale, x, a, b, activation, write_xd)
     if bits.numel() != (src.numel() + 7) // 8 or bits.dtype != torch.uint8:
         raise ValueError(f"lit-liger dropout: bits {tuple(bits.shape)} do not hold {src.numel()} mask elements")
     n = src.numel()
     xd = torch.empty_like(src) if write_xd else None
-    args = (x if x is not None else src, a if a is not None else src, b if b is not None else src,
-            xd if xd is not None else src)
-    if lora is not None:
-        bm, bc, warps = dropped_tile_plan(src.device)
-        _dropped_dh_kernel[(cdiv(src.shape[0], bm), cdiv(src.shape[1], bc))](
-            dx, lora[0], lora[1], bits, *args, src.shape[0], src.shape[1], float(scale), R=lora[0].shape[1],
-            WRITE_XD=write_xd, GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation], BM=bm, BC=bc,
-            num_warps=warps)
-        return xd
     plan = elementwise_plan(n, src.device)
-    _dropped_kernel[plan.grid](dx if dx is not None else src, dxd if dxd is not None else src, bits, *args, n,
-                               float(scale), HAS_DX=dx is not None, WRITE_XD=write_xd, GLU=glu is not None,
-                               ACTIVATION=ACTIVATIONS[activation], BLOCK=plan.block, num_warps=plan.num_warps)
+    _dropped_kernel[plan.grid](dx if dx is not None else src, dxd if dxd is not None else src, bits,
+                               x if x is not None else src, a if a is not None else src, b if b is not None else src,
+                               xd if xd is not None else src, n, float(scale), HAS_DX=dx is not None,
+                               WRITE_XD=write_xd, GLU=glu is not None, ACTIVATION=ACTIVATIONS[activation],
+                               BLOCK=plan.block, num_warps=plan.num_warps)
     return xd
+
 
 def encode_dropped_(xd: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``xd`` (``native_dropout``'s output) rewritten in place to carry ``mask`` (its ``bool`` mask): returns ``xd``."""

@@ -173,53 +173,6 @@ def test_bits_bad_inputs_are_refused(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("src", ["x", "silu", "gelu_tanh"])
-@pytest.mark.parametrize("r", [8, 24])
-def test_dropped_from_bits_forms_the_lora_input_gradient_itself(device, dtype, src, r, monkeypatch):
-    """``dropped_from_bits(..., lora=(dh, lora_A))``: ``dx += (dh @ lora_A) * mask / (1 - p)`` with ``dh @ lora_A``
-    formed inside the pass, against fp64 of the same inputs, at partial row and column tiles and LoRAs of one part
-    and of three (``n·r`` = 8, 24); the same ``dropout(src)`` as with ``dxd`` given; the reference path (CPU without
-    the interpreter) held to the same numbers."""
-    shape, p = (45, 150), 0.3
-    x = _x_with_zeros(shape, dtype, device)
-    b = torch.randn(shape).to(device=device, dtype=dtype)
-    mask = torch.rand(shape, device=device) >= p
-    bits = D.pack_kept(mask)
-    dh = (torch.randn(shape[0], r) / 4).to(device=device, dtype=dtype)
-    lora_a = (torch.randn(r, shape[1]) / 4).to(device=device, dtype=dtype)
-    dx0 = torch.randn(shape).to(device=device, dtype=dtype)
-    kw = dict(x=x) if src == "x" else dict(glu=(x, b, src))
-    want = dx0.double() + (dh.double() @ lora_a.double()) * mask / (1 - p)
-    # 16 bits: dx's rounding (Triton's interpreter rounds toward zero: twice the error of rounding to nearest)
-    tol = 1e-6 if dtype == torch.float32 else 8e-3
-    xd_given = D.dropped_from_bits(bits, 1 / (1 - p), dx=dx0.clone(), dxd=dh @ lora_a, **kw)
-    given_by_triton = D.use_triton(x)
-    for triton_path in (True, False):
-        if not triton_path:
-            monkeypatch.setattr(D, "use_triton", lambda t: False)
-        dx = dx0.clone()
-        xd = D.dropped_from_bits(bits, 1 / (1 - p), dx=dx, lora=(dh, lora_a), **kw)
-        assert rel_err(dx, want) <= tol, triton_path
-        if triton_path or not given_by_triton:  # (the reference's dropout(src) is the reference's own rounding)
-            assert torch.equal(xd, xd_given)
-        assert D.dropped_from_bits(bits, 1 / (1 - p), dx=dx0.clone(), lora=(dh, lora_a), write_xd=False, **kw) is None
-    assert (~mask).any() and mask.any()
-
-
-def test_lora_input_gradient_in_the_pass_bad_inputs_are_refused(device):
-    x = torch.randn(6, 16, device=device)
-    bits = D.pack_kept(torch.rand(6, 16, device=device) < 0.5)
-    dh, lora_a = torch.randn(6, 8, device=device), torch.randn(8, 16, device=device)
-    with pytest.raises(ValueError, match="lora_A"):
-        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), lora=(dh, lora_a[:, :8]))
-    with pytest.raises(ValueError, match="one shape"):  # dxd and lora both given, or lora without dx
-        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), dxd=x.clone(), lora=(dh, lora_a))
-    with pytest.raises(ValueError, match="one shape"):
-        D.dropped_from_bits(bits, 2.0, x=x, lora=(dh, lora_a))
-    with pytest.raises(TypeError, match="must be"):
-        D.dropped_from_bits(bits, 2.0, x=x, dx=x.clone(), lora=(dh.double(), lora_a))
-
-@pytest.mark.parametrize("dtype", DTYPES)
 def test_lora_layer_keeping_its_input_keeps_the_mask_as_bits(device, dtype):
     """``keep_input`` (x held anyway, e.g. the attention's output): LitGPT's numbers; what the layer adds to what
     autograd keeps beside x is the mask's bits, where the encoded dropout keeps a copy of x."""

@@ -43,8 +43,6 @@ DIAGS = {
                            "allocated it (memory-history replay of the whole run)"),
     "pack-bits": ("pack_bits", "the LoRA dropout's mask packed into bits (kernels/dropout.py's pack_kept) against "
                                "its strided predecessor, at gemma2-2b's recipe shapes (CUDA-graph timed)"),
-    "dropped-lora": ("dropped_lora", "a LoRA dropout's backward from its bits with dh @ lora_A formed inside the pass "
-                                     "(kernels/dropout.py) against the GEMM before it, with a tile sweep"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }

@@ -175,11 +175,7 @@ class _LoRAFn(torch.autograd.Function):
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                # dh @ lora_A formed inside that pass (not stored) where the dtypes agree (they do but under autocast)
-                src = x2 if glu is None else glu[0]
-                fused = dh.dtype == lora_a.dtype == dx.dtype == src.dtype and lora_a.is_contiguous()
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx,
-                                        dxd=None if fused else dh @ lora_a, lora=(dh, lora_a) if fused else None,
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dh @ lora_a,
                                         write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
