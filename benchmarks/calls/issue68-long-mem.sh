@@ -9,7 +9,8 @@
 # with 1 it divides by zero, h200-2026-12-02e e2). Where 2 steps do not fit a call (QLoRA at 393k: ~370 s a step),
 # EXTRA="--liger.defer_loss_sync false" prints iteration 1 as it ends (deferred, it prints only with iteration 2);
 # iteration 2's first forward prints iteration 1's measured GPU peak and host memory (the plan's "measured" line).
-# KILL_S: the seconds a stopped run gets to report (60).
+# KILL_S: the seconds a stopped run gets to report (60). Each line of the run's log carries the seconds since the call's
+# start ([123s]), so that a run the call's time cut short says which part took the time.
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
 python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" "${STEPS:-2}" > /tmp/args.txt <<'PY'
@@ -33,8 +34,9 @@ if [ "${BUILD:-0}" = 1 ] && [ "${RUN:-0}" != 1 ]; then exit 0; fi
 # (the plan's lines, litgpt's iterations and errors printed as they come: a call's limit may end the call first)
 LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout -k ${KILL_S:-60} ${RUN_S:-$(( 540 - $(date +%s) + S ))} \
   bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt) ${EXTRA:-}" \
-  2>&1 | tee "/tmp/o/$NAME-mem.log" \
-  | grep --line-buffered -E "memory plan|Memory Used|iter [12] |Training time|Error|error"
+  2>&1 | while IFS= read -r line; do printf '[%ss] %s\n' "$(( $(date +%s) - S ))" "$line"; done \
+  | tee "/tmp/o/$NAME-mem.log" \
+  | grep --line-buffered -E "memory plan|Memory Used|iter [12] |Training time|merge|Error|error"
 echo "mem rc=${PIPESTATUS[0]} ($(( $(date +%s) - S )) s)"
 grep -A42 '"peak_live_GiB"' "/tmp/o/$NAME-mem.log" | cut -c1-220
 pack
