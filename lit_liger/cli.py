@@ -260,6 +260,35 @@ def freeze_unoptimized(model: torch.nn.Module, optimizer: Any) -> list[str]:
     return frozen
 
 
+def release_replaced(model: torch.nn.Module, optimizer: Any) -> int:
+    """Release the storage of the frozen parameters that ``optimizer`` holds but ``model`` no longer has; the bytes
+    released.
+
+    litgpt's QLoRA and adapter QLoRA build the optimizer on all of the model's parameters, then replace
+    ``transformer.wte`` with bitsandbytes' ``StableEmbedding``: the embedding replaced stays alive until training ends,
+    held by the optimizer's param group (and a local variable of litgpt's ``main``), one ``(V, C)`` tensor the run never
+    reads again: 1.0 GiB for Llama-3.1-8B's vocabulary. Each such parameter (frozen, no gradient, its storage shared
+    with none of the model's tensors) keeps its place in the param group with an empty tensor of its dtype and
+    device: the optimizer skips it as it did (no gradient), and the memory is free. One process or lit-liger's
+    replica plan only, as :func:`freeze_unoptimized`."""
+    from ._dist import whole_model
+
+    groups = getattr(optimizer, "param_groups", None)
+    if not whole_model(_swapped_gpt(model)) or not groups:
+        return 0
+    mine = {id(p) for p in model.parameters()}
+    used = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
+    released = 0
+    for g in groups:
+        for p in g["params"]:
+            if (id(p) in mine or p.requires_grad or p.grad is not None or not p.numel()
+                    or p.untyped_storage().data_ptr() in used):
+                continue
+            released += p.untyped_storage().nbytes()
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    return released
+
+
 def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) -> Callable:
     """litgpt's ``fit(fabric, model, optimizer, ...)``, after :func:`freeze_unoptimized` (said on rank 0); in one
     process with ``config.defer_loss_sync``, its log read one iteration late (:func:`_deferred_log`)."""
@@ -281,6 +310,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                 print(f"lit-liger: {', '.join(frozen)} require grad but are in no optimizer param group (litgpt "
                       "swaps in bitsandbytes' StableEmbedding after building the optimizer): frozen, so their "
                       "gradients are no longer computed; nothing else changes (they never trained).", flush=True)
+            released = release_replaced(model, optimizer)
+            if released and rank0:
+                print(f"lit-liger: {released / 2**30:.2f} GiB released: frozen parameters that the optimizer holds but "
+                      "the model no longer has (the embedding litgpt's QLoRA replaced with StableEmbedding); they "
+                      "never trained and nothing reads them.", flush=True)
         from ._dist import liger_replica, several_processes, whole_model
         from .runtime import hostgc
         from .runtime import loaders
