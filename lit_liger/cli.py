@@ -277,11 +277,12 @@ def release_replaced(model: torch.nn.Module, optimizer: Any) -> int:
     if not whole_model(_swapped_gpt(model)) or not groups:
         return 0
     mine = {id(p) for p in model.parameters()}
-    used = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
+    used = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())
+            if t.numel() and t.device.type != "meta"}
     released = 0
     for g in groups:
         for p in g["params"]:
-            if (id(p) in mine or p.requires_grad or p.grad is not None or not p.numel()
+            if (id(p) in mine or p.requires_grad or p.grad is not None or not p.numel() or p.device.type == "meta"
                     or p.untyped_storage().data_ptr() in used):
                 continue
             released += p.untyped_storage().nbytes()
