@@ -292,8 +292,8 @@ def release_replaced(model: torch.nn.Module, optimizer: Any) -> int:
 
 def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) -> Callable:
     """litgpt's ``fit(fabric, model, optimizer, ...)``, after :func:`freeze_unoptimized` and :func:`release_replaced`
-    (each said on rank 0); in one
-    process with ``config.defer_loss_sync``, its log read one iteration late (:func:`_deferred_log`)."""
+    (each said on rank 0); in one process with ``config.defer_loss_sync``, its log read one iteration late
+    (:func:`_deferred_log`)."""
 
     @functools.wraps(fit)
     def run(*args: Any, **kwargs: Any) -> Any:
