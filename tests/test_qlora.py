@@ -272,13 +272,14 @@ def test_cli_freezes_parameters_no_optimizer_holds(capsys):
     assert freeze_unoptimized(model, optimizer) == []  # idempotent
 
 
-def test_cli_releases_the_embedding_litgpt_replaced(capsys):
+def test_cli_releases_the_embedding_litgpt_replaced(capsys, monkeypatch):
     """litgpt's QLoRA builds its optimizer on all of the model's parameters, then replaces the embedding with
     StableEmbedding: the old embedding stays alive in the optimizer's param group. lit-liger's ``fit`` wrapper
     releases its storage (said, with the bytes); the model's own parameters, trained or frozen, keep theirs; a
     replaced parameter whose storage a model tensor shares is kept; and the optimizer still steps."""
     from litgpt.utils import chunked_cross_entropy as litgpt_ce
 
+    from lit_liger import cli
     from lit_liger.cli import _fit_freezing_unoptimized, release_replaced
 
     cfg, _, model = _qlora_pair("Llama-3.2-1B", "nf4", lora_query=True)
@@ -291,6 +292,8 @@ def test_cli_releases_the_embedding_litgpt_replaced(capsys):
     optimizer.add_param_group({"params": [shared]})
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     old_bytes = old.weight.numel() * old.weight.element_size()
+    returned = []
+    monkeypatch.setattr(cli, "release_replaced", lambda m, o: returned.append(release_replaced(m, o)) or returned[-1])
 
     def fit(fabric, model, optimizer, scheduler=None):  # litgpt's fit, as far as its arguments go
         x = torch.randint(0, cfg.vocab_size, (2, 16))
@@ -301,7 +304,7 @@ def test_cli_releases_the_embedding_litgpt_replaced(capsys):
     _fit_freezing_unoptimized(fit)(fabric=None, model=model, optimizer=optimizer)
     out = capsys.readouterr().out
     assert old.weight.numel() == 0 and old.weight.dtype == before["transformer.wte.weight"].dtype
-    assert f"{old_bytes / 2**30:.2f} GiB released" in out
+    assert returned == [old_bytes] and f"{old_bytes / 2**30:.2f} GiB released" in out  # exactly the old embedding
     assert shared.numel() == 2 * cfg.n_embd  # kept: its storage is the model's
     for n, p in model.named_parameters():  # nothing of the model's released; the frozen ones unchanged by the step
         assert p.numel() == before[n].numel(), n
@@ -309,6 +312,7 @@ def test_cli_releases_the_embedding_litgpt_replaced(capsys):
             assert torch.equal(p, before[n]), n
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "lora_" in n)  # it trained
     assert release_replaced(model, optimizer) == 0  # idempotent
+
 
 def test_int8_head_keeps_its_own_forward():
     """A bitsandbytes int8 lm_head multiplies in int8 (activations too): lit-liger does not decode it for the fused

@@ -53,6 +53,11 @@ def lora_parts(module: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(b for b, on in zip(bounds, enable) if on)
 
 
+def _side_by_side(parts: tuple[tuple[int, int], ...]) -> bool:
+    """Two or more LoRA parts, each starting where the one before ends (no gap): what :func:`part_tables` covers."""
+    return len(parts) >= 2 and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
 def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Where two or more LoRA parts lie side by side (``LoRAQKVLinear`` with q and k, or k and v, or all three on), the
@@ -60,7 +65,7 @@ def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
     ``mask (n, W)`` in ``dtype``, 1 where column ``c`` of the parts' ``W`` columns belongs to part ``i``, and
     ``part_of (W, 1, 1)``, each column's part. None for one part or parts with a gap (q and v only): the per-part
     GEMMs. Built with device kernels (no host copy), once per layer and device / dtype by the swapped layers."""
-    if len(parts) < 2 or any(parts[i][1] != parts[i + 1][0] for i in range(len(parts) - 1)):
+    if not _side_by_side(parts):
         return None
     lo = parts[0][0]
     part_of = torch.empty(parts[-1][1] - lo, dtype=torch.long, device=device)
@@ -270,8 +275,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         if xd is not None or weight.requires_grad or src_a.shape != x.shape or src_b.shape != x.shape[-1:]:
             raise ValueError("lit-liger LoRA: norm needs a frozen weight, no xd, an input of x's shape and a (C,) weight")
         source, keep_input = ("rms", float(eps), float(offset)), True
-    if tables is not None and (len(parts) < 2 or any(a[1] != b[0] for a, b in zip(parts, parts[1:]))
-                               or tables[0].shape != (n, parts[-1][1] - parts[0][0])
+    if tables is not None and (not _side_by_side(parts) or tables[0].shape != (n, parts[-1][1] - parts[0][0])
                                or tables[0].dtype != x.dtype or tables[0].device != x.device):
         raise ValueError("lit-liger LoRA: tables must be part_tables(parts, x.device, x.dtype)")
     if keep_input and dropout and not x.is_contiguous():
