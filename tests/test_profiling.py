@@ -44,6 +44,23 @@ def test_summary_splits_busy_idle_and_exposed_collectives():
     assert list(top) == ["matmul: sm90_xmma_gemm_bf16", "optimizer: multi_tensor_apply_kernel_adam",
                          "other: triton_rms_norm"]
     assert top["optimizer: multi_tensor_apply_kernel_adam"] == pytest.approx(6.0)
+    assert s["streams"]["7"]["top_kernels_launches"] == {k: 1 for k in top}
+    # the compute stream's one gap, [12, 14], by the kernels either side of it
+    assert s["gaps"] == {"under_5us": [0, 0.0], "5_to_50us": [0, 0.0], "over_50us": [1, pytest.approx(2.0)]}
+    assert s["longest_gaps"] == [[pytest.approx(2.0), "triton_rms_norm", "multi_tensor_apply_kernel_adam"]]
+
+
+def test_summary_buckets_gaps_by_length():
+    # kernels of 1 µs back to back with gaps of 2 µs, 2 µs, 20 µs and 0.3 ms; one kernel inside another's span
+    ends = [(0.0, 0.001), (0.003, 0.004), (0.006, 0.007), (0.027, 0.028), (0.0275, 0.0278), (0.328, 0.329)]
+    events = [_kernel(f"k{i}", a, b, 7) for i, (a, b) in enumerate(ends)] + [_kernel("k0", 0.4, 0.401, 7)]
+    s = profiling.summarize_trace(events, wall_ms=1.0, iterations=1)
+    assert s["gaps"]["under_5us"] == [2, pytest.approx(0.004)]
+    assert s["gaps"]["5_to_50us"] == [1, pytest.approx(0.02)]
+    assert s["gaps"]["over_50us"] == [2, pytest.approx(0.3 + 0.071)]
+    assert s["longest_gaps"][0] == [pytest.approx(0.3), "k3", "k5"]
+    assert s["longest_gaps"][1] == [pytest.approx(0.071), "k5", "k0"]
+    assert s["streams"]["7"]["top_kernels_launches"]["other: k0"] == 2
 
 
 def test_iterations_profile_the_window_of_training_forwards(tmp_path, monkeypatch, capsys):

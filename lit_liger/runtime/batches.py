@@ -19,6 +19,8 @@ plan, Lightning's ``DDPStrategy``).
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -107,8 +109,9 @@ class HostPrep:
     """What :class:`LigerCollate` adds to a collated batch of litgpt's SFT collate while it is on the host: with
     ``pack``, its packed layout; its per-sample token counts boxed so that they stay on the host."""
 
-    def __init__(self, pack: bool, bucketed: bool, ignore_index: int = -100) -> None:
+    def __init__(self, pack: bool, bucketed: bool, ignore_index: int = -100, tops: tuple[int, ...] = ()) -> None:
         self.pack, self.bucketed, self.ignore_index = pack, bucketed, ignore_index
+        self.tops = tuple(tops)  # a fitted ladder for the packed lengths (lit_liger.swap.buckets.fit_packed_tops)
 
     def __call__(self, batch: Any) -> Any:
         if not isinstance(batch, dict):
@@ -120,8 +123,9 @@ class HostPrep:
             from ..swap.buckets import packed_bucket_length
             from ..swap.packing import BATCH_KEY, host_plan
 
+            ladder = (functools.partial(packed_bucket_length, tops=self.tops) if self.tops else packed_bucket_length)
             entry = host_plan(idx, labels if isinstance(labels, torch.Tensor) else None,
-                              packed_bucket_length if self.bucketed else None, self.ignore_index)
+                              ladder if self.bucketed else None, self.ignore_index)
             if entry is not None:
                 batch[BATCH_KEY] = entry
         return batch
@@ -131,9 +135,9 @@ class LigerCollate:
     """litgpt's collate function, then :class:`HostPrep` (in the data loader's worker processes).
     :func:`after_move` undoes the token counts' box once the batch is on the device."""
 
-    def __init__(self, inner: Callable, pack: bool, bucketed: bool) -> None:
+    def __init__(self, inner: Callable, pack: bool, bucketed: bool, tops: tuple[int, ...] = ()) -> None:
         keywords = getattr(inner, "keywords", None) or {}  # (litgpt's collate is a functools.partial)
-        self.inner, self.prep = inner, HostPrep(pack, bucketed, int(keywords.get("ignore_index", -100)))
+        self.inner, self.prep = inner, HostPrep(pack, bucketed, int(keywords.get("ignore_index", -100)), tops)
 
     @property
     def ignore_index(self) -> int:
@@ -197,8 +201,43 @@ def prep_for(model: torch.nn.Module, loader: Any) -> HostPrep | None:
     if func is None or "sft_collate" not in getattr(func, "__name__", ""):
         return None
     keywords = getattr(inner.collate_fn, "keywords", None) or {}
-    return HostPrep(bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None,
-                    bool(getattr(gpt, "_liger_seq_buckets", False)), int(keywords.get("ignore_index", -100)))
+    pack = bool(gpt._liger_packing) and getattr(gpt, "_liger_pack_why", None) is None
+    bucketed = bool(getattr(gpt, "_liger_seq_buckets", False))
+    tops = fitted_ladder(gpt, inner, int(keywords.get("max_seq_length", -1) or -1)) if pack and bucketed else ()
+    return HostPrep(pack, bucketed, int(keywords.get("ignore_index", -100)), tops)
+
+
+def fitted_ladder(gpt: torch.nn.Module, loader: Any, cap: int) -> tuple[int, ...]:
+    """For one process: the packed lengths fitted to ``loader``'s data (:func:`lit_liger.swap.buckets.fit_packed_tops`
+    on :func:`lit_liger.runtime.lengths.some_lengths` of its data set, micro-batches of its ``batch_size``, each sample
+    at most ``cap`` tokens), set as the swapped ``gpt``'s ``_liger_packed_tops`` (its forward pads a batch the loader
+    did not lay out to them too) and said in the log; ``()`` (the default ladder) under several processes (their
+    pre-captures walk the default ladder), without a ``batch_size`` of 2 or more, or where the lengths cannot be read."""
+    from .._dist import rank_zero
+    from ..swap.buckets import fit_packed_tops
+    from .lengths import some_lengths
+
+    per_batch = getattr(loader, "batch_size", None)
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_world_size() > 1
+    if several or not isinstance(per_batch, int) or per_batch < 2:
+        return ()
+    t0 = time.perf_counter()
+    try:
+        lengths = some_lengths(getattr(loader, "dataset", None))
+    except Exception:  # noqa: BLE001 - the data loader's own reads will say what is wrong with the data
+        lengths = None
+    if not lengths:
+        return ()
+    tops, fitted, default = fit_packed_tops(lengths, per_batch, cap)
+    if not tops or fitted >= default:
+        return ()
+    gpt._liger_packed_tops = tops
+    if rank_zero():
+        print(f"lit-liger: packed micro-batches padded to {len(tops)} lengths fitted to {len(lengths):,} samples' "
+              f"lengths ({', '.join(format(t, ',') for t in tops)} tokens): ~{fitted:.1%} padding expected, "
+              f"{default:.1%} with the default ladder's as many lengths ({time.perf_counter() - t0:.2f} s)", flush=True)
+    return tops
 
 
 def install(model: torch.nn.Module, loader: Any) -> tuple[bool, Callable[[], None]] | None:
@@ -210,7 +249,7 @@ def install(model: torch.nn.Module, loader: Any) -> tuple[bool, Callable[[], Non
         return None
     inner = getattr(loader, "_dataloader", loader)
     original = inner.collate_fn
-    inner.collate_fn = LigerCollate(original, prep.pack, prep.bucketed)
+    inner.collate_fn = LigerCollate(original, prep.pack, prep.bucketed, prep.tops)
 
     def restore() -> None:
         inner.collate_fn = original

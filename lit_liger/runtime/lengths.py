@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["PARALLEL_MIN", "MAX_WORKERS", "longest_seq_length", "sample_lengths", "usable_cpus", "workers"]
+__all__ = ["LADDER_SAMPLES", "PARALLEL_MIN", "MAX_WORKERS", "longest_seq_length", "sample_lengths", "some_lengths",
+           "usable_cpus", "workers"]
 
 #: fewer samples than this are read in the main process, as litgpt does (starting the workers costs ~0.1 s)
 PARALLEL_MIN = 2048
@@ -77,6 +78,30 @@ def sample_lengths(data: Any, n_workers: int | None = None) -> list[int] | None:
         out.extend(part)
     if len(out) != n:
         raise RuntimeError(f"read {len(out)} lengths of {n} samples")
+    return out
+
+
+#: the samples :func:`some_lengths` reads to fit a packed ladder (``lit_liger.swap.buckets.fit_packed_tops``): ~0.7 s
+#: through litgpt's ``SFTDataset`` (~0.7 ms a sample, the measure in this module's docstring)
+LADDER_SAMPLES = 1024
+
+
+def some_lengths(data: Any, n: int = LADDER_SAMPLES, seed: int = 0) -> list[int] | None:
+    """``len(data[i]["input_ids"])`` of ``n`` samples drawn at random without replacement (every sample of a smaller
+    data set), read in this process; None where ``data`` has no length or a sample is not a mapping with
+    ``input_ids``."""
+    import random
+
+    if not isinstance(data, Sized) or len(data) == 0:
+        return None
+    picks = random.Random(seed).sample(range(len(data)), min(n, len(data)))
+    out = []
+    for i in picks:
+        sample = data[i]
+        ids = sample.get("input_ids") if isinstance(sample, dict) else None
+        if ids is None:
+            return None
+        out.append(len(ids))
     return out
 
 

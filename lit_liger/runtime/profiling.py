@@ -11,7 +11,11 @@ iterations ``FIRST`` .. ``FIRST + COUNT - 1`` (counted by the model's training f
   category is a guess from names: "optimizer" also counts every other ``multi_tensor_apply`` / ``foreach`` kernel,
   such as the zeroing of the gradients);
 * the compute stream's idle time (the window less its busy time) and the collectives' time that no compute kernel
-  ran beside (``exposed_collective_ms``).
+  ran beside (``exposed_collective_ms``);
+* the compute stream's gaps between kernels by length (``gaps``: count and total ms under 5 µs, 5-50 µs and over
+  50 µs; the first are a CUDA graph's launches one after another, the last the host or a copy holding the device)
+  and the :data:`LONGEST_GAPS` longest, each with the kernels before and after it (``longest_gaps``);
+* launches per kernel name for the same top kernels (``top_kernels_launches``).
 
 It changes nothing else in the run (the profiler's own overhead aside: compare tok/s with a run without it).
 """
@@ -92,7 +96,30 @@ def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> floa
 
 
 #: kernels named per stream in a summary (``top_kernels_ms``), the longest in total first
-TOP_KERNELS = 12
+TOP_KERNELS = 30
+#: the longest gaps of the compute stream listed in a summary
+LONGEST_GAPS = 8
+#: the gap buckets' upper ends in ms (the last bucket is open)
+GAP_BUCKETS = ((0.005, "under_5us"), (0.05, "5_to_50us"), (float("inf"), "over_50us"))
+
+
+def _gaps(kernels: list[tuple[float, float, str]]) -> tuple[dict[str, list], list[list]]:
+    """The gaps between one stream's kernels ``(start, end, name)`` (ms): per bucket of :data:`GAP_BUCKETS`
+    ``[count, ms]``, and the :data:`LONGEST_GAPS` longest as ``[ms, kernel before, kernel after]``."""
+    buckets = {name: [0, 0.0] for _, name in GAP_BUCKETS}
+    gaps = []
+    end, before = None, None
+    for a, b, name in sorted(kernels):
+        if end is not None and a > end:
+            gap = a - end
+            label = next(n for top, n in GAP_BUCKETS if gap < top)
+            buckets[label][0] += 1
+            buckets[label][1] += gap
+            gaps.append((gap, before, name))
+        if end is None or b >= end:
+            end, before = b, name
+    longest = [[round(g, 4), x[:80], y[:80]] for g, x, y in sorted(gaps, key=lambda t: -t[0])[:LONGEST_GAPS]]
+    return {k: [c, round(ms, 3)] for k, (c, ms) in buckets.items()}, longest
 
 
 def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict[str, Any]:
@@ -103,23 +130,27 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
         if e.get("cat") != "kernel" or "dur" not in e:
             continue
         s = str((e.get("args") or {}).get("stream", e.get("tid")))
-        st = streams.setdefault(s, {"intervals": [], "collective": [], "by_category": {}, "by_name": {}, "kernels": 0})
+        st = streams.setdefault(s, {"intervals": [], "collective": [], "by_category": {}, "by_name": {}, "kernels": 0,
+                                    "launches": {}, "named": []})
         a, b = float(e["ts"]) / 1e3, (float(e["ts"]) + float(e["dur"])) / 1e3
         name = str(e.get("name", ""))
         cat = category(name)
         st["by_category"][cat] = st["by_category"].get(cat, 0.0) + (b - a)
         key = f"{cat}: {name[:120]}"
         st["by_name"][key] = st["by_name"].get(key, 0.0) + (b - a)
+        st["launches"][key] = st["launches"].get(key, 0) + 1
+        st["named"].append((a, b, name))
         st["kernels"] += 1
         (st["collective"] if cat == "collective" else st["intervals"]).append((a, b))
     out_streams = {}
     for s, st in streams.items():
         busy = _union(st["intervals"] + st["collective"])
+        top = sorted(st["by_name"].items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
         out_streams[s] = {"busy_ms": round(_length(busy), 3), "kernels": st["kernels"],
                           "by_category_ms": {k: round(v, 3) for k, v in sorted(st["by_category"].items(),
                                                                                 key=lambda kv: -kv[1])},
-                          "top_kernels_ms": {k: round(v, 3) for k, v in sorted(st["by_name"].items(),
-                                                                                key=lambda kv: -kv[1])[:TOP_KERNELS]}}
+                          "top_kernels_ms": {k: round(v, 3) for k, v in top},
+                          "top_kernels_launches": {k: st["launches"][k] for k, _ in top}}
     compute = max(streams, key=lambda s: _length(_union(streams[s]["intervals"])), default=None)
     result: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "iterations": iterations,
                               "wall_ms_per_iteration": round(wall_ms / max(iterations, 1), 3), "streams": out_streams}
@@ -131,6 +162,7 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
                        "compute_idle_ms": round(max(wall_ms - busy, 0.0), 3),
                        "collective_ms": round(_length(comm), 3),
                        "exposed_collective_ms": round(_minus(comm, work), 3)})
+        result["gaps"], result["longest_gaps"] = _gaps(streams[compute]["named"])
     return result
 
 

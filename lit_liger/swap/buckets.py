@@ -13,11 +13,19 @@ A packed micro-batch (``LigerConfig.packing``: its samples end to end) is one ro
 samples' lengths, which spreads wider than a padded batch's longest sample: its ladder has 4 buckets per doubling
 (at most 1/4 padding, ~1/12 on average), which halves the shapes a run captures (measured on an H100, litgpt's LoRA
 recipe at micro-batch 4: 15 packed lengths with 8 per doubling, each a CUDA graph holding its own activations).
+
+A fitted ladder (:func:`fit_packed_tops`, one process): the same number of packed lengths as this ladder would give
+the run's data, placed where the data's packed lengths fall (the fewest padded tokens for that many shapes), from a
+sample of the training set's lengths. Above its top, :func:`packed_bucket_length` is the ladder above.
 """
 
 from __future__ import annotations
 
-__all__ = ["MIN_BUCKET", "bucket_length", "packed_bucket_length"]
+import random
+from bisect import bisect_left
+from collections.abc import Sequence
+
+__all__ = ["MIN_BUCKET", "bucket_length", "fit_packed_tops", "packed_bucket_length", "padding"]
 
 #: the smallest bucket and the step of the ladder below 512 tokens
 MIN_BUCKET = 64
@@ -42,10 +50,86 @@ def bucket_length(length: int, max_length: int | None = None) -> int:
 PACKED_PER_DOUBLING = 4
 
 
-def packed_bucket_length(length: int) -> int:
-    """The bucket a packed sequence of ``length`` tokens is padded up to: multiples of 64 up to 512 tokens, then
-    :data:`PACKED_PER_DOUBLING` buckets per doubling."""
+def packed_bucket_length(length: int, tops: Sequence[int] = ()) -> int:
+    """The bucket a packed sequence of ``length`` tokens is padded up to: the first of ``tops`` (a fitted ladder,
+    ascending: :func:`fit_packed_tops`) that holds it; above them (or without them) multiples of 64 up to 512 tokens,
+    then :data:`PACKED_PER_DOUBLING` buckets per doubling."""
+    if tops and length <= tops[-1]:
+        return tops[bisect_left(tops, length)]
     if length <= MIN_BUCKET:
         return MIN_BUCKET
     step = max(MIN_BUCKET, 1 << max(0, (length - 1).bit_length() - PACKED_PER_DOUBLING.bit_length()))
     return -(-length // step) * step
+
+
+#: :func:`fit_packed_tops`: packed micro-batches drawn from the sampled lengths, the candidates' spacing, the most
+#: candidates (the spacing grows past it)
+FIT_DRAWS = 8192
+FIT_ALIGN = 16
+FIT_CANDIDATES = 256
+
+
+def _draws(lengths: Sequence[int], per_batch: int, cap: int, draws: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    capped = [min(n, cap) if cap > 0 else n for n in lengths]
+    return [sum(rng.choice(capped) for _ in range(per_batch)) for _ in range(draws)]
+
+
+def padding(packed: Sequence[int], tops: Sequence[int] = ()) -> float:
+    """The share of padded positions when each of ``packed`` (packed lengths) is padded to its bucket."""
+    real = sum(packed)
+    done = sum(packed_bucket_length(n, tops) for n in packed)
+    return 1.0 - real / done if done else 0.0
+
+
+def fit_packed_tops(lengths: Sequence[int], per_batch: int, cap: int = 0, draws: int = FIT_DRAWS,
+                    seed: int = 0) -> tuple[tuple[int, ...], float, float]:
+    """A ladder for packed micro-batches of ``per_batch`` samples whose lengths are like ``lengths`` (each at most
+    ``cap`` tokens; 0: no cap): ``(tops, padding with them, padding with the default ladder)``, both estimated on
+    ``draws`` micro-batches drawn from ``lengths``. ``tops`` has as many lengths as the default ladder's buckets those
+    micro-batches reach, multiples of :data:`FIT_ALIGN` (coarser past :data:`FIT_CANDIDATES` of them) placed for the
+    fewest padded positions (an exact dynamic program over the candidates), the last one the longest drawn. Empty
+    ``tops`` (the default ladder) where ``lengths`` is empty or ``per_batch`` < 2 (one sample is never packed)."""
+    if not lengths or per_batch < 2:
+        return (), 0.0, 0.0
+    packed = _draws(lengths, per_batch, cap, draws, seed)
+    k = len({packed_bucket_length(n) for n in packed})
+    longest = max(packed)
+    align = FIT_ALIGN * max(1, -(-longest // (FIT_ALIGN * FIT_CANDIDATES)))
+    count: dict[int, int] = {}
+    total: dict[int, int] = {}
+    for n in packed:
+        c = -(-n // align) * align
+        count[c] = count.get(c, 0) + 1
+        total[c] = total.get(c, 0) + n
+    cands = sorted(count)
+    m = len(cands)
+    k = min(k, m)
+    pre_n, pre_s = [0], [0]
+    for c in cands:
+        pre_n.append(pre_n[-1] + count[c])
+        pre_s.append(pre_s[-1] + total[c])
+
+    def cost(i: int, j: int) -> int:  # candidates i+1 .. j (0-based: cands[i] .. cands[j - 1]) padded to cands[j - 1]
+        return (pre_n[j] - pre_n[i]) * cands[j - 1] - (pre_s[j] - pre_s[i])
+
+    inf = float("inf")
+    best = [cost(0, j) for j in range(m + 1)]  # one bucket over the first j candidates
+    back = [[0] * (m + 1)]
+    for _ in range(1, k):
+        nxt, arg = [inf] * (m + 1), [0] * (m + 1)
+        for j in range(1, m + 1):
+            for i in range(1, j):
+                v = best[i] + cost(i, j)
+                if v < nxt[j]:
+                    nxt[j], arg[j] = v, i
+        best = nxt
+        back.append(arg)
+    tops, j = [], m
+    for level in range(k - 1, -1, -1):
+        tops.append(cands[j - 1])
+        j = back[level][j]
+        if j == 0:
+            break
+    tops = tuple(sorted(set(tops)))
+    return tops, padding(packed, tops), padding(packed)

@@ -278,7 +278,9 @@ class _GPTMixin:
                 n = self.__dict__["_liger_unread"] = self.__dict__.get("_liger_unread", 0) + 1
                 if not _reads_lengths_at(n):
                     return None  # (every batch read so far filled its length: unpacked, see LENGTH_READS)
-            plan = _packing.plan(idx, packed_bucket_length if bucketed else None, self.cos.size(0))
+            tops = self.__dict__.get("_liger_packed_tops", ())  # (a ladder fitted to the data: runtime.batches)
+            ladder = functools.partial(packed_bucket_length, tops=tops) if tops else packed_bucket_length
+            plan = _packing.plan(idx, ladder if bucketed else None, self.cos.size(0))
         if plan is not None and plan.real < idx.numel():
             self.__dict__["_liger_padded_seen"] = True
         elif plan is not None and not self.__dict__.get("_liger_padded_seen"):
