@@ -72,7 +72,8 @@ class LigerConfig:
         packing: in training (fused loss on, eager mode, one process or a DDP replica), run a micro-batch of several samples as one
             sequence: each row without its right padding (its trailing token id 0, litgpt's collate pad), the rows
             end to end, attention inside each sample, RoPE positions restarting at each; the packed length is
-            padded to a bucket with ``seq_buckets``. The same computation as the padded batch for every real
+            padded to a bucket with ``seq_buckets`` (with one process, a ladder fitted to the training set's lengths:
+            ``lit_liger.swap.buckets.fit_packed_tops``, said in the log). The same computation as the padded batch for every real
             position, without the padding (a third of litgpt's LoRA recipe's positions on instruction data); the
             loss reads each target at its packed row (a left-out position whose target is not ignored, a sample
             that really ends in token 0: that loss comes from an unpadded forward, with a warning). On CUDA through
