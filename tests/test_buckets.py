@@ -904,3 +904,6 @@ def test_prep_for_fits_the_ladder_to_the_loader_data(capsys):
         for k, v in attrs.items():
             setattr(other, k, v)
         assert prep_for(other, loader).tops == () and "_liger_packed_tops" not in other.__dict__
+    # a later fit on data it cannot fit drops the earlier fit's ladder from the forward too
+    assert prep_for(gpt, DataLoader(data, batch_size=1, collate_fn=collate)).tops == ()
+    assert "_liger_packed_tops" not in gpt.__dict__

@@ -217,6 +217,7 @@ def fitted_ladder(gpt: torch.nn.Module, loader: Any, cap: int) -> tuple[int, ...
     from ..swap.buckets import fit_packed_tops
     from .lengths import some_lengths
 
+    gpt.__dict__.pop("_liger_packed_tops", None)  # (an earlier fit's ladder, for other data)
     per_batch = getattr(loader, "batch_size", None)
     several = torch.distributed.is_available() and torch.distributed.is_initialized() \
         and torch.distributed.get_world_size() > 1
