@@ -15,9 +15,35 @@ def test_window_parses_directory_first_and_count(tmp_path):
     assert profiling.window({profiling.ENV: str(tmp_path)}) == (tmp_path, 200, 20)
     assert profiling.window({profiling.ENV: f"{tmp_path},5"}) == (tmp_path, 5, 20)
     assert profiling.window({profiling.ENV: f"{tmp_path},5,3"}) == (tmp_path, 5, 3)
-    for bad in (f"{tmp_path},x", f"{tmp_path},1,0", f"{tmp_path},-1,2"):
+    for bad in (f"{tmp_path},x", f"{tmp_path},1,0", f"{tmp_path},-1,2", f"{tmp_path},1,2,cpu", f"{tmp_path},1,2,host,x"):
         with pytest.raises(ValueError, match=profiling.ENV):
             profiling.window({profiling.ENV: bad})
+    assert profiling.window({profiling.ENV: f"{tmp_path},5,3,host"}) == (tmp_path, 5, 3)
+    assert profiling.host_profile({profiling.ENV: f"{tmp_path},5,3,host"})
+    assert not profiling.host_profile({profiling.ENV: f"{tmp_path},5,3"})
+    assert not profiling.host_profile({})
+
+
+def test_summary_counts_host_calls_and_the_graph_launches_wait():
+    def call(name, ts, dur, corr):
+        return {"cat": "cuda_runtime", "name": name, "ts": ts * 1e3, "dur": dur * 1e3, "args": {"correlation": corr}}
+
+    def kernel(ts, corr):
+        return {"cat": "kernel", "name": "k", "ts": ts * 1e3, "dur": 1e3, "args": {"stream": 7, "correlation": corr}}
+
+    # two graph launches: the first's kernels start 2.0 ms after its call (the call's own 2 ms: the GPU was idle), the
+    # second's 0.5 ms after (queued work ahead of it); one plain kernel launch
+    events = [call("cudaGraphLaunch", 0, 2.0, 1), kernel(2.0, 1), kernel(3.5, 1),
+              call("cudaGraphLaunch", 10, 3.0, 2), kernel(10.5, 2),
+              call("cudaLaunchKernel", 20, 0.01, 3), kernel(20.2, 3)]
+    s = profiling.summarize_trace(events, wall_ms=30.0, iterations=2)
+    assert list(s["host_calls"]) == ["cudaGraphLaunch", "cudaLaunchKernel"]
+    assert s["host_calls"]["cudaGraphLaunch"] == [2, pytest.approx(5.0)]
+    g = s["graph_launches"]
+    assert g["count"] == 2 and g["host_ms"] == pytest.approx(5.0) and g["host_ms_per_iteration"] == pytest.approx(2.5)
+    assert g["max_ms"] == pytest.approx(3.0)
+    assert g["first_kernel_after_call_median_ms"] == pytest.approx(2.0)  # (the upper of 0.5 and 2.0)
+    assert "host_calls" not in profiling.summarize_trace([kernel(0, 1)], wall_ms=1.0, iterations=1)
 
 
 def _kernel(name, start_ms, end_ms, stream):
@@ -77,6 +103,25 @@ def test_iterations_profile_the_window_of_training_forwards(tmp_path, monkeypatc
     assert summary["wall_ms"] > 0
     assert (tmp_path / "rank1-trace.json").exists()
     assert "lit-liger: profile rank 1, iterations 2-4" in capsys.readouterr().out
+
+
+def test_iterations_profile_the_host_python_with_host(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiling.ENV, f"{tmp_path},1,2,host")
+
+    def slow_step():  # the window's Python: this function's own time is the largest
+        return sum(i * i for i in range(200_000))
+
+    model = torch.nn.Linear(4, 4)
+    with profiling.iterations(model):
+        for _ in range(4):
+            model(torch.randn(2, 4))
+            slow_step()
+    summary = json.loads((tmp_path / "rank0-summary.json").read_text())
+    assert (tmp_path / "rank0-host.pstats").exists()
+    cumulative = {row[0].split("(")[-1].rstrip(")"): row for row in summary["host_cumulative"]}
+    assert cumulative["slow_step"][1] == 2  # called once in each of the window's 2 iterations
+    assert cumulative["slow_step"][2] > 0
+    assert any("genexpr" in row[0] for row in summary["host_top"][:3])
 
 
 def test_iterations_summarize_a_loop_that_ends_inside_the_window(tmp_path, monkeypatch):

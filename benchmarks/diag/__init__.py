@@ -43,6 +43,8 @@ DIAGS = {
                            "allocated it (memory-history replay of the whole run)"),
     "pack-bits": ("pack_bits", "the LoRA dropout's mask packed into bits (kernels/dropout.py's pack_kept) against "
                                "its strided predecessor, at gemma2-2b's recipe shapes (CUDA-graph timed)"),
+    "graph-launch": ("graph_launch", "the host's time to launch a CUDA graph, per node and per kind of node (aten, "
+                                     "Triton, memcpy, memset, two streams, cuBLAS), the GPU idle or busy"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
 }

@@ -1,4 +1,4 @@
-"""Where a real training run's iterations go, per process: ``LIT_LIGER_PROFILE=DIR[,FIRST[,COUNT]]``.
+"""Where a real training run's iterations go, per process: ``LIT_LIGER_PROFILE=DIR[,FIRST[,COUNT[,host]]]``.
 
 Set in the environment of a ``lit-liger`` training command (every rank inherits it), it profiles the training
 iterations ``FIRST`` .. ``FIRST + COUNT - 1`` (counted by the model's training forwards; default 200 and 20) with
@@ -15,7 +15,15 @@ iterations ``FIRST`` .. ``FIRST + COUNT - 1`` (counted by the model's training f
 * the compute stream's gaps between kernels by length (``gaps``: count and total ms under 5 µs, 5-50 µs and over
   50 µs; the first are a CUDA graph's launches one after another, the last the host or a copy holding the device)
   and the :data:`LONGEST_GAPS` longest, each with the kernels before and after it (``longest_gaps``);
-* launches per kernel name for the same top kernels (``top_kernels_launches``).
+* launches per kernel name for the same top kernels (``top_kernels_launches``);
+* the host's CUDA calls by name (``host_calls``: count and total ms, the longest in total first), and the CUDA graph
+  launches' host time (``graph_launches``: count, total, median and longest ms, and the GPU's wait from a launch's
+  call to its graph's first kernel): a launch whose first kernel starts when the call returns found the GPU idle.
+
+With ``host`` as the fourth field the window also runs Python's ``cProfile`` on the training thread, writes
+``DIR/rank{R}-host.pstats`` and adds ``host_top``: the :data:`HOST_TOP` functions with the most time of their own
+and ``host_cumulative``: those with the most time including their callees, in ms per iteration (cProfile slows the
+Python it watches: read the shares, not the wall).
 
 It changes nothing else in the run (the profiler's own overhead aside: compare tok/s with a run without it).
 """
@@ -32,7 +40,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ENV", "Window", "iterations", "summarize_trace", "window", "window_from_env"]
+__all__ = ["ENV", "Window", "host_profile", "host_tables", "iterations", "summarize_trace", "window", "window_from_env"]
 
 ENV = "LIT_LIGER_PROFILE"
 #: kernel-name substrings (lower case) -> category, the first match wins
@@ -55,7 +63,16 @@ def window(env: dict | None = None) -> tuple[Path, int, int] | None:
         raise ValueError(f"{ENV}={value!r}: expected DIR[,FIRST[,COUNT]] with whole numbers") from None
     if first < 0 or count < 1:
         raise ValueError(f"{ENV}={value!r}: FIRST must be >= 0 and COUNT >= 1")
+    if len(parts) > 3 and parts[3].strip() not in ("", "host") or len(parts) > 4:
+        raise ValueError(f"{ENV}={value!r}: expected DIR[,FIRST[,COUNT[,host]]]")
     return Path(parts[0]), first, count
+
+
+def host_profile(env: dict | None = None) -> bool:
+    """Whether :data:`ENV` asks for the host's Python profile too (its fourth field is ``host``)."""
+    value = (os.environ if env is None else env).get(ENV, "")
+    parts = value.split(",")
+    return len(parts) > 3 and parts[3].strip() == "host"
 
 
 def category(name: str) -> str:
@@ -99,6 +116,10 @@ def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> floa
 TOP_KERNELS = 30
 #: the longest gaps of the compute stream listed in a summary
 LONGEST_GAPS = 8
+#: host functions listed by cProfile time in a summary (``host_top``, ``host_cumulative``)
+HOST_TOP = 40
+#: host CUDA calls named in a summary (``host_calls``), the longest in total first
+HOST_CALLS = 12
 #: the gap buckets' upper ends in ms (the last bucket is open)
 GAP_BUCKETS = ((0.005, "under_5us"), (0.05, "5_to_50us"), (float("inf"), "over_50us"))
 
@@ -163,18 +184,70 @@ def summarize_trace(events: list[dict], wall_ms: float, iterations: int) -> dict
                        "collective_ms": round(_length(comm), 3),
                        "exposed_collective_ms": round(_minus(comm, work), 3)})
         result["gaps"], result["longest_gaps"] = _gaps(streams[compute]["named"])
+    result.update(_host_calls(events, iterations))
     return result
+
+
+def _host_calls(events: list[dict], iterations: int) -> dict[str, Any]:
+    """The host's CUDA runtime / driver calls by name, and the graph launches' host time and the GPU's wait for each
+    launched graph's first kernel (both ms; see the module's docstring)."""
+    calls: dict[str, list] = {}
+    launches: dict[Any, float] = {}  # correlation id -> the launch call's start (ms)
+    durations = []
+    for e in events:
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver") or "dur" not in e:
+            continue
+        name = str(e.get("name", ""))
+        c = calls.setdefault(name, [0, 0.0])
+        c[0] += 1
+        c[1] += float(e["dur"]) / 1e3
+        if name == "cudaGraphLaunch":
+            durations.append(float(e["dur"]) / 1e3)
+            launches[(e.get("args") or {}).get("correlation")] = float(e["ts"]) / 1e3
+    first: dict[Any, float] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") == "kernel" and corr in launches:
+            first[corr] = min(first.get(corr, float("inf")), float(e["ts"]) / 1e3)
+    if not calls:
+        return {}
+    top = sorted(calls.items(), key=lambda kv: -kv[1][1])[:HOST_CALLS]
+    out: dict[str, Any] = {"host_calls": {k: [n, round(ms, 3)] for k, (n, ms) in top}}
+    if durations:
+        waits = sorted(first[c] - t for c, t in launches.items() if c in first)
+        durations.sort()
+        out["graph_launches"] = {
+            "count": len(durations), "host_ms": round(sum(durations), 3),
+            "host_ms_per_iteration": round(sum(durations) / max(iterations, 1), 3),
+            "median_ms": round(durations[len(durations) // 2], 3), "max_ms": round(durations[-1], 3),
+            "first_kernel_after_call_median_ms": round(waits[len(waits) // 2], 3) if waits else None}
+    return out
+
+
+def host_tables(stats: Any, iterations: int) -> dict[str, list]:
+    """``host_top`` and ``host_cumulative`` of a ``pstats.Stats``: ``[function, calls, ms per iteration]``."""
+    rows = []
+    for (file, line, func), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():
+        where = f"{Path(file).name}:{line}({func})" if line else func
+        rows.append((where, calls, tottime, cumtime))
+    n = max(iterations, 1)
+    own = sorted(rows, key=lambda r: -r[2])[:HOST_TOP]
+    cum = sorted(rows, key=lambda r: -r[3])[:HOST_TOP]
+    return {"host_top": [[w, c, round(t * 1e3 / n, 3)] for w, c, t, _ in own],
+            "host_cumulative": [[w, c, round(t * 1e3 / n, 3)] for w, c, _, t in cum]}
 
 
 class Window:
     """The profile window of :func:`window` over iterations counted by :meth:`tick` (one call before each training
     iteration); :meth:`close` ends it early (the loop ended inside it: what ran is summarized)."""
 
-    def __init__(self, directory: Path, first: int, count: int, rank: int = 0) -> None:
+    def __init__(self, directory: Path, first: int, count: int, rank: int = 0, host: bool = False) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.first, self.count, self.rank = directory, first, count, rank
         self.cuda = torch.cuda.is_available()
         self.seen, self.prof, self.t0, self.done = 0, None, 0.0, False
+        self.host = host
+        self.python: Any = None  # the cProfile.Profile of the window (host)
 
     def _sync(self) -> None:
         if self.cuda:
@@ -193,6 +266,11 @@ class Window:
             # 8B step by half; a CPU run traces its ops, for a trace at all)
             self.prof = profile(activities=[ProfilerActivity.CUDA] if self.cuda else [ProfilerActivity.CPU])
             self.prof.__enter__()
+            if self.host:
+                import cProfile
+
+                self.python = cProfile.Profile()
+                self.python.enable()
             self.t0 = time.perf_counter()
         self.seen += 1
 
@@ -202,6 +280,8 @@ class Window:
             return
         self._sync()
         wall = (time.perf_counter() - self.t0) * 1e3
+        if self.python is not None:
+            self.python.disable()
         prof.__exit__(None, None, None)
         self.prof, self.done = None, True
         trace = self.directory / f"rank{self.rank}-trace.json"
@@ -210,6 +290,13 @@ class Window:
             events = json.load(f).get("traceEvents", [])
         summary = summarize_trace(events, wall, self.seen - self.first)
         summary.update({"rank": self.rank, "first_iteration": self.first})
+        if self.python is not None:
+            import pstats
+
+            stats_path = self.directory / f"rank{self.rank}-host.pstats"
+            self.python.dump_stats(str(stats_path))
+            summary.update(host_tables(pstats.Stats(str(stats_path)), self.seen - self.first))
+            self.python = None
         (self.directory / f"rank{self.rank}-summary.json").write_text(json.dumps(summary, indent=1))
         keys = ("wall_ms_per_iteration", "compute_busy_ms", "compute_idle_ms", "collective_ms",
                 "exposed_collective_ms")
@@ -220,7 +307,7 @@ class Window:
 def window_from_env(rank: int = 0) -> Window | None:
     """A :class:`Window` from :data:`ENV`, or None when it is unset."""
     spec = window()
-    return None if spec is None else Window(*spec, rank=rank)
+    return None if spec is None else Window(*spec, rank=rank, host=host_profile())
 
 
 @contextlib.contextmanager
