@@ -1,6 +1,6 @@
 """What one CUDA graph launch costs the host, per node and per kind of node (issue 66).
 
-usage: python -m benchmarks diag graph-launch [OUT.json]   (env: NODES=256,1024, REPS=30)
+usage: python -m benchmarks diag graph-launch [OUT.json]   (env: NODES=256,1024, REPS=30, KINDS=..., LAYERS=26)
 
 gemma2-2b's recipe replays two graphs an iteration (~950 and ~1,300 nodes) and its profile put 1.2-5.6 ms of host
 time in each ``cudaGraphLaunch``, the GPU idle until the call returned (h200-2026-12-03e l4). This captures graphs of
@@ -12,7 +12,15 @@ it (synchronized) and the GPU busy (a sleep kernel queued ahead), the median of 
 * ``aten+memcpy``: as ``aten`` with every 8th node a device-to-device copy (a memcpy node);
 * ``aten+memset``: as ``aten`` with every 8th node a 4-byte ``cudaMemsetAsync`` (a memset node; cuBLAS issues such);
 * ``two-streams``: as ``aten`` forked onto a second stream and joined every 16 nodes (a graph that is not a line);
-* ``gemm``: small bf16 matrix products (cuBLAS, whatever nodes it records).
+* ``gemm``: small bf16 matrix products (cuBLAS, whatever nodes it records);
+* ``gemm-recipe``: bf16 products at gemma2-2b's recipe shapes (512 rows; the projections' widths, forward and the
+  input's gradient), cuBLAS's own choice of kernels;
+* ``dropout``: ``torch.native_dropout`` at (512, 2304) (PyTorch's generator, graph-safe);
+* ``rms-norm``: lit-liger's Triton RMSNorm forward at (512, 2304);
+* ``real:NAME``: lit-liger's own graphs of a LoRA model as gemma2-2b's recipe trains it (every projection and the
+  head, r 8, dropout 0.1; ``LAYERS`` layers, micro-batch 2 x 256 tokens), each graph's replay timed (its node count
+  unknown: ``nodes`` is 0), for NAME ``gemma`` (gemma-2-2b), ``gemma-nodrop`` (dropout 0), ``llama``
+  (Llama-3.2-1B's widths).
 
 Prints a table and writes the rows (host µs per launch and per node) to OUT.json.
 """
@@ -60,6 +68,18 @@ def _body(kind: str, nodes: int, x: torch.Tensor, y: torch.Tensor, a: torch.Tens
             _bump[(1,)](x, x.numel(), BLOCK=1024)
         elif kind == "gemm":
             torch.mm(a, b, out=y.view(a.shape[0], b.shape[1]))
+        elif kind == "gemm-recipe":
+            w = _RECIPE_W[i % len(_RECIPE_W)]
+            if (i // len(_RECIPE_W)) % 2 == 0:
+                torch.nn.functional.linear(_RECIPE_X[w.shape[1]], w)
+            else:
+                torch.mm(_RECIPE_X[w.shape[0]], w)
+        elif kind == "dropout":
+            torch.native_dropout(_RECIPE_X[2304], 0.1, True)
+        elif kind == "rms-norm":
+            from kernels.rms_norm import rms_norm
+
+            rms_norm(_RECIPE_X[2304], _RECIPE_NORM_W)
         elif kind == "aten+memcpy" and i % 8 == 7:
             y.copy_(x)
         elif kind == "aten+memset" and i % 8 == 7:
@@ -79,24 +99,24 @@ def _body(kind: str, nodes: int, x: torch.Tensor, y: torch.Tensor, a: torch.Tens
         i += 1
 
 
-def measure(kind: str, nodes: int, reps: int, memset) -> dict:
-    x = torch.zeros(1024, device="cuda")
-    y = torch.zeros(1024, device="cuda")
-    a = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    y = torch.zeros(16 * 64, device="cuda", dtype=torch.bfloat16) if kind == "gemm" else y
-    side = torch.cuda.Stream()
-    capture = torch.cuda.Stream()
-    capture.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(capture):  # (warm-up: Triton compiles, cuBLAS picks its kernels)
-        _body(kind, min(nodes, 32), x, y, a, b, side, memset)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=capture):
-        _body(kind, nodes, x, y, a, b, side, memset)
-    torch.cuda.synchronize()
-    graph.replay()  # (the first launch uploads the graph)
-    torch.cuda.synchronize()
+_RECIPE_W: list[torch.Tensor] = []
+_RECIPE_X: dict[int, torch.Tensor] = {}
+_RECIPE_NORM_W: torch.Tensor | None = None
+
+
+def _recipe_tensors() -> None:
+    global _RECIPE_NORM_W
+    if _RECIPE_W:
+        return
+    for out_f, in_f in ((4096, 2304), (2304, 2048), (9216, 2304), (9216, 2304), (2304, 9216)):
+        _RECIPE_W.append(torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.02)
+    for width in (2048, 2304, 4096, 9216):
+        _RECIPE_X[width] = torch.randn(512, width, device="cuda", dtype=torch.bfloat16)
+    _RECIPE_NORM_W = torch.ones(2304, device="cuda", dtype=torch.bfloat16)
+
+
+def _time_replays(graph: torch.cuda.CUDAGraph, reps: int) -> tuple[float, float]:
+    """Median host seconds of ``graph.replay()``, the GPU idle before it and the GPU busy (a sleep queued ahead)."""
     idle, busy = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -109,8 +129,64 @@ def measure(kind: str, nodes: int, reps: int, memset) -> dict:
         graph.replay()
         busy.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
-    row = {"kind": kind, "nodes": nodes, "host_us_idle": statistics.median(idle) * 1e6,
-           "host_us_busy": statistics.median(busy) * 1e6}
+    return statistics.median(idle), statistics.median(busy)
+
+
+def measure_real(name: str, reps: int) -> list[dict]:
+    """Each of lit-liger's captured graphs of a recipe-like LoRA model (see the module's docstring), replay timed."""
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+    from lit_liger.runtime.graphs import runner_for
+
+    model_name = {"gemma": "gemma-2-2b", "gemma-nodrop": "gemma-2-2b", "llama": "Llama-3.2-1B"}[name]
+    cfg = Config.from_name(model_name, n_layer=int(os.environ.get("LAYERS", "26")), block_size=512, lora_r=8,
+                           lora_alpha=16, lora_dropout=0.0 if name == "gemma-nodrop" else 0.1, lora_query=True,
+                           lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True, lora_head=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(cfg).to(torch.bfloat16)
+    mark_only_lora_as_trainable(model)
+    apply_liger(model, LigerConfig(cuda_graphs=True))
+    model.train()
+    for _ in range(4):
+        x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
+        out = model(x, lm_head_chunk_size=128)
+        out[-1] = out[-1][..., :-1, :]
+        chunked_cross_entropy(out, x[..., 1:]).backward()
+    torch.cuda.synchronize()
+    rows = []
+    for key, graphs in runner_for(model).graphs.items():
+        for label, graph in [("fwd", graphs.fwd)] + [(f"bwd{j}", g) for j, g in enumerate(graphs.bwds)]:
+            t_idle, t_busy = _time_replays(graph, reps)
+            rows.append({"kind": f"real:{name}:{label}", "nodes": 0, "host_us_idle": t_idle * 1e6,
+                         "host_us_busy": t_busy * 1e6, "us_per_node_idle": None, "us_per_node_busy": None})
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def measure(kind: str, nodes: int, reps: int, memset) -> dict:
+    x = torch.zeros(1024, device="cuda")
+    y = torch.zeros(1024, device="cuda")
+    a = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    y = torch.zeros(16 * 64, device="cuda", dtype=torch.bfloat16) if kind == "gemm" else y
+    if kind in ("gemm-recipe", "dropout", "rms-norm"):
+        _recipe_tensors()
+    side = torch.cuda.Stream()
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):  # (warm-up: Triton compiles, cuBLAS picks its kernels)
+        _body(kind, min(nodes, 32), x, y, a, b, side, memset)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        _body(kind, nodes, x, y, a, b, side, memset)
+    torch.cuda.synchronize()
+    graph.replay()  # (the first launch uploads the graph)
+    torch.cuda.synchronize()
+    t_idle, t_busy = _time_replays(graph, reps)
+    row = {"kind": kind, "nodes": nodes, "host_us_idle": t_idle * 1e6, "host_us_busy": t_busy * 1e6}
     row["us_per_node_idle"] = row["host_us_idle"] / nodes
     row["us_per_node_busy"] = row["host_us_busy"] / nodes
     return row
@@ -121,10 +197,16 @@ def main(argv: list[str]) -> None:
     nodes_list = [int(n) for n in os.environ.get("NODES", "256,1024").split(",")]
     reps = int(os.environ.get("REPS", "30"))
     memset = _cudart()
-    kinds = ["aten", "triton", "aten+memcpy", "aten+memset", "two-streams", "gemm"]
+    kinds = os.environ.get("KINDS", "aten,triton,aten+memcpy,aten+memset,two-streams,gemm,gemm-recipe,dropout,"
+                                    "rms-norm,real:gemma,real:gemma-nodrop,real:llama").split(",")
     rows = []
     print(f"{'kind':<14} {'nodes':>6} {'idle us':>9} {'busy us':>9} {'us/node idle':>13} {'us/node busy':>13}")
     for kind in kinds:
+        if kind.startswith("real:"):
+            for row in measure_real(kind.split(":", 1)[1], reps):
+                rows.append(row)
+                print(f"{row['kind']:<14} {'?':>6} {row['host_us_idle']:>9.0f} {row['host_us_busy']:>9.0f}", flush=True)
+            continue
         if kind == "aten+memset" and memset is None:
             print(f"{kind:<14} skipped: no libcudart to call cudaMemsetAsync")
             continue
