@@ -4,7 +4,7 @@
 #   run: CALL=h1 bash benchmarks/calls/issue66-host.sh     (carry: .whl)
 CALL=${CALL:-h} . benchmarks/calls.sh
 timeout ${DIAG_S:-120} python3 -m benchmarks diag graph-launch "/tmp/o/$NAME-graph-launch.json" > "/tmp/o/$NAME-graph-launch.log" 2>&1
-echo "graph-launch rc=$? ($(( $(date +%s) - S )) s)"; cat "/tmp/o/$NAME-graph-launch.log" | tail -20
+echo "graph-launch rc=$? ($(( $(date +%s) - S )) s)"; tail -30 "/tmp/o/$NAME-graph-launch.log"
 if [ -z "$NO_RECIPE" ]; then
 LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true --lora_projection true --lora_mlp true --lora_head true"
 LIT_LIGER_PROFILE=/tmp/o/prof,120,20,host timeout ${PROF_S:-200} python3 -m benchmarks recipe --models gemma-2-2b --methods lora \

@@ -77,7 +77,7 @@ def _body(kind: str, nodes: int, x: torch.Tensor, y: torch.Tensor, a: torch.Tens
         elif kind == "dropout":
             torch.native_dropout(_RECIPE_X[2304], 0.1, True)
         elif kind == "rms-norm":
-            from kernels.rms_norm import rms_norm
+            from lit_liger.kernels.rms_norm import rms_norm
 
             rms_norm(_RECIPE_X[2304], _RECIPE_NORM_W)
         elif kind == "aten+memcpy" and i % 8 == 7:
