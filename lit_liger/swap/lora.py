@@ -75,6 +75,56 @@ def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
     return mask, part_of.view(-1, 1, 1)
 
 
+#: inside a CUDA graph's capture, the LoRA branch (dropout, its mask's bits, the rank-r GEMMs, the norm formed again)
+#: runs on a second stream beside the frozen projection's GEMM, forked from and joined to the capturing stream
+#: around it. At recipe sizes (a few hundred rows) that GEMM fills a fraction of the GPU's SMs and the branch's ~10
+#: small kernels a layer, each a few microseconds, ran after it one by one. The kernels, their inputs and the order of
+#: the random draws are the same either way: the results are bit for bit the same. Outside a capture the branch stays
+#: on the current stream (a fork and a join cost the host more than they win there).
+OVERLAP_BRANCH = True
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # per device: a CUDA stream holds no data, so models share it
+
+
+def _branch_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The second stream of :data:`OVERLAP_BRANCH` for ``x``'s device while a CUDA graph is being captured there,
+    else None."""
+    if not (OVERLAP_BRANCH and x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+class _Branch:
+    """``with _Branch(side):`` runs its body on ``side`` (None: on the current stream), after the work queued on the
+    current stream so far; :meth:`join` makes the current stream wait for it. The caller keeps every tensor the body
+    reads or makes referenced until the join: the allocator reuses a block only on the stream that freed it, and a
+    block the body allocated is reused there only after a later fork, behind everything queued here before it."""
+
+    def __init__(self, side: torch.cuda.Stream | None) -> None:
+        self.side = side
+        self.main = torch.cuda.current_stream() if side is not None else None
+        self._ctx: Any = None
+
+    def __enter__(self) -> _Branch:
+        if self.side is not None:
+            self.side.wait_stream(self.main)
+            self._ctx = torch.cuda.stream(self.side)
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+            self._ctx = None
+
+    def join(self) -> None:
+        if self.side is not None:
+            self.main.wait_stream(self.side)
+
+
 class _LoRAFn(torch.autograd.Function):
     """``x Wᵀ + b`` plus each LoRA part's ``scaling · (xd Aᵢᵀ) Bᵢᵀ`` in its output columns (see the module doc).
     ``xd``: the LoRA branch's input (``dropout(x)``), or None when it is ``x`` itself. ``source``: how ``x`` is
@@ -92,16 +142,24 @@ class _LoRAFn(torch.autograd.Function):
         # it): the dropout's mask is kept as bits and dropout(x) formed again in backward (kernels.dropout)
         ctx.source = source if src_a is not None and (keep_input or p == 0) else None
         bits = None
-        if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
-            xd2, mask = torch.native_dropout(x2, p, True)
-            if keep_input:
-                bits = pack_kept(mask)  # 1/8 byte an element
+        branch = _Branch(_branch_stream(x2))
+        with branch:  # (on a second stream beside the frozen GEMM while a graph is captured: OVERLAP_BRANCH)
+            if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
+                xd2, mask = torch.native_dropout(x2, p, True)
+                if keep_input:
+                    bits = pack_kept(mask)  # 1/8 byte an element
+                else:
+                    encode_dropped_(xd2, mask)  # its mask kept inside xd (2 bytes an element)
+                del mask
+                xd = xd2
             else:
-                encode_dropped_(xd2, mask)  # its mask kept inside xd (2 bytes an element)
-            del mask
-            xd = xd2
-        else:
-            xd2 = x2 if xd is None else xd.reshape(-1, C)
+                xd2 = x2 if xd is None else xd.reshape(-1, C)
+            h = xd2 @ lora_a.t()  # (N, n·r)
+            bt = None  # the parts side by side (tables given): B's blocks on a block diagonal, (n·r, W), one GEMM
+            if tables is not None:
+                lo, hi = parts[0][0], parts[-1][1]
+                bt = lora_b.new_empty(len(parts), r, hi - lo)  # (n, r, W), row-major (B^T is a strided view)
+                bt = torch.mul(lora_b.t().unsqueeze(0), tables[0].unsqueeze(1), out=bt).view(-1, hi - lo)  # (n·r, W)
         ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
         ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.swap.fp8)
         w_scale = None
@@ -113,12 +171,8 @@ class _LoRAFn(torch.autograd.Function):
             y, w_scale = frozen_base_fp8(x2, weight, bias)
         else:
             y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
-        h = xd2 @ lora_a.t()  # (N, n·r)
-        bt = None  # the parts side by side (tables given): B's blocks on a block diagonal, (n·r, W), one GEMM
-        if tables is not None:
-            lo, hi = parts[0][0], parts[-1][1]
-            bt = lora_b.new_empty(len(parts), r, hi - lo)  # (n, r, W), written row-major (B^T is a strided view)
-            bt = torch.mul(lora_b.t().unsqueeze(0), tables[0].unsqueeze(1), out=bt).view(-1, hi - lo)  # (n·r, W)
+        branch.join()
+        if bt is not None:
             y[:, lo:hi].addmm_(h, bt, alpha=scaling)  # the zeros off the diagonal add exact zeros
         else:
             row = 0
@@ -143,32 +197,55 @@ class _LoRAFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy):
         x2, xd2, h, weight, lora_a, lora_b, w_scale, bits, src_a, src_b, bt, part_of = ctx.saved_tensors
-        glu = None  # (a, b, activation): the dropout's pass forms the GLU product itself
-        if ctx.source is not None and ctx.source[0] == "glu":
-            glu = (src_a.reshape(-1, src_a.shape[-1]), src_b.reshape(-1, src_b.shape[-1]), ctx.source[1])
-        elif ctx.source is not None:  # the norm's output formed again from the input the norm keeps
-            x2 = rms_norm_again(src_a, src_b, *ctx.source[1:]).reshape(-1, src_a.shape[-1])
-        if ctx.same_input:
-            # the LoRA branch read x itself: x kept (or formed again), or the GLU product formed from the GLU's inputs
-            xd2 = x2 if glu is None else glu_product(*glu)
         need_x, need_xd, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:6]
         scaling, parts, r = ctx.scaling, ctx.parts, ctx.r
         dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
         if not dy2.is_contiguous():
             dy2 = dy2.contiguous()
-        dh = None
-        if need_x or need_xd or need_a:
-            dh = dy2.new_empty(dy2.shape[0], lora_a.shape[0])  # (N, n·r)
-            if bt is not None:  # the block diagonal's zeros drop the other parts' columns from each part's sum
-                dh.addmm_(dy2[:, parts[0][0]:parts[-1][1]], bt.t(), beta=0, alpha=scaling)
-            else:
-                row = 0
-                for i, (lo, hi) in enumerate(parts):
-                    # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
-                    dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0,
-                                                    alpha=scaling)
-                    row += hi - lo
-        dx = dxd = da = dlb = dw = db = None
+        glu = None  # (a, b, activation): the dropout's pass forms the GLU product itself
+        dh = dxd_lora = dx = dxd = da = dlb = dw = db = None
+        branch = _Branch(_branch_stream(dy2))
+        with branch:  # the LoRA branch (on a second stream beside dy W while a graph is captured: OVERLAP_BRANCH)
+            if ctx.source is not None and ctx.source[0] == "glu":
+                glu = (src_a.reshape(-1, src_a.shape[-1]), src_b.reshape(-1, src_b.shape[-1]), ctx.source[1])
+            elif ctx.source is not None:  # the norm's output formed again from the input the norm keeps
+                x2 = rms_norm_again(src_a, src_b, *ctx.source[1:]).reshape(-1, src_a.shape[-1])
+            if ctx.same_input:
+                # the LoRA branch read x itself: x kept (or formed again), or the GLU product formed from the GLU's
+                # inputs
+                xd2 = x2 if glu is None else glu_product(*glu)
+            if need_x or need_xd or need_a:
+                dh = dy2.new_empty(dy2.shape[0], lora_a.shape[0])  # (N, n·r)
+                if bt is not None:  # the block diagonal's zeros drop the other parts' columns from each part's sum
+                    dh.addmm_(dy2[:, parts[0][0]:parts[-1][1]], bt.t(), beta=0, alpha=scaling)
+                else:
+                    row = 0
+                    for i, (lo, hi) in enumerate(parts):
+                        # beta=0: the uninitialized output is not read; the scaling rides on the GEMM (no extra pass)
+                        dh[:, i * r:(i + 1) * r].addmm_(dy2[:, lo:hi], lora_b[row:row + hi - lo], beta=0,
+                                                        alpha=scaling)
+                        row += hi - lo
+            if not ctx.same_input and (need_x and (ctx.bits or ctx.p > 0) or need_xd and ctx.p == 0):
+                dxd_lora = dh @ lora_a  # (N, C): the dropped input's gradient
+            if need_xd and not ctx.same_input and ctx.p == 0:
+                dxd = dxd_lora.view(ctx.x_shape)
+            if need_a and not ctx.bits:
+                if xd2 is None:
+                    raise RuntimeError("lit-liger LoRA: the LoRA input was not saved for lora_A's gradient")
+                da = dh.t() @ xd2  # (n·r, C)
+            if need_lb:
+                if bt is not None:  # every part's gradient against every part's h, each column's own part's taken
+                    lo, hi = parts[0][0], parts[-1][1]
+                    full = dy2.new_empty(hi - lo, h.shape[1])  # (W, n·r)
+                    full.addmm_(dy2[:, lo:hi].t(), h, beta=0, alpha=scaling)
+                    dlb = full.view(hi - lo, len(parts), r).gather(1, part_of.expand(-1, -1, r)).view(hi - lo, r)
+                else:
+                    dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
+                    row = 0
+                    for i, (lo, hi) in enumerate(parts):
+                        dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0,
+                                                      alpha=scaling)
+                        row += hi - lo
         if need_x:
             if ctx.fp8:
                 from .fp8 import frozen_base_fp8_dx
@@ -176,36 +253,21 @@ class _LoRAFn(torch.autograd.Function):
                 dx = frozen_base_fp8_dx(dy2, weight, w_scale)  # (N, C)
             else:
                 dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
+        branch.join()
+        if need_x:
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dh @ lora_a,
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
                                         write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
-                dropout_grad_add_(dx, dh @ lora_a, xd2, 1.0 / (1.0 - ctx.p))
-        if need_xd and not ctx.same_input and ctx.p == 0:
-            dxd = (dh @ lora_a).view(ctx.x_shape)
-        if need_a:
-            if ctx.bits and xd2 is None:  # (x's gradient not asked for)
+                dropout_grad_add_(dx, dxd_lora, xd2, 1.0 / (1.0 - ctx.p))
+        if need_a and ctx.bits:
+            if xd2 is None:  # (x's gradient not asked for)
                 xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
-            if xd2 is None:
-                raise RuntimeError("lit-liger LoRA: the LoRA input was not saved for lora_A's gradient")
             da = dh.t() @ xd2  # (n·r, C)
-        if need_lb:
-            if bt is not None:  # every part's gradient against every part's h, each column's own part's taken
-                lo, hi = parts[0][0], parts[-1][1]
-                full = dy2.new_empty(hi - lo, h.shape[1])  # (W, n·r)
-                full.addmm_(dy2[:, lo:hi].t(), h, beta=0, alpha=scaling)
-                dlb = full.view(hi - lo, len(parts), r).gather(1, part_of.expand(-1, -1, r)).view(hi - lo, r)
-            else:
-                dlb = torch.empty_like(lora_b)  # (Σ part sizes, r)
-                row = 0
-                for i, (lo, hi) in enumerate(parts):
-                    dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0,
-                                                  alpha=scaling)
-                    row += hi - lo
         if need_w:
             dw = dy2.t() @ x2
         if need_b and ctx.has_bias:
