@@ -2,6 +2,7 @@
 # code before (.base): the GPU tests of the LoRA layer and the graphs, then gemma2-2b's shipped LoRA recipe (lit-liger
 # only) alternated before / after, then the README's Llama-3.2-1B LoRA row after and before.
 #   run: CALL=b1 bash benchmarks/calls/issue66-branch.sh     (carry: .whl .base)
+#        CALL=b2 NO_TESTS=1 ROWS="new base" LLAMA_ROWS= CUBLAS_WORKSPACE_CONFIG=:4096:4 bash benchmarks/calls/issue66-branch.sh
 CALL=${CALL:-b} . benchmarks/calls.sh
 if [ -z "$NO_TESTS" ]; then
   timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_lora.py tests/test_buckets.py \
@@ -16,7 +17,7 @@ for row in ${ROWS:-base new base new}; do
   (cd "$dir" && gemma2 "${G_S:-100}" liger "-$row-$i"); rm -rf /tmp/work/recipe-runs
   echo "t=$(( $(date +%s) - S ))s"
 done
-for row in ${LLAMA_ROWS:-new base}; do
+for row in ${LLAMA_ROWS-new base}; do
   use_code "$row" || continue
   dir=.; [ "$row" = base ] && dir=.base
   llama1b "$row-lora" "$dir"; rm -rf /tmp/work/recipe-runs
