@@ -118,7 +118,7 @@ def with_liger(setup_fn: Callable) -> Callable:
     def setup(*args: Any, liger: LigerArg = True, **kwargs: Any) -> Any:
         config = LigerConfig.from_value(liger)
         plan = _data_parallel_plan(module, sig, args, kwargs, config)
-        with _patched(module, config, plan), config.backward_thread(), _blas_workspace(config):
+        with _patched(module, config, plan), config.backward_thread():
             return setup_fn(*args, **kwargs)
 
     functools.update_wrapper(setup, setup_fn)
@@ -133,34 +133,6 @@ def with_liger(setup_fn: Callable) -> Callable:
         setup.__annotations__["return"] = sig.return_annotation
     setup.__doc__ = _doc_with_liger(setup_fn.__doc__)
     return setup
-
-
-#: cuBLAS's workspace per stream in a training command with lit-liger's CUDA graphs (``CUBLAS_WORKSPACE_CONFIG``, set
-#: while the command trains where the environment does not set it): 4 chunks of 4,096 KiB, 16 MiB, where PyTorch gives
-#: 32 MiB on Hopper. The captures run the LoRA branches' GEMMs on a second stream (``lit_liger.swap.lora.OVERLAP_BRANCH``),
-#: which holds its own workspace; at 16 MiB each the two hold what one did (gemma2-2b's shipped recipe on an H200: peak
-#: 7.46 -> 7.40 GB, tok/s unchanged, benchmarks/results/h200-2026-12-03f). An empty string leaves PyTorch's size.
-CUBLAS_WORKSPACE = ":4096:4"
-
-
-@contextlib.contextmanager
-def _blas_workspace(config: LigerConfig) -> Iterator[None]:
-    """:data:`CUBLAS_WORKSPACE` in the environment while a lit-liger training command runs (processes it starts inherit
-    it), where CUDA graphs may capture and the user set no ``CUBLAS_WORKSPACE_CONFIG``; restored after."""
-    import os
-
-    from .swap import lora
-
-    key = "CUBLAS_WORKSPACE_CONFIG"
-    if not (CUBLAS_WORKSPACE and config.enabled and config.cuda_graphs is not False and lora.OVERLAP_BRANCH
-            and key not in os.environ):
-        yield
-        return
-    os.environ[key] = CUBLAS_WORKSPACE
-    try:
-        yield
-    finally:
-        os.environ.pop(key, None)
 
 
 def _doc_with_liger(doc: str | None) -> str:
