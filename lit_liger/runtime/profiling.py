@@ -25,7 +25,10 @@ With ``host`` as the fourth field the window also runs Python's ``cProfile`` on 
 and ``host_cumulative``: those with the most time including their callees, in ms per iteration (cProfile slows the
 Python it watches: read the shares, not the wall).
 
-It changes nothing else in the run (the profiler's own overhead aside: compare tok/s with a run without it).
+It changes nothing else in the run (the profiler's own overhead aside: compare tok/s with a run without it). That
+overhead is large for CUDA graphs: with kernels traced, each node of a graph costs the host ~2 µs at launch (gemma2-2b's
+recipe on an H200: 1.2-5.6 ms a launch profiled, 24-42 µs not; benchmarks/results/h200-2026-12-03f), so a profiled
+graph run is bound by the host where the unprofiled one is not: read the kernels' times, not the idle time.
 """
 
 from __future__ import annotations
