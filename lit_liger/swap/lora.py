@@ -75,20 +75,21 @@ def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
     return mask, part_of.view(-1, 1, 1)
 
 
-#: inside a CUDA graph's capture, the LoRA branch (dropout, its mask's bits, the rank-r GEMMs, the norm formed again)
-#: runs on a second stream beside the frozen projection's GEMM, forked from and joined to the capturing stream
-#: around it. At recipe sizes (a few hundred rows) that GEMM fills a fraction of the GPU's SMs and the branch's ~10
-#: small kernels a layer, each a few microseconds, ran after it one by one. The kernels, their inputs and the order of
-#: the random draws are the same either way: the results are bit for bit the same. Outside a capture the branch stays
-#: on the current stream (a fork and a join cost the host more than they win there).
-OVERLAP_BRANCH = True
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # per device: a CUDA stream holds no data, so models share it
+# Inside a CUDA graph's capture, the LoRA branch (dropout, its mask's bits, the rank-r GEMMs, the norm formed again)
+# runs on a second stream beside the frozen projection's GEMM, forked from and joined to the capturing stream around
+# it. At recipe sizes (a few hundred rows) that GEMM fills a fraction of the GPU's SMs and the branch's ~10 small
+# kernels a layer, each a few microseconds, ran after it one by one (gemma2-2b's recipe: +2.8%, h200-2026-12-03f). The
+# kernels, their inputs and the order of the random draws are the same either way: the results are bit for bit the
+# same. Outside a capture the branch stays on the current stream (a fork and a join cost the host more than they win).
+# One second stream per device, shared by every model: a stream holds no data, and one stream (not a new one per
+# layer or model) lets PyTorch's allocator, whose free blocks are kept per stream, reuse the branch's blocks.
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def _branch_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
-    """The second stream of :data:`OVERLAP_BRANCH` for ``x``'s device while a CUDA graph is being captured there,
-    else None."""
-    if not (OVERLAP_BRANCH and x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    """The LoRA branch's second stream for ``x``'s device while a CUDA graph is being captured there (see the comment
+    above :data:`_SIDE_STREAMS`), else None."""
+    if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     stream = _SIDE_STREAMS.get(index)
@@ -143,7 +144,7 @@ class _LoRAFn(torch.autograd.Function):
         ctx.source = source if src_a is not None and (keep_input or p == 0) else None
         bits = None
         branch = _Branch(_branch_stream(x2))
-        with branch:  # (on a second stream beside the frozen GEMM while a graph is captured: OVERLAP_BRANCH)
+        with branch:  # (on a second stream beside the frozen GEMM while a graph is captured: _branch_stream)
             if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
                 xd2, mask = torch.native_dropout(x2, p, True)
                 if keep_input:
@@ -205,7 +206,7 @@ class _LoRAFn(torch.autograd.Function):
         glu = None  # (a, b, activation): the dropout's pass forms the GLU product itself
         dh = dxd_lora = dx = dxd = da = dlb = dw = db = None
         branch = _Branch(_branch_stream(dy2))
-        with branch:  # the LoRA branch (on a second stream beside dy W while a graph is captured: OVERLAP_BRANCH)
+        with branch:  # the LoRA branch (on a second stream beside dy W while a graph is captured: _branch_stream)
             if ctx.source is not None and ctx.source[0] == "glu":
                 glu = (src_a.reshape(-1, src_a.shape[-1]), src_b.reshape(-1, src_b.shape[-1]), ctx.source[1])
             elif ctx.source is not None:  # the norm's output formed again from the input the norm keeps
