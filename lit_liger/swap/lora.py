@@ -230,11 +230,7 @@ class _LoRAFn(torch.autograd.Function):
                 dxd_lora = dh @ lora_a  # (N, C): the dropped input's gradient
             if need_xd and not ctx.same_input and ctx.p == 0:
                 dxd = dxd_lora.view(ctx.x_shape)
-            if need_a and ctx.bits and branch.side is not None:
-                # on the second stream: dropout(x) formed from the bits in a pass of its own, then lora_A's gradient,
-                # both beside dy W; the pass after the join then only adds the dropout's backward to dx
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
-            if need_a and (not ctx.bits or branch.side is not None):
+            if need_a and not ctx.bits:
                 if xd2 is None:
                     raise RuntimeError("lit-liger LoRA: the LoRA input was not saved for lora_A's gradient")
                 da = dh.t() @ xd2  # (n·r, C)
@@ -264,13 +260,12 @@ class _LoRAFn(torch.autograd.Function):
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                formed = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
-                                           write_xd=need_a and da is None)
-                xd2 = formed if formed is not None else xd2
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
+                                        write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dxd_lora, xd2, 1.0 / (1.0 - ctx.p))
-        if need_a and da is None:  # (the bits' path, uncaptured)
+        if need_a and ctx.bits:
             if xd2 is None:  # (x's gradient not asked for)
                 xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
             da = dh.t() @ xd2  # (n·r, C)
