@@ -42,13 +42,24 @@ use_code() {
 
 # gemma2 SECONDS [VARIANTS [TAG]]: gemma2-2b's shipped LoRA recipe (micro-batch 2, global batch 6, LoRA r8 with
 # dropout on every projection and the head; tied checkpoint), ITERS iterations (30 untimed), into /tmp/o/$NAME-gemma2TAG
+GEMMA2_LORA="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true"
+GEMMA2_LORA="$GEMMA2_LORA --lora_projection true --lora_mlp true --lora_head true"  # (the recipe's LoRA settings)
 gemma2() {
-  local lora="--lora_r 8 --lora_alpha 16 --lora_dropout 0.1 --lora_query true --lora_key true --lora_value true"
-  lora="$lora --lora_projection true --lora_mlp true --lora_head true"
   timeout "$1" python3 -m benchmarks recipe --models gemma-2-2b --methods lora --micro_batches 2 --global_batch 6 \
     --variants "${2:-stock,liger}" --iters "${ITERS:-120}" --warmup 30 --work_dir /tmp/work --tied_head \
-    --out "/tmp/o/$NAME-gemma2$3" --litgpt_args "$lora" > "/tmp/o/$NAME-gemma2$3.log" 2>&1
+    --out "/tmp/o/$NAME-gemma2$3" --litgpt_args "$GEMMA2_LORA" > "/tmp/o/$NAME-gemma2$3.log" 2>&1
   echo "gemma2$3 rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-gemma2$3.log"; leftovers
+}
+
+# gemma2_prof: the same recipe (lit-liger, 150 iterations) with LIT_LIGER_PROFILE over iterations 120-139: the row in
+# /tmp/o/$NAME-recipe, the profile's summary and its trace (gzipped) in /tmp/o/prof (PROF_S: the time limit)
+gemma2_prof() {
+  LIT_LIGER_PROFILE=/tmp/o/prof,120,20 timeout ${PROF_S:-170} python3 -m benchmarks recipe --models gemma-2-2b \
+    --methods lora --micro_batches 2 --global_batch 6 --variants liger --iters 150 --warmup 40 --work_dir /tmp/work \
+    --tied_head --out "/tmp/o/$NAME-recipe" --litgpt_args "$GEMMA2_LORA" > "/tmp/o/$NAME-recipe.log" 2>&1
+  echo "recipe rc=$? ($(( $(date +%s) - S )) s)"; grep -E "^gemma" "/tmp/o/$NAME-recipe.log"
+  grep -h "busy\|wall_ms" /tmp/work/recipe-runs/*/stdout.txt | cut -c1-1500
+  gzip -f /tmp/o/prof/*trace.json 2>/dev/null; ls -la /tmp/o/prof
 }
 
 # llama1b TAG [DIR]: the README's Llama-3.2-1B LoRA row (micro-batch 4, lit-liger, LITERS iterations, 30 untimed), run
