@@ -520,8 +520,9 @@ class _Graphs:
                                                 out_buf)
         self._t2 = time.perf_counter()
         # the forward's cuBLAS workspaces (its thread's handle, on the capture stream and the LoRA branch's) dropped
-        # into the pool before the backward's: autograd runs the backward on its own thread, whose handle takes
-        # workspaces of its own, and they take these blocks (the streams match) instead of adding 32 MiB each
+        # into the pool before the backward's: autograd runs the backward on its device thread (unless
+        # caller_thread_backward), whose cuBLAS handle takes workspaces of its own, and they take these blocks (the
+        # streams match) instead of adding 32 MiB each
         # beside them at the allocated peak, which is in this capture. The forward's replay only uses them as
         # scratch while it runs, before its backward's (measured on an H200: see benchmarks/results/h200-2026-12-04)
         _clear_blas_workspaces()
