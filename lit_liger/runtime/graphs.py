@@ -522,9 +522,9 @@ class _Graphs:
         # the forward's cuBLAS workspaces (its thread's handle, on the capture stream and the LoRA branch's) dropped
         # into the pool before the backward's: autograd runs the backward on its device thread (unless
         # caller_thread_backward), whose cuBLAS handle takes workspaces of its own, and they take these blocks (the
-        # streams match) instead of adding 32 MiB each
-        # beside them at the allocated peak, which is in this capture. The forward's replay only uses them as
-        # scratch while it runs, before its backward's (measured on an H200: see benchmarks/results/h200-2026-12-04)
+        # streams match) instead of adding 32 MiB each beside them at the allocated peak, which is in this capture.
+        # The forward's replay only uses them as scratch while it runs, before its backward's (measured on an H200:
+        # see benchmarks/results/h200-2026-12-04)
         _clear_blas_workspaces()
         self.static_grad = runner.shared_view("grad", *out_spec)  # d loss / d hidden, copied in by backward
         # one backward graph per segment of the model's grads_ready callbacks (one in all where it has no callback): graph j takes the
