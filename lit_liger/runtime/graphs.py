@@ -1278,10 +1278,11 @@ class GraphRunner:
 def _clear_blas_workspaces() -> None:
     """Drop cuBLAS's cached workspaces (one per handle and stream, 32 MiB each on Hopper), before a shape's warm-up
     and after its capture, as torch.compile's CUDA graph trees do, and between its forward and backward captures
-    (see _capture_graphs). The capture stream's workspace is then allocated inside the graphs' pool and, once dropped, stays there as scratch of the graphs that recorded its
-    address (replays run one at a time, like all the pool's scratch) instead of being held as a live allocation
-    beside the default stream's; and the default stream's is freed to the cache while the warm-up and capture run
-    (the next GEMM there takes it back). Without this, every captured run held two workspaces."""
+    (see _capture_graphs). The capture stream's workspace is then allocated inside the graphs' pool and, once
+    dropped, stays there as scratch of the graphs that recorded its address (replays run one at a time, like all
+    the pool's scratch) instead of being held as a live allocation beside the default stream's; and the default
+    stream's is freed to the cache while the warm-up and capture run (the next GEMM there takes it back). Without
+    this, every captured run held two workspaces."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
