@@ -172,14 +172,18 @@ def test_dataparallel_estimates_with_the_same_per_token_bytes():
 # ------------------------------------------------------------------------------------------------
 # the plan applied: the same numbers, less kept
 # ------------------------------------------------------------------------------------------------
-def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0, host: int = 0, tile: int = 0, pairs: int = 0):
+def _force(monkeypatch, recompute: int, offload: bool, mlp: int = 0, host: int = 0, tile: int = 0, pairs: int = 0,
+           attn: int = 0, attn_host: int = 0):
     """Every plan: ``recompute`` Blocks recomputed, the lowest ``host`` of them (with ``offload``: all) keeping
     their inputs in host memory, the lowest ``2 * pairs`` of those in pairs, ``mlp`` Blocks at the MLP level, MLP
-    tiles of ``tile`` tokens."""
+    tiles of ``tile`` tokens, the lowest ``attn`` keeping their attention's output (``attn_host`` of them on the
+    host)."""
     monkeypatch.setattr(runtime_memplan, "plan_for", lambda gpt, tokens, device, elt=2, allow_offload=True,
                         **_: memplan.MemPlan(recompute, offload and allow_offload, 0.0, 1.0, mlp,
                                              host=host if allow_offload else 0, tile=tile,
-                                             pairs=pairs if allow_offload else 0))
+                                             pairs=pairs if allow_offload else 0,
+                                             attn=attn if allow_offload else 0,
+                                             attn_host=attn_host if allow_offload else 0))
 
 
 @pytest.mark.parametrize(("recompute", "offload"), [(1, False), (2, False), (2, True)])
@@ -308,13 +312,13 @@ def test_explicit_settings_and_cpu_default(monkeypatch):
     """``True``: every Block, ``False``: none, ``None`` on CPU tensors: nothing to plan (no device memory)."""
     cfg, _, model = _lora_pair(dropout=0.0)
     x, _ = _data(cfg)
-    for setting, expected in [(True, (cfg.n_layer, False, 0, 0, 0, 0)), (False, (0, False, 0, 0, 0, 0)),
-                              (None, (0, False, 0, 0, 0, 0))]:
+    for setting, expected in [(True, (cfg.n_layer, False, 0, 0, 0, 0, 0, 0)), (False, swap_gpt.NO_PLAN),
+                              (None, swap_gpt.NO_PLAN)]:
         apply_liger(model, LigerConfig(activation_checkpointing=setting))
         assert swap_gpt._memory_plan_here(model, x) == expected
     with torch.no_grad():
         apply_liger(model, LigerConfig(activation_checkpointing=True))
-        assert swap_gpt._memory_plan_here(model, x) == (0, False, 0, 0, 0, 0)
+        assert swap_gpt._memory_plan_here(model, x) == swap_gpt.NO_PLAN
     assert memplan.plan_for(model, 24, torch.device("cpu")) is None
 
 
@@ -585,12 +589,12 @@ def test_blocks_take_the_planned_paths(recompute, host, tile, monkeypatch):
     real_ckpt, real_block, real_tiled = swap_gpt._checkpoint, swap_gpt._checkpointed_block, swap_block.tiled_mlp
     monkeypatch.setattr(swap_gpt, "_checkpoint", lambda *a, **kw: paths.append(kw["use_reentrant"]) or
                         real_ckpt(*a, **kw))
-    monkeypatch.setattr(swap_gpt, "_checkpointed_block", lambda block, *a: tiles.append(
-        (list(auto.transformer.h).index(block), a[-1])) or real_block(block, *a))
+    monkeypatch.setattr(swap_gpt, "_checkpointed_block", lambda block, x, c, s, pack=None, tile=0, kept=None: tiles.append(
+        (list(auto.transformer.h).index(block), tile)) or real_block(block, x, c, s, pack, tile, kept))
     monkeypatch.setattr(swap_block, "tiled_mlp", lambda mlp, xn, t, **kw: mlp_tiles.append(t)
                         or real_tiled(mlp, xn, t, **kw))
     _force(monkeypatch, recompute, False, host=host, tile=tile)
-    assert swap_gpt._memory_plan_here(auto, x) == (recompute, host > 0, 0, host, tile, 0)
+    assert swap_gpt._memory_plan_here(auto, x) == (recompute, host > 0, 0, host, tile, 0, 0, 0)
     loss_b, grads_b = _step(auto, x, y)
     assert paths == [True] * host + [False] * (recompute - host)
     assert packed == [(2, 12, cfg.n_embd)] * host
@@ -629,7 +633,7 @@ def test_offloaded_pairs_keep_one_input_each(n_layer, pairs, full, monkeypatch):
     monkeypatch.setattr(swap_gpt, "_checkpointed_block", lambda block, *a, **kw: runs.append(
         list(auto.transformer.h).index(block)) or real_block(block, *a, **kw))
     _force(monkeypatch, n_layer, True, host=n_layer, pairs=pairs)
-    assert swap_gpt._memory_plan_here(auto, x) == (n_layer, True, 0, n_layer, 0, pairs)
+    assert swap_gpt._memory_plan_here(auto, x) == (n_layer, True, 0, n_layer, 0, pairs, 0, 0)
     loss_b, grads_b = _step(auto, x, y)
     assert packed == [(2, 12, cfg.n_embd)] * (n_layer - pairs)
     expected = {i: (3 if i < 2 * pairs and i % 2 == 0 else 2) for i in range(n_layer)}
@@ -989,7 +993,7 @@ def _precapture_setup(monkeypatch, refuse=lambda runner, idx: False):
         return runner.graphs[key]
 
     monkeypatch.setattr(runner, "_capture", capture)
-    monkeypatch.setattr(swap_gpt, "_memory_plan_here", lambda gpt, idx: (0, False, 0, 0, 0, 0))
+    monkeypatch.setattr(swap_gpt, "_memory_plan_here", lambda gpt, idx: swap_gpt.NO_PLAN)
     monkeypatch.setattr(graphs, "_driver_version", lambda: 12080)
     monkeypatch.setattr(graphs, "_triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
     state_of(model).expected_lengths = None
@@ -1517,11 +1521,11 @@ def test_no_offload_inside_a_ddp_wrapper(monkeypatch):
     apply_liger(model)
     x, _ = _data(cfg)
     _force(monkeypatch, cfg.n_layer, True)
-    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, True, 0, cfg.n_layer, 0, 0)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, True, 0, cfg.n_layer, 0, 0, 0, 0)
     monkeypatch.setattr(_dist, "several_processes", lambda: True)
     monkeypatch.setattr(_dist, "replicated", lambda gpt: True)  # (inside DDP's forward)
     monkeypatch.setattr(swap_gpt, "sharded_processes", lambda gpt: False)
-    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, False, 0, 0, 0, 0)
+    assert swap_gpt._memory_plan_here(model, x) == (cfg.n_layer, False, 0, 0, 0, 0, 0, 0)
 
 
 def test_long_sequences_take_pytorch_s_sdpa_choice_uncaptured():

@@ -36,14 +36,23 @@ class Runtime:
         decode.drop(gpt)
 
     def memory_plan(self, gpt: nn.Module, tokens: int, device: Any, elt: int, allow_offload: bool,
-                    mlp: Any, tile: Any = False) -> memplan.MemPlan | None:
+                    mlp: Any, tile: Any = False, attend: Any = False) -> memplan.MemPlan | None:
         """The memory plan of a training micro-batch (``lit_liger.runtime.memplan.plan_for``; it raises
         ``memplan.MemoryPlanError`` where nothing fits)."""
-        return memplan.plan_for(gpt, tokens, device, elt, allow_offload=allow_offload, mlp=mlp, tile=tile)
+        return memplan.plan_for(gpt, tokens, device, elt, allow_offload=allow_offload, mlp=mlp, tile=tile,
+                                attend=attend)
 
     def offloaded(self, width: int) -> Any:
         """Saved activations of at least ``width`` columns go to pinned host memory (``memplan.offloaded``)."""
         return memplan.offloaded(width)
+
+    def to_host(self, t: Any) -> Any:
+        """``t`` copied to pinned host memory off the compute stream (``memplan.to_host``)."""
+        return memplan.to_host(t)
+
+    def from_host(self, saved: Any) -> Any:
+        """What :meth:`to_host` copied out, back on its device (``memplan.from_host``)."""
+        return memplan.from_host(saved)
 
     def __reduce__(self) -> str:
         return "RUNTIME"

@@ -965,7 +965,7 @@ class GraphRunner:
         # (packed: the number of samples sizes the boundaries' buffer; the packed length bounds a sample's length;
         # the memory plan decides which Blocks the captured body recomputes)
         key = (tuple(idx.shape), idx.dtype, gpt.training, None if plan is None else plan.pack.cu_seqlens.numel(),
-               getattr(gpt, "_liger_mem_now", (0, False, 0, 0, 0, 0))[0:5:2])  # (recompute, mlp, tile)
+               getattr(gpt, "_liger_mem_now", (0, False, 0, 0, 0))[0:5:2])  # (recompute, mlp, tile)
         graphs = self.graphs.get(key)
         if graphs is None:
             params = [p for p in self._params if p.requires_grad]
@@ -1148,7 +1148,7 @@ class GraphRunner:
                 sidx = torch.ones((1, n), dtype=idx.dtype, device=idx.device)
                 if any(gpt_swap._memory_plan_here(gpt, sidx)):
                     continue
-                gpt._liger_mem_now = (0, False, 0, 0, 0, 0)
+                gpt._liger_mem_now = gpt_swap.NO_PLAN
                 cu = torch.tensor(bounds, dtype=torch.int32).to(idx.device)
                 splan = Plan(sidx, positions.to(idx.device), Pack(cu, n, bounds), None, n)
                 key = (tuple(sidx.shape), sidx.dtype, gpt.training, cu.numel(), (0, 0, 0))

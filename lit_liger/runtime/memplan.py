@@ -48,10 +48,11 @@ from ..kernels import _launch
 from ..swap.state import state_of
 
 __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "HOST_FRACTION", "LIMIT_FRACTION", "MEMORY_FRACTION", "MemPlan",
-           "MemoryPlanError", "Room", "TILED_N_EMBD", "TILE_BYTES", "available_bytes", "block_forward_flops", "decide",
-           "grads_to_come", "host_available", "host_bytes", "host_room", "kept_bytes_per_token", "longest_tokens",
-           "mlp_recompute_flops", "offloaded", "optimizer_state_ahead", "plan_for", "room_now", "state_ahead",
-           "tile_tokens", "tiled_mlp_flops"]
+           "MemoryPlanError", "Room", "TILED_N_EMBD", "TILE_BYTES", "attention_bytes", "available_bytes",
+           "block_forward_flops", "decide", "from_host", "grads_to_come", "host_available", "host_bytes",
+           "host_room", "keep_attention", "kept_bytes_per_token", "longest_tokens", "mlp_recompute_flops",
+           "offloaded", "optimizer_state_ahead", "plan_for", "room_now", "state_ahead", "tile_tokens",
+           "tiled_mlp_flops", "to_host"]
 
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
@@ -234,7 +235,9 @@ class MemPlan:
     with ``offload=True`` and no ``host``, every recomputed Block's); the ``mlp`` Blocks above them recompute their
     MLP inputs in backward; the recomputed Blocks run their MLP over sequence tiles of ``tile`` tokens (0: whole);
     the lowest ``2 * pairs`` of the offloaded Blocks run in pairs, each pair keeping its first Block's input only
-    (``host - pairs`` inputs on the host). ``need``: the estimated bytes of its activations on the GPU;
+    (``host - pairs`` inputs on the host); the lowest ``attn`` recomputed Blocks keep their attention's output and
+    log-sum-exp from the forward, so their rerun skips the attention's forward (:func:`keep_attention`), the lowest
+    ``attn_host`` of those in pinned host memory, the others on the GPU. ``need``: the estimated bytes of its activations on the GPU;
     ``available``: what the device had for them; ``host_need``: the pinned host memory of the offloaded inputs; ``host_room``: what the host could pin (None: not
     known); ``room``: what held the GPU's memory (None: not read)."""
 
@@ -246,6 +249,8 @@ class MemPlan:
     host: int = 0
     tile: int = 0
     pairs: int = 0  # the lowest 2 * pairs offloaded Blocks go in pairs: one input on the host per pair
+    attn: int = 0  # the lowest attn recomputed Blocks keep their attention's output for the rerun (:func:`keep_attention`)
+    attn_host: int = 0  # the lowest attn_host of those keep it in pinned host memory, the others on the GPU
     host_need: float = 0.0
     host_room: float | None = None
     room: Room | None = None
@@ -303,6 +308,11 @@ class MemPlan:
             if self.mlp:
                 what = (f"{self.mlp} of {n_layer} Blocks' MLP inputs recomputed in backward (recompute_mlp)"
                         + (f", {what}" if self.recompute else ""))
+        if self.attn:
+            where = ("in pinned host memory" if self.attn_host == self.attn else "on the GPU" if not self.attn_host
+                     else f"{self.attn_host} in pinned host memory, {self.attn - self.attn_host} on the GPU")
+            what += (f"; {self.attn} of them keep their attention's output for the backward's rerun ({where}): "
+                     f"{self.attn} attention forwards fewer")
         room = self.room
         est = f"estimated {self.need / gib:.1f} GiB of activations for {self.available / gib:.1f} GiB free"
         if room is not None:
@@ -488,7 +498,7 @@ def _total_memory(device: Any) -> int:
 
 
 def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bool = True,
-             mlp: Any = False, tile: Any = False) -> MemPlan | None:
+             mlp: Any = False, tile: Any = False, attend: Any = False) -> MemPlan | None:
     """:func:`decide` for a training micro-batch of ``tokens`` through the swapped ``gpt`` on ``device``; None off
     CUDA (CPU runs: nothing to plan). Reading the allocator's statistics costs ~100 us of host time, a few percent of
     a short captured step, so a micro-batch whose activations fit by a wide margin what was free at the last reading
@@ -497,7 +507,9 @@ def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bo
     ``mlp``, ``tile`` (or functions that say them, asked only where something must be recomputed): see
     :func:`decide`; the host's room: :func:`host_room`. Planned within :data:`MEMORY_FRACTION` of the device, or,
     where nothing fits there, within :data:`LIMIT_FRACTION` (the line says so); :class:`MemoryPlanError` where
-    nothing fits that either."""
+    nothing fits that either. ``attend`` (or a function that says it, asked only where inputs go to the host): the
+    Blocks' attention can keep its output for the rerun; the room the plan leaves then goes to that
+    (:func:`keep_attention`)."""
     if getattr(device, "type", None) != "cuda":
         return None
     config = gpt.config
@@ -519,7 +531,35 @@ def plan_for(gpt: Any, tokens: int, device: Any, elt: int = 2, allow_offload: bo
         plan, _ = _search(config, tokens, available, elt, host, wide, tiled)
         if plan is None:  # (nothing fits the share the plan aims for: the device's limit, or the error)
             plan = decide(config, tokens, room.free(LIMIT_FRACTION), elt, allow_offload, wide, host, tiled)
-    return replace(plan, host_room=host if allow_offload else None, room=room)
+    plan = replace(plan, host_room=host if allow_offload else None, room=room)
+    if plan.host and (attend() if callable(attend) else attend):
+        plan = keep_attention(plan, config, tokens, elt)
+    return plan
+
+
+def attention_bytes(config: Any, tokens: int, elt: int = 2) -> tuple[int, int]:
+    """The bytes of one Block's attention output (``tokens x n_head x head_size`` values of ``elt`` bytes) and of its
+    float32 log-sum-exp (one per token and head)."""
+    return tokens * config.n_head * config.head_size * elt, tokens * config.n_head * 4
+
+
+def keep_attention(plan: MemPlan, config: Any, tokens: int, elt: int = 2) -> MemPlan:
+    """``plan`` (Blocks recomputed, inputs on the host) with the room it leaves given to the recomputed Blocks'
+    attention: each Block that keeps its attention's output and log-sum-exp from the forward skips the attention's
+    forward in its rerun (``lit_liger.swap.attend.kept_sdpa``), a third of what the attention costs a recomputed Block
+    beside its backward (flash-style backwards run the scores again), and the most of a long sequence's step: at
+    262,144 tokens of Llama-3.1-8B the attention was ~150 s of a 168 s step, its reruns ~33 s of it
+    (benchmarks/results/h200-2026-12-02d). The host's room left by the inputs first (``attn_host``), then the GPU's
+    (``need`` stays within ``available``); the lowest Blocks first (an offloaded pair's first Block reruns twice)."""
+    out, lse = attention_bytes(config, tokens, elt)
+    per_host, per_gpu = host_bytes(out) + host_bytes(lse), out + lse
+    spare_host = 0.0 if plan.host_room is None else plan.host_room - plan.host_need
+    on_host = min(plan.recompute, max(0, int(spare_host // per_host)))
+    on_gpu = min(plan.recompute - on_host, max(0, int((plan.available - plan.need) // per_gpu)))
+    if not on_host + on_gpu:
+        return plan
+    return replace(plan, attn=on_host + on_gpu, attn_host=on_host, need=plan.need + on_gpu * per_gpu,
+                   host_need=plan.host_need + on_host * per_host)
 
 
 #: training forwards planned from one reading of the allocator (see :func:`plan_for`)
@@ -671,10 +711,49 @@ def _out_of_pieces(pieces: list, flat: Any) -> Any:
     return flat
 
 
+def to_host(t: Any) -> Any:
+    """``t`` copied to host memory (:class:`_OnHost`): a CUDA tensor's into pinned pieces (:func:`_into_pieces`) on a
+    side stream, after the work that made it (its memory not reused before the copy has read it); a CPU tensor's
+    cloned (what the CPU tests check). :func:`from_host` brings it back."""
+    import torch
+
+    if not t.is_cuda:
+        return _OnHost(t.detach().clone(), None, t.device)
+    index = t.device.index
+    side = _SIDE.get(index)
+    if side is None:
+        side = _SIDE[index] = torch.cuda.Stream(t.device)
+    src = t.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()  # (on the current stream, before the side stream waits for it)
+    side.wait_stream(torch.cuda.current_stream(t.device))
+    with torch.cuda.stream(side):
+        pieces = _into_pieces(src.view(-1), pin=True)
+        event = torch.cuda.Event()
+        event.record(side)
+    src.record_stream(side)  # (its memory is not reused before the copy has read it)
+    return _OnHost(pieces, event, t.device, t.shape, t.dtype)
+
+
+def from_host(saved: Any) -> Any:
+    """The tensor :func:`to_host` copied out, on its device again (copied in on the current stream); anything else
+    as it is."""
+    import torch
+
+    if not isinstance(saved, _OnHost):
+        return saved
+    if saved.event is None:
+        return saved.host
+    torch.cuda.current_stream(saved.device).wait_event(saved.event)
+    out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+    _out_of_pieces(saved.host, out.view(-1))
+    return out
+
+
 def offloaded(width: int, min_bytes: int | None = None) -> Any:
     """A ``saved_tensors_hooks`` context: each ``(B, T, width)`` tensor autograd saves inside it (a checkpointed
-    Block's input) goes to pinned host memory, copied on a side stream after the work that made it, and comes back on
-    the current stream when backward unpacks it. CPU tensors are copied (what the CPU tests check). (PyTorch's
+    Block's input) goes to pinned host memory (:func:`to_host`), copied on a side stream after the work that made it,
+    and comes back on the current stream when backward unpacks it (:func:`from_host`). (PyTorch's
     ``torch.autograd.graph.save_on_cpu`` moves every saved tensor, ``cos``/``sin`` once per Block included, with a copy
     the current stream waits for: this moves only the Block inputs, off the compute stream.) The pinned copy is made of
     pieces (:data:`OFFLOAD_PIECE`), not one buffer that PyTorch's pinned-memory cache would round up to a power of
@@ -686,31 +765,6 @@ def offloaded(width: int, min_bytes: int | None = None) -> Any:
     def pack(t: torch.Tensor) -> Any:
         if t.dim() != 3 or t.shape[-1] != width or t.numel() * t.element_size() < floor or t.layout != torch.strided:
             return t
-        if not t.is_cuda:
-            return _OnHost(t.detach().clone(), None, t.device)
-        index = t.device.index
-        side = _SIDE.get(index)
-        if side is None:
-            side = _SIDE[index] = torch.cuda.Stream(t.device)
-        src = t.detach()
-        if not src.is_contiguous():
-            src = src.contiguous()  # (on the current stream, before the side stream waits for it)
-        side.wait_stream(torch.cuda.current_stream(t.device))
-        with torch.cuda.stream(side):
-            pieces = _into_pieces(src.view(-1), pin=True)
-            event = torch.cuda.Event()
-            event.record(side)
-        src.record_stream(side)  # (its memory is not reused before the copy has read it)
-        return _OnHost(pieces, event, t.device, t.shape, t.dtype)
+        return to_host(t)
 
-    def unpack(saved: Any) -> torch.Tensor:
-        if not isinstance(saved, _OnHost):
-            return saved
-        if saved.event is None:
-            return saved.host
-        torch.cuda.current_stream(saved.device).wait_event(saved.event)
-        out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
-        _out_of_pieces(saved.host, out.view(-1))
-        return out
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+    return torch.autograd.graph.saved_tensors_hooks(pack, from_host)

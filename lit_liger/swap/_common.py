@@ -54,6 +54,27 @@ def _tiled(block: nn.Module, tile: int) -> Iterator[None]:
         block.__dict__[_MLP_TILE] = before
 
 
+#: a Block's attention keeps its output for the Block's rerun in backward while the Block runs under
+#: ``activation_checkpointing`` (``lit_liger.runtime.memplan.MemPlan.attn``): an attribute of the attention module, the
+#: ``lit_liger.swap.attend.KeptAttention`` of this micro-batch, set by :func:`_keeping`
+_KEPT_ATTENTION = "_liger_kept"
+
+
+@contextlib.contextmanager
+def _keeping(block: nn.Module, kept: object | None) -> Iterator[None]:
+    """While ``block`` runs, its attention keeps its output in ``kept`` (None: it does not)."""
+    attn = getattr(block, "attn", None)
+    if kept is None or not isinstance(attn, nn.Module):
+        yield
+        return
+    before = attn.__dict__.get(_KEPT_ATTENTION)
+    attn.__dict__[_KEPT_ATTENTION] = kept
+    try:
+        yield
+    finally:
+        attn.__dict__[_KEPT_ATTENTION] = before
+
+
 def _in_scope(module: nn.Module, scope: str) -> bool:
     """``module`` runs inside :func:`_scoped` ``scope`` (a count on the module itself: each model its own)."""
     return module.__dict__.get(scope, 0) > 0

@@ -21,6 +21,10 @@ shapes and recompiles); under an outer ``torch.compile`` the plain function is t
 (dynamo handles FlexAttention natively). Elsewhere -- CPU tensors (eager, or Triton's interpreter in
 CI) -- the adapter runs LitGPT's own math after lit-liger's RoPE, with :func:`dense_mask` in window
 layers: FlexAttention has no CPU backward, and CI's reference is LitGPT's result.
+
+The plain causal layers' SDPA backend (``LigerConfig.sdpa_backend``: :func:`sdpa_backend_for`) and, for a recomputed
+Block of a long sequence, its attention output kept from the forward so its rerun in backward skips the attention's
+forward (:func:`kept_sdpa`, ``MemPlan.attn``) are here too.
 """
 
 from __future__ import annotations
@@ -361,3 +365,135 @@ class sdpa_flags:
                 if old != new:
                     set_(old)
             self.old = None
+
+
+# ------------------------------------------------------------------------------------------------
+# a recomputed Block's attention output kept for its rerun (MemPlan.attn, lit_liger.runtime.memplan.keep_attention)
+# ------------------------------------------------------------------------------------------------
+class KeptAttention:
+    """One recomputed Block's attention output and log-sum-exp, kept from its forward for its rerun in backward, which
+    then skips the attention's forward: its backward takes them with q, k, v (:func:`kept_sdpa`). ``runtime``: where
+    given, they wait in pinned host memory (its ``to_host`` / ``from_host``, off the compute stream); else on the
+    GPU. Filled by the Block's forward, read by a rerun without grad (an offloaded pair's, which makes its second
+    Block's input), emptied by the rerun with grad; it lives with the checkpoint that holds it (a backward that never
+    runs frees it with its graph)."""
+
+    __slots__ = ("runtime", "saved")
+
+    def __init__(self, runtime: Any = None) -> None:
+        self.runtime, self.saved = runtime, None
+
+    def put(self, backend: str, out: torch.Tensor, lse: torch.Tensor, aux: tuple) -> None:
+        rt = self.runtime
+        # the kernels' output is (B, T, nh, hs) in memory, a (B, nh, T, hs) view: copied out as the former
+        flip = not out.is_contiguous() and out.transpose(1, 2).is_contiguous()
+        out_t = out.detach().transpose(1, 2) if flip else out.detach()
+        if rt is not None:
+            out_t, lse = rt.to_host(out_t), rt.to_host(lse)
+        self.saved = (backend, out_t, flip, lse, aux)
+
+    def get(self, take: bool) -> tuple | None:
+        """``(backend, out, lse, aux)`` on the device, or None where nothing is kept; ``take``: emptied after."""
+        if self.saved is None:
+            return None
+        backend, out, flip, lse, aux = self.saved
+        if take:
+            self.saved = None
+        if self.runtime is not None:
+            out, lse = self.runtime.from_host(out), self.runtime.from_host(lse)
+        return backend, (out.transpose(1, 2) if flip else out), lse, aux
+
+
+def _kept_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
+    """The fused causal kernel PyTorch's SDPA would run for this call (its enabled backends, the groups as they are
+    with ``enable_gqa``) where lit-liger can call its forward and backward apart: ``"flash"`` or ``"cudnn"`` on CUDA,
+    ``"cpu"`` (the CPU's flash kernel) on CPU; None elsewhere (the memory-efficient or math kernels: the rerun then
+    runs the attention again)."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale, enable_gqa=k.size(1) != q.size(1))
+    if q.device.type == "cpu":
+        return "cpu" if choice == int(SDPBackend.FLASH_ATTENTION) else None
+    if q.is_cuda:
+        return {int(SDPBackend.FLASH_ATTENTION): "flash", int(SDPBackend.CUDNN_ATTENTION): "cudnn"}.get(choice)
+    return None
+
+
+def _sdpa_forward(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple:
+    """``(out, lse, aux)`` of the causal attention through ``backend``'s aten kernel (no dropout): what its backward
+    takes besides q, k, v."""
+    aten = torch.ops.aten
+    if backend == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        return out, lse, ()
+    if backend == "flash":
+        out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True, False, scale=scale)
+    else:
+        out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=scale)
+    return out, lse, (cq, ck, mq, mk, seed, offset)
+
+
+def _sdpa_backward(backend: str, g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, aux: tuple, scale: float) -> tuple:
+    aten = torch.ops.aten
+    if g.stride() != out.stride():  # (cuDNN's backward reads the output's gradient in the output's layout)
+        g = torch.empty_strided(out.size(), out.stride(), dtype=g.dtype, device=g.device).copy_(g)
+    if backend == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, True, scale=scale)
+    cq, ck, mq, mk, seed, offset = aux
+    if backend == "flash":
+        return aten._scaled_dot_product_flash_attention_backward(g, q, k, v, out, lse, cq, ck, mq, mk, 0.0, True,
+                                                                 seed, offset, scale=scale)
+    return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, None, cq, ck, mq, mk,
+                                                             0.0, True, scale=scale)
+
+
+class _Held:
+    __slots__ = ("backend", "out", "lse", "aux", "scale")
+
+    def __init__(self, backend, out, lse, aux, scale) -> None:
+        self.backend, self.out, self.lse, self.aux, self.scale = backend, out, lse, aux, scale
+
+
+class _KeptSDPA(torch.autograd.Function):
+    """Causal attention whose output (and log-sum-exp) were computed before: the forward returns the output, the
+    backward runs the kernel's backward on them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, held):
+        ctx.save_for_backward(q, k, v, held.out, held.lse)
+        ctx.backend, ctx.aux, ctx.scale = held.backend, held.aux, held.scale
+        out, held.out, held.lse = held.out, None, None  # (the graph holds them through the saved tensors only)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _sdpa_backward(ctx.backend, g, q, k, v, out, lse, ctx.aux, ctx.scale)[:3]
+        return dq, dk, dv, None
+
+
+def kept_sdpa(kept: KeptAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              scale: float) -> torch.Tensor | None:
+    """Causal self-attention of ``q (B, nh, T, hs)`` over ``k, v (B, ng, T, hs)`` for a recomputed Block that keeps
+    its attention's output (``kept``): the forward computes it and keeps it with its log-sum-exp; the rerun in
+    backward takes them and runs only the attention's backward. Returns ``(B, nh, T, hs)``; None where PyTorch's
+    choice for the call is a kernel lit-liger cannot call apart (:func:`_kept_backend`: the caller attends as usual).
+    Inside ``sdpa_flags``: the backend is the one SDPA would pick there."""
+    grad = torch.is_grad_enabled()
+    saved = kept.get(take=grad)
+    if saved is None:
+        backend = _kept_backend(q, k, v, scale)
+        if backend is None:
+            return None
+        with torch.no_grad():
+            out, lse, aux = _sdpa_forward(backend, q, k, v, scale)
+        kept.put(backend, out, lse, aux)
+    else:
+        backend, out, lse, aux = saved
+    if not (grad and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return out
+    return _KeptSDPA.apply(q, k, v, _Held(backend, out, lse, aux, scale))

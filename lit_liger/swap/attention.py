@@ -14,7 +14,7 @@ from ..kernels import _grad_into
 from ..kernels._launch import use_triton
 from ..kernels.attention import softcap_attention, supported_head_size
 from ..kernels.rope import rope, rope_qkv
-from ._common import _stock_under_compile
+from ._common import _KEPT_ATTENTION, _stock_under_compile
 from .lora import call_lora
 from . import attend as _attention
 from . import packing as _packing
@@ -223,6 +223,13 @@ class _AttentionMixin:
             if window is not None:  # LitGPT's math below, with its window mask built without a loop
                 mask = _attention.dense_mask(T, window, q.device, q.dtype)  # (1, 1, T, T)
         with _attention.sdpa_flags(self._liger_sdpa_flags(q)):  # LigerConfig.sdpa_backend (eager, CUDA)
+            kept = self.__dict__.get(_KEPT_ATTENTION)
+            if kept is not None and mask is None and not torch.compiler.is_compiling():
+                # a recomputed Block that keeps its attention's output (MemPlan.attn): its rerun runs no attention
+                # forward; None where the kernel PyTorch picks cannot be called apart (then as below)
+                y = _attention.kept_sdpa(kept, q, k, v, scale)
+                if y is not None:
+                    return self._liger_proj(y.transpose(1, 2).reshape(B, T, hs * n_head))
             if n_groups != n_head and mask is None and _flash_gqa_ok(self, q):
                 # flash attention reads the kv heads shared by each query group directly: no (B, nh, T, hs)
                 # copies of k and v (LitGPT's repeat_interleave), which autograd would also keep for backward

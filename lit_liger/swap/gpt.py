@@ -20,7 +20,8 @@ from .._dist import sharded_processes
 from ..kernels import _grad_into
 from ..kernels._launch import use_triton
 from ..kernels.embedding import embedding
-from ._common import _CHECKPOINTED, _frozen_linear, _MLP_RECOMPUTED, _plain_linear, _scoped, _tiled
+from ._common import _CHECKPOINTED, _frozen_linear, _keeping, _MLP_RECOMPUTED, _plain_linear, _scoped, _tiled
+from . import attend as _attend
 from .attention import _AttentionMixin
 from .block import _BlockMixin
 from .buckets import bucket_length, packed_bucket_length
@@ -35,18 +36,21 @@ from . import tied as _tied
 
 
 def _checkpointed_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        pack: _packing.Pack | None = None, tile: int = 0) -> torch.Tensor:
+                        pack: _packing.Pack | None = None, tile: int = 0,
+                        kept: _attend.KeptAttention | None = None) -> torch.Tensor:
     """The function that ``torch.utils.checkpoint`` runs (and reruns in backward) for one Block; ``tile``: its MLP
-    over sequence tiles of that many tokens (``MemPlan.tile``; 0: whole)."""
-    with _scoped(block, _CHECKPOINTED), _tiled(block, tile):
+    over sequence tiles of that many tokens (``MemPlan.tile``; 0: whole); ``kept``: where its attention keeps its
+    output for the rerun (``MemPlan.attn``; None: nowhere)."""
+    with _scoped(block, _CHECKPOINTED), _tiled(block, tile), _keeping(block, kept):
         return block(x, cos, sin, pack, None, None)
 
 
 def _offloaded_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     pack: _packing.Pack | None, tile: int, anchor: torch.Tensor | None) -> torch.Tensor:
+                     pack: _packing.Pack | None, tile: int, anchor: torch.Tensor | None,
+                     kept: _attend.KeptAttention | None = None) -> torch.Tensor:
     """:func:`_checkpointed_block` under the reentrant checkpoint of an offloaded Block; ``anchor``: a 0-dim tensor
     with grad where ``x`` has none (unused: it makes the checkpoint's output need grad)."""
-    return _checkpointed_block(block, x, cos, sin, pack, tile)
+    return _checkpointed_block(block, x, cos, sin, pack, tile, kept=kept)
 
 
 def _autocast_kwargs(device_type: str) -> dict:
@@ -373,13 +377,17 @@ class _GPTMixin:
         # LigerConfig.activation_checkpointing: the lowest `recompute` Blocks keep only their input (the lowest `host`
         # of them in pinned host memory, the others on the GPU) and rerun in backward, their MLP over sequence tiles of
         # `tile` tokens (0: whole); the `mlp` Blocks above them keep no MLP input (see _memory_plan_here,
-        # lit_liger.runtime.memplan)
-        recompute, _, mlp, host, tile, pairs = (
+        # lit_liger.runtime.memplan); the lowest `attn` of them keep their attention's output for the rerun (the lowest
+        # `attn_host` in pinned host memory)
+        recompute, _, mlp, host, tile, pairs, attn, attn_host = (
             _memory_plan_here(self, idx) if torch.compiler.is_compiling()
             else getattr(self, "_liger_mem_now", None) or _memory_plan_here(self, idx))
         cuts = {} if torch.compiler.is_compiling() else {
             b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
         blocks, host, second = self.transformer.h, min(host, recompute), False
+        rt = state_of(self).runtime
+        kept = [_attend.KeptAttention(rt if i < attn_host else None) for i in range(min(attn, recompute))]
+        kept += [None] * (len(blocks) - len(kept))
         for block_idx, block in enumerate(blocks):
             if second:  # (run with the Block below it, an offloaded pair)
                 second = False
@@ -404,12 +412,12 @@ class _GPTMixin:
                                   else (cos, sin))
                         x = _offloaded_pair(
                             x, anchor, functools.partial(_checkpointed_block, block, cos=c, sin=s, pack=pack,
-                                                         tile=tile),
+                                                         tile=tile, kept=kept[block_idx]),
                             functools.partial(_checkpointed_block, blocks[block_idx + 1], cos=c2, sin=s2, pack=pack,
-                                              tile=tile))
+                                              tile=tile, kept=kept[block_idx + 1]))
                     else:
-                        x = _checkpoint(_offloaded_block, block, x, c, s, pack, tile, anchor, use_reentrant=True,
-                                        preserve_rng_state=True)
+                        x = _checkpoint(_offloaded_block, block, x, c, s, pack, tile, anchor, kept[block_idx],
+                                        use_reentrant=True, preserve_rng_state=True)
             elif block_idx < recompute:  # only x is kept; the Block reruns in backward
                 if torch.compiler.is_compiling():  # (a traced checkpointed region allows no Python side effect)
                     x = _checkpoint(block, x, c, s, pack, None, None, use_reentrant=False, preserve_rng_state=True)
@@ -418,8 +426,8 @@ class _GPTMixin:
                     # glu_mlp's autograd Function: seen to turn into a SystemError under CUDA memory history); the
                     # recompute then also runs what follows that op in the Block, a residual add
                     with _checkpoint_early_stop(False):
-                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, tile, use_reentrant=False,
-                                        preserve_rng_state=True)
+                        x = _checkpoint(_checkpointed_block, block, x, c, s, pack, tile, kept[block_idx],
+                                        use_reentrant=False, preserve_rng_state=True)
             elif block_idx < recompute + mlp:
                 with _scoped(block, _MLP_RECOMPUTED):
                     x = block(x, c, s, pack, None, None)
@@ -462,48 +470,65 @@ def _packing_why(gpt: nn.Module) -> str | None:
     return None
 
 
-def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int, int]:
-    """``(recompute, offload, mlp, host, tile, pairs)`` for this forward of ``idx``: the lowest ``recompute`` Blocks
-    recomputed in backward, the lowest ``host`` of them keeping their input in pinned host memory (``offload``: any),
-    the lowest ``2 * pairs`` of those in pairs that keep one input each (:func:`_offloaded_pair`), ``mlp`` Blocks
-    above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of ``tile`` tokens (0:
-    whole). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
+#: :func:`_memory_plan_here` where nothing is planned: every Block keeps its activations
+NO_PLAN = (0, False, 0, 0, 0, 0, 0, 0)
+
+
+def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int, int, int, int, int, int]:
+    """``(recompute, offload, mlp, host, tile, pairs, attn, attn_host)`` for this forward of ``idx``: the lowest
+    ``recompute`` Blocks recomputed in backward, the lowest ``host`` of them keeping their input in pinned host memory
+    (``offload``: any), the lowest ``2 * pairs`` of those in pairs that keep one input each (:func:`_offloaded_pair`),
+    ``mlp`` Blocks above them whose MLP inputs are recomputed, the recomputed Blocks' MLP over sequence tiles of
+    ``tile`` tokens (0: whole), the lowest ``attn`` recomputed Blocks keeping their attention's output for the rerun,
+    the lowest ``attn_host`` of them in pinned host memory (``lit_liger.swap.attend.kept_sdpa``). ``activation_checkpointing`` ``True`` every Block, ``False`` none, ``None``
     (automatic) :func:`lit_liger.runtime.memplan.plan_for` from the micro-batch's tokens and the device's and the
     host's memory (a CUDA device, eager mode; the log says each plan that recomputes more than any before it; it
     raises ``memplan.MemoryPlanError`` where nothing fits)."""
     setting = getattr(gpt, "_liger_activation_checkpointing", False)
     if setting is False or not _checkpoint_blocks_here(gpt):
-        return 0, False, 0, 0, 0, 0
+        return NO_PLAN
     n = gpt.config.n_layer
     if setting is True:
-        return n, False, 0, 0, 0, 0
+        return n, False, 0, 0, 0, 0, 0, 0
     if torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return 0, False, 0, 0, 0, 0
+        return NO_PLAN
     elt = gpt.transformer.wte.weight.element_size() if gpt.transformer.wte.weight.is_floating_point() else 2
     # (host offload is a reentrant checkpoint, which DDP's reducer hooks do not take: not inside a DDP wrapper)
     rt = state_of(gpt).runtime
     if rt is None:  # (swapped without the runtime: no memory plan)
-        return 0, False, 0, 0, 0, 0
+        return NO_PLAN
     # (tiles: every Block is lit-liger's, which runs its MLP over the tiles its checkpointed call is given)
     plan = rt.memory_plan(gpt, idx.numel(), idx.device, elt, _dist.whole_model(gpt),
                           lambda: _mlp_recomputable(gpt, idx),
-                          lambda: all(isinstance(b, _BlockMixin) for b in gpt.transformer.h))
+                          lambda: all(isinstance(b, _BlockMixin) for b in gpt.transformer.h),
+                          lambda: _attention_keepable(gpt))
     if plan is None:
-        return 0, False, 0, 0, 0, 0
-    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0, 0])
+        return NO_PLAN
+    said = gpt.__dict__.setdefault("_liger_mem_said", [-1, 0, 0, 0, 0, 0])
     # the first plan said that recomputes: its measured peak said at the next planned forward (the next step's with
     # one micro-batch a step), once
     due = gpt.__dict__.get("_liger_peak_due")
     if due:
         gpt.__dict__["_liger_peak_due"] = False
         print(due[0].peak_line(due[1], *_measured_peaks(idx.device)), flush=True)
-    if (plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile) > tuple(said):
-        said[:] = [plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile]
+    if (plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile, plan.attn) > tuple(said):
+        said[:] = [plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile, plan.attn]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
             if due is None and plan.room is not None and (plan.recompute or plan.mlp):
                 gpt.__dict__["_liger_peak_due"] = (plan, idx.numel())  # (a plan that trades compute for memory)
-    return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile, plan.pairs
+    return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile, plan.pairs, plan.attn, plan.attn_host
+
+
+def _attention_keepable(gpt: nn.Module) -> bool:
+    """Whether every Block's attention can keep its output for the Block's rerun (``MemPlan.attn``): lit-liger's, on
+    plain causal SDPA (no softcap, no window, LitGPT's own ``scaled_dot_product_attention``: no adapter's prefix)."""
+    for block in gpt.transformer.h:
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, _AttentionMixin) or attn._liger_attention_path() != "sdpa" \
+                or attn._liger_packable() is not None:
+            return False
+    return True
 
 
 def _measured_peaks(device: torch.device) -> tuple[float, float | None]:
