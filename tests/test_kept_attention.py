@@ -208,7 +208,7 @@ def test_blocks_keeping_attention_on_the_gpu(monkeypatch):
     attention (one on the host): the loss and gradients are those of the plain run within bf16 rounding, and the
     kept kernel's backward ran for each."""
     monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
-    cfg, plain, auto = _lora_pair(0.0, n_layer=3)
+    cfg, plain, auto = _lora_pair(0.0, n_layer=3, block_size=2048)
     plain, auto = plain.cuda().bfloat16(), auto.cuda().bfloat16()
     apply_liger(plain, LigerConfig(activation_checkpointing=False, cuda_graphs=False))
     apply_liger(auto, LigerConfig(cuda_graphs=False))
