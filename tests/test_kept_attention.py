@@ -26,6 +26,18 @@ def _qkv(nh, ng, T, hs, device="cpu", dtype=torch.float32, seed=0):
     return mk(nh), mk(ng), mk(ng), torch.randn(2, nh, T, hs, generator=g, device=device, dtype=dtype)
 
 
+def _math_attention(q, k, v):
+    """Causal attention written out in float64 (scores, mask, softmax, the groups' heads repeated): a reference
+    independent of PyTorch's fused kernels, which the kept path and SDPA share."""
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    rep = q.size(1) // k.size(1)
+    kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    T = q.size(-2)
+    scores = (q @ kk.transpose(-1, -2)) * q.size(-1) ** -0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ vv, (q, k, v)
+
+
 def _kept_run(q, k, v, dy, runtime):
     """The forward without grad (a reentrant checkpoint's), then the rerun with grad: (its output, q/k/v grads)."""
     kept = attend.KeptAttention(runtime)
@@ -44,8 +56,11 @@ def _kept_run(q, k, v, dy, runtime):
 @pytest.mark.parametrize("host", [False, True])
 def test_kept_sdpa_same_as_sdpa(nh, ng, host, monkeypatch):
     """MHA, GQA, MQA; kept on the GPU (here: the device) or through the runtime's host copy: the output and the
-    gradients of q, k, v are SDPA's (``enable_gqa``), and the rerun runs no attention forward."""
+    gradients of q, k, v are SDPA's (``enable_gqa``) and those of attention written out in float64, and the rerun runs
+    no attention forward."""
     q, k, v, dy = _qkv(nh, ng, 24, 16)
+    ref, ref_inputs = _math_attention(q, k, v)
+    ref.backward(dy.double())
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=ng != nh)
     want.backward(dy)
     want_grads = [t.grad.clone() for t in (q, k, v)]
@@ -61,9 +76,10 @@ def test_kept_sdpa_same_as_sdpa(nh, ng, host, monkeypatch):
     out, grads = _kept_run(q, k, v, dy, rt if host else None)
     assert forwards == ["cpu"]
     assert copies == ([4, 3] if host else [])  # (the output and the log-sum-exp)
-    assert rel_err(out, want.detach()) <= 1e-6
-    for got, exp in zip(grads, want_grads):
-        assert got.shape == exp.shape and rel_err(got, exp) <= 1e-5
+    assert rel_err(out, want.detach()) <= 1e-6 and rel_err(out.double(), ref.detach()) <= 1e-5
+    for got, exp, math in zip(grads, want_grads, ref_inputs):
+        assert got.shape == exp.shape == math.shape and rel_err(got, exp) <= 1e-5
+        assert rel_err(got.double(), math.grad) <= 1e-5
 
 
 def test_kept_sdpa_without_a_fused_kernel_attends_as_before(monkeypatch):
