@@ -357,7 +357,8 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             # (the loaders' workers stopped as fit returns: litgpt's fit leaves its frame in a reference cycle, whose
             # collection would cost each running worker 5 s; lit_liger.runtime.loaders)
             with defer, profiling.iterations(model, getattr(fabric, "global_rank", 0)), hostgc.quiet() as gcwatch, \
-                    loaders.stop_workers(bound.get("train_dataloader"), bound.get("val_dataloader")):
+                    loaders.stop_workers(bound.get("train_dataloader"), bound.get("val_dataloader")), \
+                    _peak_said(fit, gpt):
                 out = fit(*args, **kwargs)
         finally:
             if ahead is not None:
@@ -403,6 +404,33 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
         return out
 
     return run
+
+
+@contextlib.contextmanager
+def _peak_said(fit: Callable, gpt: Any) -> Iterator[None]:
+    """During litgpt's ``fit``: the memory plan's measured-peak line (``swap.gpt.say_measured_peak``), where no planned
+    forward followed the first plan's step, said before ``fit`` calls its module's ``generate_example`` (whose KV cache
+    would count in the peak) or once ``fit`` returns: a run of one long step says its peak too."""
+    if not isinstance(gpt, torch.nn.Module):
+        yield
+        return
+    from .swap.gpt import say_measured_peak
+
+    module = inspect.getmodule(fit)
+    generate = getattr(module, "generate_example", None)
+    if callable(generate):
+        @functools.wraps(generate)
+        def generate_example(*args: Any, **kwargs: Any) -> Any:
+            say_measured_peak(gpt)
+            return generate(*args, **kwargs)
+
+        setattr(module, "generate_example", generate_example)
+    try:
+        yield
+    finally:
+        if callable(generate):
+            setattr(module, "generate_example", generate)
+    say_measured_peak(gpt)
 
 
 @contextlib.contextmanager

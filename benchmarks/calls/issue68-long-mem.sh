@@ -9,12 +9,17 @@
 # with 1 it divides by zero, h200-2026-12-02e e2). Where 2 steps do not fit a call (QLoRA at 393k: ~370 s a step),
 # EXTRA="--liger.defer_loss_sync false" prints iteration 1 as it ends (deferred, it prints only with iteration 2);
 # iteration 2's first forward prints iteration 1's measured GPU peak and host memory (the plan's "measured" line).
+# ONE=1: exactly one iteration, then litgpt's save and `merge_lora`: the first document alone for training and a short
+# sample for validation (a directory with train.json and val.json: litgpt's settings check runs no long forward), and
+# `--train.max_time 1` ends the loop at iteration 2's start; `--eval.max_new_tokens` above the length skips litgpt's
+# closing generation (its KV cache would count in the GPU peak). The measured peak is then `diag cli-mem`'s.
+# SHORT_VAL=1: the same short validation sample and skipped generation, every step on the first document (STEPS of them).
 # KILL_S: the seconds a stopped run gets to report (60). Each line of the run's log carries the seconds since the call's
 # start ([123s]), so that a run the call's time cut short says which part took the time.
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
-python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" "${STEPS:-2}" > /tmp/args.txt <<'PY'
-import shlex, sys
+python3 - "$LEN" "${BUILD:-0}" "${QUANT:-}" "${STEPS:-2}" "${ONE:-0}" "${SHORT_VAL:-0}" > /tmp/args.txt <<'PY'
+import json, shlex, sys
 from pathlib import Path
 from benchmarks import finetune as F, recipe as R
 length, build, quant, steps = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] or None, int(sys.argv[4])
@@ -27,6 +32,17 @@ if not data.is_file():
     R.make_long_docs(data, ckpt, 4, length)
 args = R._command("lora", ckpt, data, work / f"long-{length}", 1, steps, "bf16-true", False, "liger", quant, 1, length, 1,
                   0.25)
+if "1" in (sys.argv[5], sys.argv[6]):  # (one iteration, or a short validation sample: see ONE, SHORT_VAL above)
+    one = work / "data" / f"one-{length}-{ckpt.name}"
+    one.mkdir(parents=True, exist_ok=True)
+    (one / "train.json").write_text(json.dumps(json.loads(data.read_text(encoding="utf-8"))[:1]), encoding="utf-8")
+    (one / "val.json").write_text(json.dumps([{"instruction": "Say hello.", "input": "", "output": "Hello."}]),
+                                  encoding="utf-8")
+    i = args.index("--data.json_path")
+    args[i + 1] = str(one)
+    j = args.index("--data.val_split_fraction")
+    del args[j:j + 2]
+    args += ["--eval.max_new_tokens", str(10 * length)] + (["--train.max_time", "1"] if sys.argv[5] == "1" else [])
 print(shlex.join(args))
 PY
 echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints ($(( $(date +%s) - S )) s into the call)"

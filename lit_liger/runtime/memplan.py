@@ -91,8 +91,12 @@ TILE_WORKING = 4
 #: (benchmarks/results/h200-2026-12-02d, m1) and 15.1 at 131,072 (h200-2026-12-02c, l2), of which two since removed:
 #: the embedding's output, which the lowest offloaded Block made a leaf that the graph held (1 tensor, both runs), and
 #: the float32 copy of the hidden states under Fabric's output cast (2 tensors at 131k): 13.1 and 12.1. Counted as
-#: 11, plus the input back from the host and the gradient flowing in (13), plus the tile's working set
-TILED_N_EMBD = 11
+#: 11 until the code since (the offloaded pair as two nodes, QLoRA's replaced embedding released, kept attention)
+#: measured less, beside the weights, the GPU's inputs and the tile: 10.2 (T, C) tensors at 131,072 tokens and 10.6 at
+#: 262,144 (LoRA, h200-2026-12-04b k3, k2), 10.8 at 393,216 (QLoRA, h200-2026-12-04c q1), the input back from the host
+#: and the gradient flowing in included; the estimate at 11 (13 with those two) was 4.9%, 8.2% and 11.7% over those
+#: peaks. Counted as 10, plus those two (12), plus the tile's working set
+TILED_N_EMBD = 10
 #: the share of the host's available memory (:func:`host_available`) the plan may pin for Block inputs: the rest
 #: for the data loader's workers, the page cache that reading data and checkpoints uses, the process's own growth.
 #: Llama-3.1-8B LoRA at 262,144 tokens (benchmarks/results/h200-2026-12-02d, m1) peaked at 76.7 GiB of host memory

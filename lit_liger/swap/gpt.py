@@ -508,15 +508,14 @@ def _memory_plan_here(gpt: nn.Module, idx: torch.Tensor) -> tuple[int, bool, int
     # the first plan said that recomputes: its measured peak said at the next planned forward (the next step's with
     # one micro-batch a step), once
     due = gpt.__dict__.get("_liger_peak_due")
-    if due:
-        gpt.__dict__["_liger_peak_due"] = False
-        print(due[0].peak_line(due[1], *_measured_peaks(idx.device)), flush=True)
+    say_measured_peak(gpt)
     if (plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile, plan.attn) > tuple(said):
         said[:] = [plan.recompute, plan.host, plan.pairs, plan.mlp, plan.tile, plan.attn]
         if _dist.rank_zero():
             print(plan.line(idx.numel(), n), flush=True)
             if due is None and plan.room is not None and (plan.recompute or plan.mlp):
-                gpt.__dict__["_liger_peak_due"] = (plan, idx.numel())  # (a plan that trades compute for memory)
+                # (a plan that trades compute for memory)
+                gpt.__dict__["_liger_peak_due"] = (plan, idx.numel(), idx.device)
     return plan.recompute, plan.offload, plan.mlp, plan.host, plan.tile, plan.pairs, plan.attn, plan.attn_host
 
 
@@ -529,6 +528,17 @@ def _attention_keepable(gpt: nn.Module) -> bool:
                 or attn._liger_packable() is not None:
             return False
     return True
+
+
+def say_measured_peak(gpt: nn.Module) -> None:
+    """Print the measured-peak line of the first plan that recomputes (``MemPlan.peak_line``) where it is still due:
+    at the next planned forward, or, for a run that ends or generates before one (a single long step), where
+    the ``lit-liger`` command's ``fit`` ends or calls litgpt's ``generate_example``. Once."""
+    due = gpt.__dict__.get("_liger_peak_due")
+    if due:
+        gpt.__dict__["_liger_peak_due"] = False
+        plan, tokens, device = due
+        print(plan.peak_line(tokens, *_measured_peaks(device)), flush=True)
 
 
 def _measured_peaks(device: torch.device) -> tuple[float, float | None]:
