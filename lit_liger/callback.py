@@ -200,15 +200,17 @@ class LigerCallback(Callback):
 
     @staticmethod
     def _release_graphs(trainer: Trainer, pl_module: LightningModule) -> None:
-        """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.runtime.graphs.release``):
-        what follows (``trainer.test``, saving, generation) gets that memory."""
+        """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.runtime.graphs.release``),
+        and the pinned host memory of offloaded activations (``memplan.release_pinned``): what follows
+        (``trainer.test``, saving, generation) gets that memory."""
         from .runtime.graphs import release
+        from .runtime.memplan import release_pinned
 
         if not isinstance(pl_module, torch.nn.Module):
             return
-        line = release(pl_module)
-        if line and getattr(trainer, "is_global_zero", True):
-            print(line, flush=True)
+        for line in (release(pl_module), release_pinned()):  # (and the offloaded activations' pinned host memory)
+            if line and getattr(trainer, "is_global_zero", True):
+                print(line, flush=True)
 
     def _put_collate_back(self) -> None:
         if self._restore_collate is not None:

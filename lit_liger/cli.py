@@ -376,9 +376,11 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
             if isinstance(model, torch.nn.Module):
                 from .runtime.graphs import release
 
-                line = release(model)  # (before litgpt validates, saves, merges or generates)
-                if line and rank0:
-                    print(line, flush=True)
+                from .runtime.memplan import release_pinned
+
+                for line in (release(model), release_pinned()):  # (before litgpt validates, saves, merges or generates)
+                    if line and rank0:
+                        print(line, flush=True)
         wall = time.perf_counter() - t0
         # (litgpt's counts are summed over the ranks, the model's are this rank's: under the replica plan they are
         # summed too; the graphs' line is rank 0's)

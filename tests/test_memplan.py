@@ -1410,6 +1410,50 @@ def _add_one_kernel():
     return triton.jit(add_one)
 
 
+def test_release_pinned_hands_the_cache_back_once_training_ends(monkeypatch):
+    """``release_pinned`` empties PyTorch's pinned-memory cache after a synchronize and says how much went; nothing
+    where nothing is held, where CUDA never started, or where this PyTorch has no way to empty it."""
+    held, calls = [8 * GiB], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.current": held[0]})
+
+    def empty():
+        calls.append("empty")
+        held[0] = 1 * GiB  # (a block still in use stays)
+
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", empty, raising=False)
+    line = memplan.release_pinned()
+    assert calls == ["sync", "empty"]
+    assert line == ("lit-liger: training ended: 7.00 GiB of pinned host memory (offloaded activations' copies) handed "
+                    "back to the system")
+    calls.clear()
+    held[0] = 0
+    assert memplan.release_pinned() is None and calls == []  # (nothing held: nothing to do)
+    held[0] = 2 * GiB
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert memplan.release_pinned() is None and calls == []
+
+
+@pytest.mark.gpu
+def test_gpu_release_pinned_after_offloaded_copies():
+    """An offloaded tensor's pinned pieces, freed, stay in PyTorch's cache until ``release_pinned`` hands them back."""
+    if memplan._pinned_held() is None:
+        pytest.skip("this PyTorch does not report its pinned-memory allocator")
+    memplan.release_pinned()
+    base = memplan._pinned_held()
+    x = torch.randn(64 * 2**20, device="cuda")  # (256 MiB)
+    saved = memplan.to_host(x)
+    back = memplan.from_host(saved)
+    assert torch.equal(back, x)
+    del saved, back, x
+    assert memplan._pinned_held() >= base + 256 * 2**20  # (cached)
+    line = memplan.release_pinned()
+    assert line is not None and "handed back" in line, line
+    assert memplan._pinned_held() <= base
+
+
 @pytest.mark.gpu
 def test_gpu_compile_guard_stops_a_capture_before_a_triton_compilation():
     """A capture without warm-up that meets a Triton kernel not compiled yet: ``graphs._compile_guard`` stops it before

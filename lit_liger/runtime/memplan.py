@@ -51,8 +51,8 @@ __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "HOST_FRACTION", "LIMIT_FRACTION", 
            "MemoryPlanError", "Room", "TILED_N_EMBD", "TILE_BYTES", "attention_bytes", "available_bytes",
            "block_forward_flops", "decide", "from_host", "grads_to_come", "host_available", "host_bytes",
            "host_room", "keep_attention", "kept_bytes_per_token", "longest_tokens", "mlp_recompute_flops",
-           "offloaded", "optimizer_state_ahead", "plan_for", "room_now", "state_ahead", "tile_tokens",
-           "tiled_mlp_flops", "to_host"]
+           "offloaded", "optimizer_state_ahead", "plan_for", "release_pinned", "room_now", "state_ahead",
+           "tile_tokens", "tiled_mlp_flops", "to_host"]
 
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
@@ -752,6 +752,44 @@ def from_host(saved: Any) -> Any:
     out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
     _out_of_pieces(saved.host, out.view(-1))
     return out
+
+
+def _pinned_held() -> float | None:
+    """The bytes PyTorch's pinned-memory allocator holds (in use and cached; None where this PyTorch does not say)."""
+    import torch
+
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    try:
+        held = stats() if stats is not None else {}
+    except Exception:  # (a PyTorch without the host allocator's statistics)
+        return None
+    for key in ("reserved_bytes.current", "allocated_bytes.current"):  # (the names vary between versions)
+        if key in held:
+            return float(held[key])
+    return None
+
+
+def release_pinned() -> str | None:
+    """Hand back to the system the pinned host memory PyTorch's allocator keeps cached once the offloaded Block inputs
+    and kept attention outputs of training are freed (``torch.accelerator.empty_host_cache``): what follows training
+    (litgpt's ``merge_lora`` loads a whole checkpoint on the host) starts from the host memory training had before it
+    pinned. Blocks still in use stay. Returns the log line, or None where nothing was released or this PyTorch cannot."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) \
+        or getattr(torch._C, "_host_emptyCache", None)
+    before = _pinned_held()
+    if empty is None or not before:
+        return None
+    torch.cuda.synchronize()  # (a cached block is handed back once the copies that used it have finished)
+    empty()
+    after = _pinned_held() or 0.0
+    if after >= before:
+        return None
+    return (f"lit-liger: training ended: {(before - after) / 2**30:.2f} GiB of pinned host memory (offloaded "
+            f"activations' copies) handed back to the system")
 
 
 def offloaded(width: int, min_bytes: int | None = None) -> Any:
