@@ -1439,11 +1439,11 @@ def test_release_pinned_hands_the_cache_back_once_training_ends(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_release_pinned_after_offloaded_copies():
     """An offloaded tensor's pinned pieces, freed, stay in PyTorch's cache until ``release_pinned`` hands them back."""
+    x = torch.randn(64 * 2**20, device="cuda")  # (256 MiB; CUDA started before the allocator's statistics are read)
     if memplan._pinned_held() is None:
         pytest.skip("this PyTorch does not report its pinned-memory allocator")
     memplan.release_pinned()
     base = memplan._pinned_held()
-    x = torch.randn(64 * 2**20, device="cuda")  # (256 MiB)
     saved = memplan.to_host(x)
     back = memplan.from_host(saved)
     assert torch.equal(back, x)
