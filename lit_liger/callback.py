@@ -202,12 +202,16 @@ class LigerCallback(Callback):
     def _release_graphs(trainer: Trainer, pl_module: LightningModule) -> None:
         """The CUDA graphs captured in training and their pool go when training ends (``lit_liger.runtime.graphs.release``),
         and the pinned host memory of offloaded activations (``memplan.release_pinned``): what follows
-        (``trainer.test``, saving, generation) gets that memory."""
+        (``trainer.test``, saving, generation) gets that memory. Before that, the memory plan's measured-peak line where
+        no planned forward followed its first step (``swap.gpt.say_measured_peak``)."""
         from .runtime.graphs import release
         from .runtime.memplan import release_pinned
+        from .swap.gpt import say_measured_peak
 
         if not isinstance(pl_module, torch.nn.Module):
             return
+        for module in pl_module.modules():  # (a run of one planned step: its measured peak, where still due)
+            say_measured_peak(module)
         for line in (release(pl_module), release_pinned()):  # (and the offloaded activations' pinned host memory)
             if line and getattr(trainer, "is_global_zero", True):
                 print(line, flush=True)

@@ -319,7 +319,7 @@ def test_a_one_step_run_says_its_measured_peak_before_generation_or_at_fit_s_end
     """A run whose first recomputing step has no planned forward after it (one long step, then litgpt's closing
     example generation, save and merge) says the measured peak before ``fit`` calls its module's
     ``generate_example`` (whose KV cache would count in the peak), or once ``fit`` returns; once; the module's
-    ``generate_example`` is litgpt's again afterwards."""
+    ``generate_example`` is litgpt's again afterwards. ``LigerCallback`` says it where the Trainer's training ends."""
     import sys
     from lit_liger import cli
 
@@ -356,6 +356,17 @@ def test_a_one_step_run_says_its_measured_peak_before_generation_or_at_fit_s_end
             assert [ln for ln in out.splitlines() if measured in ln], out
         assert fake.generate_example is generate_example
         assert not gpt.__dict__.get("_liger_peak_due")
+    # the Trainer's LigerCallback says it where training ends (before it releases the graphs)
+    from lit_liger.callback import LigerCallback
+
+    gpt.__dict__.pop("_liger_peak_due", None)
+    gpt.__dict__.pop("_liger_mem_said", None)
+    _step(model, x, y)
+    capsys.readouterr()
+    LigerCallback._release_graphs(types.SimpleNamespace(is_global_zero=True), model)
+    LigerCallback._release_graphs(types.SimpleNamespace(is_global_zero=True), model)  # (teardown's call: once)
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "measured: a GPU peak" in ln]
+    assert len(said) == 1, said
 
 
 def test_explicit_settings_and_cpu_default(monkeypatch):
