@@ -375,7 +375,6 @@ def _fit_freezing_unoptimized(fit: Callable, config: LigerConfig | None = None) 
                     print(line, flush=True)
             if isinstance(model, torch.nn.Module):
                 from .runtime.graphs import release
-
                 from .runtime.memplan import release_pinned
 
                 for line in (release(model), release_pinned()):  # (before litgpt validates, saves, merges or generates)

@@ -1441,6 +1441,8 @@ def test_release_pinned_hands_the_cache_back_once_training_ends(monkeypatch):
     assert calls == ["sync", "empty"]
     assert line == ("lit-liger: training ended: 7.00 GiB of pinned host memory (offloaded activations' copies) handed "
                     "back to the system")
+    held[0] = 1 * GiB + 4 * 2**20  # (less than a GiB handed back: said in MiB)
+    assert memplan.release_pinned().startswith("lit-liger: training ended: 4 MiB of pinned host memory")
     calls.clear()
     held[0] = 0
     assert memplan.release_pinned() is None and calls == []  # (nothing held: nothing to do)

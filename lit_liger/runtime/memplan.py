@@ -788,8 +788,10 @@ def release_pinned() -> str | None:
     after = _pinned_held() or 0.0
     if after >= before:
         return None
-    return (f"lit-liger: training ended: {(before - after) / 2**30:.2f} GiB of pinned host memory (offloaded "
-            f"activations' copies) handed back to the system")
+    went = before - after
+    amount = f"{went / 2**30:.2f} GiB" if went >= 2**30 else f"{went / 2**20:.0f} MiB"
+    return f"lit-liger: training ended: {amount} of pinned host memory (offloaded activations' copies) handed back to " \
+           "the system"
 
 
 def offloaded(width: int, min_bytes: int | None = None) -> Any:
