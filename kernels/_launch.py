@@ -35,6 +35,8 @@ __all__ = [
     "AttentionPlan",
     "attention_plan",
     "cdiv",
+    "ATTN_BWD_SLICE_BYTES",
+    "attn_bwd_slices",
     "next_pow2",
     "FastKernel",
     "fast_launch",
@@ -259,6 +261,23 @@ MLP_MIN_ROWS = 128
 #: with its rows; without the cap ``glu_mlp``'s quarters of a 256k-token sequence were 1.75 GiB each, three at once
 MLP_CHUNK_BYTES = 256 * 2**20
 
+
+#: the most bytes of the query one call of the attention's backward (``lit_liger.swap.attend``'s recomputed Blocks)
+#: takes: where the query is larger, the backward runs over slices of whole key/value groups. Flash's and cuDNN's
+#: backwards hold a float32 accumulator of the query's gradient (twice the query's bytes) beside their outputs: at
+#: Llama-3.1-8B's width and 262,144 tokens 4 GiB in one call, 0.5 GiB over its 8 groups. 256 MiB keeps 32k tokens of a
+#: 4096-wide query (and every shorter one) in one call; the slices still hold thousands of row blocks each
+ATTN_BWD_SLICE_BYTES = 256 * 2**20
+
+
+def attn_bwd_slices(n_groups: int, q_bytes: int) -> int:
+    """The number of slices (a divisor of ``n_groups``, each of whole key/value groups) the attention's backward of a
+    query of ``q_bytes`` runs over: the fewest whose query slice is at most :data:`ATTN_BWD_SLICE_BYTES`, else one
+    group a slice."""
+    for parts in range(1, n_groups + 1):
+        if n_groups % parts == 0 and q_bytes <= ATTN_BWD_SLICE_BYTES * parts:
+            return parts
+    return max(1, n_groups)
 
 def mlp_chunk_rows(n_rows: int, row_bytes: int = 0) -> int:
     """Rows per chunk of :func:`glu_mlp` (frozen MLP, recomputed in its backward): its transient ``(rows, I)``

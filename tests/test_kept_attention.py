@@ -14,6 +14,7 @@ from test_checkpointing import _data, _lora_pair, _step
 from test_memplan import _config, _force
 
 from lit_liger import LigerConfig, apply_liger
+from lit_liger.kernels import _launch
 from lit_liger.runtime import attach, memplan
 from lit_liger.swap import attend, gpt as swap_gpt
 
@@ -82,6 +83,40 @@ def test_kept_sdpa_same_as_sdpa(nh, ng, host, monkeypatch):
         assert rel_err(got.double(), math.grad) <= 1e-5
 
 
+@pytest.mark.parametrize(("nh", "ng", "cap", "parts"), [(8, 4, 1, 4), (8, 4, 2, 2), (8, 8, 1, 8), (4, 1, 1, 1)])
+def test_sliced_backward_same_as_one_call(nh, ng, cap, parts, monkeypatch):
+    """The attention's backward over slices of whole key/value groups (the query's bytes over
+    ``ATTN_BWD_SLICE_BYTES``, set here to ``cap`` groups' worth of query heads): one kernel call per slice, and the
+    gradients of q, k, v those of one call over all heads and of attention written out in float64."""
+    q, k, v, dy = _qkv(nh, ng, 40, 16)
+    ref, ref_inputs = _math_attention(q, k, v)
+    ref.backward(dy.double())
+    scale = q.size(-1) ** -0.5
+    with torch.no_grad():
+        out, lse, aux = attend._sdpa_forward("cpu", q, k, v, scale)
+    whole = attend._sdpa_backward("cpu", dy, q, k, v, out, lse, aux, scale)[:3]
+    calls = []
+    real = attend._sdpa_backward
+    monkeypatch.setattr(attend, "_sdpa_backward", lambda *a: calls.append(a[2].size(1)) or real(*a))
+    head_bytes = q[:, :1].numel() * q.element_size()
+    monkeypatch.setattr(_launch, "ATTN_BWD_SLICE_BYTES", cap * (nh // ng) * head_bytes)
+    got = attend.sliced_sdpa_backward("cpu", dy, q, k, v, out, lse, aux, scale)
+    assert calls == [nh // parts] * parts
+    for g, w, m in zip(got, whole, ref_inputs):
+        assert g.shape == w.shape and rel_err(g, w) <= 1e-6
+        assert rel_err(g.double(), m.grad) <= 1e-5
+
+
+def test_attn_bwd_slices():
+    """The fewest slices (dividing the groups) whose query slice is within the cap; one group a slice at most."""
+    cap = _launch.ATTN_BWD_SLICE_BYTES
+    assert _launch.attn_bwd_slices(8, cap) == 1
+    assert _launch.attn_bwd_slices(8, cap + 1) == 2
+    assert _launch.attn_bwd_slices(8, 3 * cap) == 4  # (3 does not divide 8)
+    assert _launch.attn_bwd_slices(8, 8 * GiB) == 8 and _launch.attn_bwd_slices(1, 8 * GiB) == 1
+    assert _launch.attn_bwd_slices(6, 3 * cap) == 3
+
+
 def test_kept_sdpa_without_a_fused_kernel_attends_as_before(monkeypatch):
     """Where PyTorch's choice is a kernel lit-liger cannot call apart (the math kernel here), nothing is kept and the
     caller attends as it did."""
@@ -116,10 +151,11 @@ def test_blocks_keeping_attention_same_as_keeping_everything(n_layer, host, pair
     _force(monkeypatch, n_layer, True, host=host, pairs=pairs, attn=attn, attn_host=attn_host)
     assert swap_gpt._memory_plan_here(auto, x) == (n_layer, True, 0, host, 0, pairs, attn, attn_host)
     loss_b, grads_b = _step(auto, x, y)
-    # every Block attends once in the forward; the Blocks that keep nothing again in each rerun (a pair's first
-    # Block twice: the rerun that makes the second's input, and its own)
-    reruns = sum(3 if i < 2 * pairs and i % 2 == 0 else 2 for i in range(attn, n_layer))
-    assert (len(kept_fwd), len(kept_bwd), len(sdpa)) == (attn, attn, reruns)
+    # every Block attends once in the forward (through the kernel called apart: every Block here is recomputed); the
+    # Blocks that keep nothing again in each rerun (a pair's first Block twice: the rerun that makes the second's
+    # input, and its own); every Block's backward once
+    reruns = sum(2 if i < 2 * pairs and i % 2 == 0 else 1 for i in range(attn, n_layer))
+    assert (len(kept_fwd), len(kept_bwd), len(sdpa)) == (n_layer + reruns, n_layer, 0)
     # the host's copies: the offloaded inputs (3-dim), each host-kept Block's output (4-dim) and log-sum-exp (3-dim)
     assert copies.count(4) == attn_host and copies.count(3) == host - pairs + attn_host
     assert rel_err(loss_b, loss_a) <= 1e-6 and grads_a.keys() == grads_b.keys() and grads_a
@@ -222,7 +258,7 @@ def test_kept_sdpa_same_as_sdpa_on_the_gpu(host):
 def test_blocks_keeping_attention_on_the_gpu(monkeypatch):
     """A tiny Llama (bf16 LoRA) at 2,048 tokens on the GPU, every Block offloaded, two of three keeping their
     attention (one on the host): the loss and gradients are those of the plain run within bf16 rounding, and the
-    kept kernel's backward ran for each."""
+    kernel's backward called apart ran for each Block."""
     monkeypatch.setattr(memplan, "OFFLOAD_MIN_BYTES", 0)
     cfg, plain, auto = _lora_pair(0.0, n_layer=3, block_size=2048)
     plain, auto = plain.cuda().bfloat16(), auto.cuda().bfloat16()
@@ -236,7 +272,38 @@ def test_blocks_keeping_attention_on_the_gpu(monkeypatch):
     monkeypatch.setattr(attend, "_sdpa_backward", lambda *a: backs.append(a[0]) or real_bwd(*a))
     _force(monkeypatch, 3, True, host=3, attn=2, attn_host=1)
     loss_b, grads_b = _step(auto, x, y)
-    assert len(backs) == 2 and set(backs) <= {"flash", "cudnn"}
+    assert len(backs) == 3 and set(backs) <= {"flash", "cudnn"}  # (the Block that keeps nothing too)
     assert rel_err(loss_b.float(), loss_a.float()) <= 1e-2
     for n in grads_a:
         assert rel_err(grads_b[n].float(), grads_a[n].float()) <= 5e-2, n
+
+
+@pytest.mark.gpu
+def test_sliced_backward_on_the_gpu(monkeypatch):
+    """bf16, Llama-3.1-8B's heads, 16,384 tokens, the backward over 8 slices (one group each): the gradients of one
+    call over all heads within bf16 rounding, and a lower peak (the kernel's float32 accumulator of the query's
+    gradient spans one slice)."""
+    q, k, v, dy = _qkv(32, 8, 16384, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v, dy = q[:1].detach(), k[:1].detach(), v[:1].detach(), dy[:1]
+    scale = 128 ** -0.5
+    backend = attend._kept_backend(q, k, v, scale)
+    assert backend in ("flash", "cudnn")
+    out, lse, aux = attend._sdpa_forward(backend, q, k, v, scale)
+    peaks = []
+    for cap in (q.numel() * q.element_size(), q.numel() * q.element_size() // 8):
+        monkeypatch.setattr(_launch, "ATTN_BWD_SLICE_BYTES", cap)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        grads = attend.sliced_sdpa_backward(backend, dy, q, k, v, out, lse, aux, scale)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        if len(peaks) == 1:
+            whole = grads
+        del grads
+    got = attend.sliced_sdpa_backward(backend, dy, q, k, v, out, lse, aux, scale)
+    for g, w in zip(got, whole):
+        assert g.shape == w.shape and rel_err(g.float(), w.float()) <= 1e-2
+    print(f"sliced backward ({backend}): peak above the inputs {peaks[0] / 2**20:.0f} MiB in one call, "
+          f"{peaks[1] / 2**20:.0f} MiB over 8 slices; the query {q.numel() * 2 / 2**20:.0f} MiB")
+    assert peaks[1] < peaks[0]

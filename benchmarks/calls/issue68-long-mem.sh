@@ -14,7 +14,7 @@
 # `--train.max_time 1` ends the loop at iteration 2's start; `--eval.max_new_tokens` above the length skips litgpt's
 # closing generation (its KV cache would count in the GPU peak). The measured peak is then `diag cli-mem`'s.
 # SHORT_VAL=1: the same short validation sample and skipped generation, every step on the first document (STEPS of them).
-# KILL_S: the seconds a stopped run gets to report (60). Each line of the run's log carries the seconds since the call's
+# CARD_GIB: the card emulated (79.19: 80 GB; 44.7: 48 GB). KILL_S: the seconds a stopped run gets to report (60). Each line of the run's log carries the seconds since the call's
 # start ([123s]), so that a run the call's time cut short says which part took the time.
 CALL=${CALL:-l} . benchmarks/calls.sh
 LEN=${LEN:-262144}
@@ -48,7 +48,7 @@ PY
 echo "inputs rc=$? $(du -sh /tmp/work/checkpoints 2>/dev/null | cut -f1) in /tmp/work/checkpoints ($(( $(date +%s) - S )) s into the call)"
 if [ "${BUILD:-0}" = 1 ] && [ "${RUN:-0}" != 1 ]; then exit 0; fi
 # (the plan's lines, litgpt's iterations and errors printed as they come: a call's limit may end the call first)
-LIT_LIGER_BENCH_DEVICE_GIB=79.19 timeout -k ${KILL_S:-60} ${RUN_S:-$(( 540 - $(date +%s) + S ))} \
+LIT_LIGER_BENCH_DEVICE_GIB=${CARD_GIB:-79.19} timeout -k ${KILL_S:-60} ${RUN_S:-$(( 540 - $(date +%s) + S ))} \
   bash -c "python3 -m benchmarks diag cli-mem /tmp/o/$NAME-mem.json --top 40 -- $(cat /tmp/args.txt) ${EXTRA:-}" \
   2>&1 | while IFS= read -r line; do printf '[%ss] %s\n' "$(( $(date +%s) - S ))" "$line"; done \
   | tee "/tmp/o/$NAME-mem.log" \

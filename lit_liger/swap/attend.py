@@ -24,7 +24,8 @@ layers: FlexAttention has no CPU backward, and CI's reference is LitGPT's result
 
 The plain causal layers' SDPA backend (``LigerConfig.sdpa_backend``: :func:`sdpa_backend_for`) and, for a recomputed
 Block of a long sequence, its attention output kept from the forward so its rerun in backward skips the attention's
-forward (:func:`kept_sdpa`, ``MemPlan.attn``) are here too.
+forward (:func:`kept_sdpa`, ``MemPlan.attn``) are here too; every recomputed Block's rerun runs the attention's
+backward over slices of key/value groups where the query is large (:func:`sliced_sdpa_backward`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels._launch import flex_kernel_options
+from ..kernels._launch import attn_bwd_slices, flex_kernel_options
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -54,6 +55,7 @@ __all__ = [
     "flex_attend",
     "flex_available",
     "softcap_score_mod",
+    "sliced_sdpa_backward",
     "window_mask_mod",
 ]
 
@@ -376,14 +378,17 @@ class KeptAttention:
     given, they wait in pinned host memory (its ``to_host`` / ``from_host``, off the compute stream); else on the
     GPU. Filled by the Block's forward, read by a rerun without grad (an offloaded pair's, which makes its second
     Block's input), emptied by the rerun with grad; it lives with the checkpoint that holds it (a backward that never
-    runs frees it with its graph)."""
+    runs frees it with its graph). ``keep=False``: a recomputed Block that keeps nothing (its rerun runs the
+    attention's forward again), whose rerun's backward still runs over slices of key/value groups (:func:`kept_sdpa`)."""
 
-    __slots__ = ("runtime", "saved")
+    __slots__ = ("runtime", "saved", "keep")
 
-    def __init__(self, runtime: Any = None) -> None:
-        self.runtime, self.saved = runtime, None
+    def __init__(self, runtime: Any = None, keep: bool = True) -> None:
+        self.runtime, self.saved, self.keep = runtime, None, keep
 
     def put(self, backend: str, out: torch.Tensor, lse: torch.Tensor, aux: tuple) -> None:
+        if not self.keep:
+            return
         rt = self.runtime
         # the kernels' output is (B, T, nh, hs) in memory, a (B, nh, T, hs) view: copied out as the former
         flip = not out.is_contiguous() and out.transpose(1, 2).is_contiguous()
@@ -472,8 +477,30 @@ class _KeptSDPA(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _sdpa_backward(ctx.backend, g, q, k, v, out, lse, ctx.aux, ctx.scale)[:3]
-        return dq, dk, dv, None
+        return (*sliced_sdpa_backward(ctx.backend, g, q, k, v, out, lse, ctx.aux, ctx.scale), None)
+
+
+def sliced_sdpa_backward(backend: str, g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         out: torch.Tensor, lse: torch.Tensor, aux: tuple, scale: float) -> tuple:
+    """``(dq, dk, dv)`` of the causal attention of ``q (B, nh, T, hs)`` over ``k, v (B, ng, T, hs)`` from its
+    output's gradient ``g``, its output and log-sum-exp, through ``backend``'s aten backward, over slices of whole
+    key/value groups (``kernels._launch.attn_bwd_slices``; the heads of a slice attend only to its groups, so each
+    slice's gradients are those of the whole call): the kernel's float32 accumulator of the query's gradient then
+    spans one slice, not the whole query (4 GiB at Llama-3.1-8B's width and 262,144 tokens)."""
+    ng, nh = k.size(1), q.size(1)
+    parts = attn_bwd_slices(ng, q.numel() * q.element_size())
+    if parts == 1:
+        return _sdpa_backward(backend, g, q, k, v, out, lse, aux, scale)[:3]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    gs, hs = ng // parts, nh // parts  # (key/value groups, query heads) a slice
+    for i in range(parts):
+        qh, kh = slice(i * hs, (i + 1) * hs), slice(i * gs, (i + 1) * gs)
+        grads = _sdpa_backward(backend, g[:, qh], q[:, qh], k[:, kh], v[:, kh], out[:, qh], lse[:, qh], aux, scale)
+        dq[:, qh].copy_(grads[0])
+        dk[:, kh].copy_(grads[1])
+        dv[:, kh].copy_(grads[2])
+        del grads
+    return dq, dk, dv
 
 
 def kept_sdpa(kept: KeptAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

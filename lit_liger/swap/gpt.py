@@ -386,7 +386,9 @@ class _GPTMixin:
             b: j for j, b in enumerate(_dist.segment_cuts(self), 1)}
         blocks, host, second = self.transformer.h, min(host, recompute), False
         rt = state_of(self).runtime
-        kept = [_attend.KeptAttention(rt if i < attn_host else None) for i in range(min(attn, recompute))]
+        # (the recomputed Blocks above the lowest `attn` keep nothing; their reruns' backward runs over slices)
+        kept = [_attend.KeptAttention(rt if i < attn_host else None, keep=i < attn)
+                for i in range(min(recompute, len(self.transformer.h)))]
         kept += [None] * (len(blocks) - len(kept))
         for block_idx, block in enumerate(blocks):
             if second:  # (run with the Block below it, an offloaded pair)
