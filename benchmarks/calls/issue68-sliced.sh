@@ -7,6 +7,7 @@
 CALL=${CALL:-s}
 T0=$(date +%s)
 BUILD=1 CALL=$CALL LEN=${LEN:-262144} bash benchmarks/calls/issue68-long-mem.sh 2>&1 | tail -3
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1  # (as benchmarks/calls.sh sets them)
 if [ "${NO_TESTS:-0}" != 1 ]; then
   timeout ${TEST_S:-150} python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_kept_attention.py \
     > /tmp/tests-$CALL.log 2>&1
