@@ -9,7 +9,7 @@ T0=$(date +%s)
 BUILD=1 CALL=$CALL LEN=${LEN:-262144} bash benchmarks/calls/issue68-long-mem.sh 2>&1 | tail -3
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1  # (as benchmarks/calls.sh sets them)
 if [ "${NO_TESTS:-0}" != 1 ]; then
-  timeout ${TEST_S:-150} python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_kept_attention.py \
+  timeout ${TEST_S:-150} python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_kept_attention.py tests/test_checkpointing.py \
     > /tmp/tests-$CALL.log 2>&1
   echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)"
   grep -E "passed|failed|FAILED|Error|sliced backward" /tmp/tests-$CALL.log | tail -8
