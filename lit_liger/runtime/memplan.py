@@ -83,10 +83,12 @@ TILE_MULTIPLE = 64
 #: outputs and their gradients
 TILE_WORKING = 4
 #: a recomputed Block whose MLP runs over tiles: the ``(T, n_embd)`` tensors (of the activations' dtype) its rerun and
-#: backward hold at their highest, beside its input and the hidden states' gradient. That moment is the attention's
+#: backward hold at their highest, beside its input and the hidden states' gradient. That moment was the attention's
 #: backward, after the MLP's: the rerun's normed input, q / k / v, the attention's output, the gradients flowing into
 #: and out of it (flash and cuDNN attention's backward add a float32 accumulator of the query's gradient), and the
-#: final hidden states that the training loop's output holds. Measured on an H200, Llama-3.1-8B LoRA (litgpt's loop,
+#: final hidden states that the training loop's output holds; since that backward runs over slices of key/value groups
+#: (``swap.attend.sliced_sdpa_backward``) it is the end of the rerun's forward (the norms' outputs, q / k / v, the
+#: attention's output, the MLP's and the Block's outputs). Measured on an H200, Llama-3.1-8B LoRA (litgpt's loop,
 #: an 80 GB card emulated), beside the weights and the GPU's kept inputs: 14.1 such tensors at 262,144 tokens
 #: (benchmarks/results/h200-2026-12-02d, m1) and 15.1 at 131,072 (h200-2026-12-02c, l2), of which two since removed:
 #: the embedding's output, which the lowest offloaded Block made a leaf that the graph held (1 tensor, both runs), and
@@ -95,8 +97,11 @@ TILE_WORKING = 4
 #: measured less, beside the weights, the GPU's inputs and the tile: 10.2 (T, C) tensors at 131,072 tokens and 10.6 at
 #: 262,144 (LoRA, h200-2026-12-04b k3, k2), 10.8 at 393,216 (QLoRA, h200-2026-12-04c q1), the input back from the host
 #: and the gradient flowing in included; the estimate at 11 (13 with those two) was 4.9%, 8.2% and 11.7% over those
-#: peaks. Counted as 10, plus those two (12), plus the tile's working set
-TILED_N_EMBD = 10
+#: peaks. Counted as 10 until the attention's backward ran over slices and the Block's forward let go of its qkv and
+#: attention outputs once read (``swap.block``): 8.05 such tensors at 262,144 tokens, those two included (LoRA, 55.4 ->
+#: 50.4 GiB, h200-2026-12-04d s1, s2; the same 5 GiB, 2.5 tensors, less at every length). Counted as 7, plus those
+#: two (9), plus the tile's working set
+TILED_N_EMBD = 7
 #: the share of the host's available memory (:func:`host_available`) the plan may pin for Block inputs: the rest
 #: for the data loader's workers, the page cache that reading data and checkpoints uses, the process's own growth.
 #: Llama-3.1-8B LoRA at 262,144 tokens (benchmarks/results/h200-2026-12-02d, m1) peaked at 76.7 GiB of host memory
