@@ -779,10 +779,10 @@ def test_pairs_holding_more_take_room_from_the_gpu_s_inputs(monkeypatch):
     with pytest.raises(memplan.MemoryPlanError) as err:  # (24 inputs, 12 pairs: 12 on the host, 24 GiB)
         memplan.decide(cfg, T, 37 * GiB, host=23 * GiB, tile=True)
     assert "12 of their inputs in pinned host memory, the lowest 24 Blocks in pairs" in str(err.value)
-    with pytest.raises(memplan.MemoryPlanError, match="41.0 GiB of the GPU"):
-        memplan.decide(cfg, 524288, 40.1 * GiB, host=73.8 * GiB, tile=True)
+    with pytest.raises(memplan.MemoryPlanError, match="49.0 GiB of the GPU"):  # (an offloaded pair's moment)
+        memplan.decide(cfg, 524288, 45.1 * GiB, host=73.8 * GiB, tile=True)
     monkeypatch.setattr(memplan, "PAIR_EXTRA_N_EMBD", 0)
-    assert memplan.decide(cfg, 524288, 40.1 * GiB, host=73.8 * GiB, tile=True).pairs == 14
+    assert memplan.decide(cfg, 524288, 45.1 * GiB, host=73.8 * GiB, tile=True).pairs == 12
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1664,3 +1664,24 @@ def test_gpu_long_document_recipe_completes(tmp_path):
     log = next((tmp_path / "work" / "recipe-runs").glob("*/stdout.txt")).read_text()
     assert "lit-liger: memory plan at 16,384 tokens per micro-batch" in log
     assert "Saved merged weights" in log
+
+
+def test_offloaded_block_s_moment_counts_without_the_gpu_s_inputs():
+    """An offloaded Block's backward holds ``OFFLOADED_EXTRA_N_EMBD`` (T, C) tensors more than a GPU-input Block's,
+    when the GPU's inputs are freed: with every input on the host that moment sets the plan's need (8B LoRA at 262k:
+    7 + 2 tensors, the tile, the input back and the gradient flowing in: 23 GiB, where the GPU's moment counts 19), so
+    21 GiB is refused, and at 23 GiB two inputs stay on the GPU (the GPU's moment with them is no larger); with 25 GiB
+    the GPU's moment with three inputs kept there is the larger, as before."""
+    cfg = _config("Llama-3.1-8B")
+    T = 262144
+    unit = T * cfg.n_embd * 2  # (2 GiB)
+    tile = memplan.TILE_WORKING * memplan.tile_tokens(cfg, T, 2) * 14336 * 2
+    off = (memplan.TILED_N_EMBD + memplan.OFFLOADED_EXTRA_N_EMBD + 2) * unit + tile
+    assert memplan.OFFLOADED_EXTRA_N_EMBD == 2 and off == 22 * GiB + tile
+    with pytest.raises(memplan.MemoryPlanError) as err:
+        memplan.decide(cfg, T, 21 * GiB, tile=True)
+    assert err.value.gpu_need == off
+    plan = memplan.decide(cfg, T, 23 * GiB, tile=True)
+    assert (plan.host, plan.need) == (30, off)
+    roomy = memplan.decide(cfg, T, 25 * GiB, tile=True)
+    assert roomy.host == 29 and roomy.need == (memplan.TILED_N_EMBD + 2) * unit + tile + 3 * unit > off

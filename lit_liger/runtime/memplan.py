@@ -48,11 +48,11 @@ from ..kernels import _launch
 from ..swap.state import state_of
 
 __all__ = ["ACT_N_EMBD", "ACT_INTERMEDIATE", "HOST_FRACTION", "LIMIT_FRACTION", "MEMORY_FRACTION", "MemPlan",
-           "MemoryPlanError", "Room", "TILED_N_EMBD", "TILE_BYTES", "attention_bytes", "available_bytes",
-           "block_forward_flops", "decide", "from_host", "grads_to_come", "host_available", "host_bytes",
-           "host_room", "keep_attention", "kept_bytes_per_token", "longest_tokens", "mlp_recompute_flops",
-           "offloaded", "optimizer_state_ahead", "plan_for", "release_pinned", "room_now", "state_ahead",
-           "tile_tokens", "tiled_mlp_flops", "to_host"]
+           "MemoryPlanError", "OFFLOADED_EXTRA_N_EMBD", "Room", "TILED_N_EMBD", "TILE_BYTES", "attention_bytes",
+           "available_bytes", "block_forward_flops", "decide", "from_host", "grads_to_come", "host_available",
+           "host_bytes", "host_room", "keep_attention", "kept_bytes_per_token", "longest_tokens",
+           "mlp_recompute_flops", "offloaded", "optimizer_state_ahead", "plan_for", "release_pinned", "room_now",
+           "state_ahead", "tile_tokens", "tiled_mlp_flops", "to_host"]
 
 #: the values (of the activations' dtype) a Block keeps per token for backward, per unit of ``n_embd`` and of
 #: ``intermediate_size``
@@ -102,6 +102,13 @@ TILE_WORKING = 4
 #: 50.4 GiB, h200-2026-12-04d s1, s2; the same 5 GiB, 2.5 tensors, less at every length). Counted as 7, plus those
 #: two (9), plus the tile's working set
 TILED_N_EMBD = 7
+#: ``(T, C)`` tensors an offloaded Block's backward (its input back from the host, rerun under a reentrant checkpoint)
+#: holds beyond :data:`TILED_N_EMBD`, at a moment when the inputs the GPU keeps (the top Blocks', whose backward ran
+#: first) are freed: the reentrant rerun's output, held through its backward, and the gradients of the attention's
+#: output. Measured: 10.8 such tensors at 262,144 tokens of Llama-3.1-8B LoRA (with every input but two on the host,
+#: 36.8 GiB, h200-2026-12-04d s4; with every input on the host and a 40 GiB card the run ran out of memory there, s3,
+#: where the plan had counted 9), the input and the gradient flowing in included
+OFFLOADED_EXTRA_N_EMBD = 2
 #: the share of the host's available memory (:func:`host_available`) the plan may pin for Block inputs: the rest
 #: for the data loader's workers, the page cache that reading data and checkpoints uses, the process's own growth.
 #: Llama-3.1-8B LoRA at 262,144 tokens (benchmarks/results/h200-2026-12-02d, m1) peaked at 76.7 GiB of host memory
@@ -414,15 +421,20 @@ def _search(config: Any, tokens: int, available: float, elt: int, host: float | 
         # (58.3 against 51.4 GiB, h200-2026-12-02d, m1), hence :data:`TILED_N_EMBD`: 52.2 GiB expected for that run's
         # placement, 5.8% over its peak less the embedding output the graph no longer holds (49.4; not re-measured)
         base = max(loss, transient(n, tk) + inp) + inp
+        # an offloaded Block's backward holds more (OFFLOADED_EXTRA_N_EMBD), but the GPU's inputs (the top Blocks')
+        # are freed by then: the larger of the two moments
+        off = transient(n, tk) + OFFLOADED_EXTRA_N_EMBD * C * elt * tokens + 2 * inp
         h = max(1, min(n, -(-int(base + n * inp - available) // inp)))
-        plan = MemPlan(n, False, base + (n - h) * inp, available, 0, host=h, tile=tk, host_need=h * per_input,
-                       host_room=host)
+        plan = MemPlan(n, False, max(base + (n - h) * inp, off), available, 0, host=h, tile=tk,
+                       host_need=h * per_input, host_room=host)
         if host is not None and plan.host_need > host and plan.need <= available:
             # pairs: what their backward holds beyond an offloaded Block's (PAIR_EXTRA_N_EMBD); where that does not
             # fit beside the inputs the GPU keeps, more of them go to the host
             paired_base = max(loss, transient(n, tk) + (1 + PAIR_EXTRA_N_EMBD) * inp) + inp
+            paired_off = off + PAIR_EXTRA_N_EMBD * inp
             for more in range(h, n + 1):
-                plan = _paired(replace(plan, need=paired_base + (n - more) * inp, host=more), per_input, host)
+                plan = _paired(replace(plan, need=max(paired_base + (n - more) * inp, paired_off), host=more),
+                               per_input, host)
                 if plan.need <= available:
                     break
         least = plan if least is None or plan.need < least.need else least
