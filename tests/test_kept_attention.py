@@ -224,10 +224,10 @@ def test_plan_for_keeps_attention_only_where_inputs_go_to_the_host_and_the_model
     def gpt():
         return types.SimpleNamespace(config=cfg, parameters=lambda: iter([torch.nn.Parameter(torch.zeros(4))]))
 
-    long = memplan.plan_for(gpt(), 131072, cuda, tile=True, attend=lambda: asked.append(1) or True)
+    long = memplan.plan_for(gpt(), 196608, cuda, tile=True, attend=lambda: asked.append(1) or True)
     assert long.host and long.attn == 32 and asked == [1]
     assert long.host_need <= long.host_room and long.need <= long.available
-    assert memplan.plan_for(gpt(), 131072, cuda, tile=True, attend=False).attn == 0
+    assert memplan.plan_for(gpt(), 196608, cuda, tile=True, attend=False).attn == 0
     short = memplan.plan_for(gpt(), 2048, cuda, tile=True, attend=lambda: asked.append(1) or True)
     assert short.recompute == 0 and short.attn == 0 and asked == [1]
 
