@@ -3,11 +3,14 @@ lit-liger's Triton attention kernel (``lit_liger.kernels.attention``), forward a
 
 usage: python -m benchmarks diag long-attn [OUT.json]   (env: TOKENS=65536,131072,262144,524288 HEADS=32:8:128
                                                          (query heads : key/value groups : head size, Llama-3.1-8B's),
-                                                         REPS=2)
+                                                         REPS=2, BACKENDS=name,... (default: all))
 
 The SDPA backends run twice: with the key / value heads repeated to the query heads (LitGPT's layout for them), and
 with the groups as they are and ``enable_gqa=True`` (``*-gqa``: the call lit-liger's GQA layers make; ``torch-gqa``
-with every backend on, and the aten op PyTorch's choice runs there, from the profiler). Per backend and length: the median time of the forward and of the forward + backward (CUDA events, B = 1, bf16), their
+with every backend on, and the aten op PyTorch's choice runs there, from the profiler). ``rerun-gqa`` and
+``rerun-sliced-gqa``: a recomputed Block's attention in lit-liger (``swap.attend.kept_sdpa``, the kernel PyTorch picks
+called apart), its backward in one call and over slices of key/value groups (``sliced_sdpa_backward``, as the
+product runs it): what the slices save in memory and cost in time. Per backend and length: the median time of the forward and of the forward + backward (CUDA events, B = 1, bf16), their
 TFLOP/s counting the causal half (forward 2 GEMMs, backward 5: ``2 * 2 * T^2 / 2 * nh * hs`` per GEMM pair's share),
 and the backward's extra memory. A backend that cannot take the shape prints its error and is skipped.
 """
@@ -41,7 +44,20 @@ def _backends() -> dict:
             # enable_gqa=True, per backend and with every backend on (PyTorch's choice, as at these lengths)
             "cudnn-gqa": sdpa(B.CUDNN_ATTENTION, gqa=True), "flash-gqa": sdpa(B.FLASH_ATTENTION, gqa=True),
             "torch-gqa": sdpa(B.CUDNN_ATTENTION, B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH, gqa=True),
-            "lit-liger": lambda q, k, v: softcap_attention(q, k, v, q.size(-1) ** -0.5, None)}
+            "lit-liger": lambda q, k, v: softcap_attention(q, k, v, q.size(-1) ** -0.5, None),
+            # a recomputed Block's attention (the kernel PyTorch picks, called apart), its backward in one call / over
+            # slices (SLICED below sets kernels._launch.ATTN_BWD_SLICE_BYTES around the measurement)
+            "rerun-gqa": _rerun, "rerun-sliced-gqa": _rerun}
+
+
+#: the backends whose backward runs over slices of key/value groups (the others' in one call)
+SLICED = ("rerun-sliced-gqa",)
+
+
+def _rerun(q, k, v):
+    from lit_liger.swap import attend
+
+    return attend.kept_sdpa(attend.KeptAttention(keep=False), q, k, v, q.size(-1) ** -0.5)
 
 
 def _chosen_gqa(T: int, nh: int, ng: int, hs: int) -> str:
@@ -93,6 +109,10 @@ def main(argv: list[str]) -> None:
     tokens = [int(t) for t in os.environ.get("TOKENS", "65536,131072,262144,524288").split(",")]
     nh, ng, hs = (int(v) for v in os.environ.get("HEADS", "32:8:128").split(":"))
     reps = int(os.environ.get("REPS", "2"))
+    only = [b for b in os.environ.get("BACKENDS", "").split(",") if b]
+    from lit_liger.kernels import _launch
+
+    slice_cap = _launch.ATTN_BWD_SLICE_BYTES
     rows = []
     print(f"{'backend':<10} {'tokens':>8} {'fwd s':>8} {'fwd TF/s':>9} {'f+b s':>8} {'f+b TF/s':>9} {'bwd extra GiB':>13}")
     for T in tokens:
@@ -105,6 +125,10 @@ def main(argv: list[str]) -> None:
         rows.append({"backend": "torch-gqa-choice", "tokens": T, "ops": chosen})
         torch.cuda.empty_cache()
         for name, fn in _backends().items():
+            if only and name not in only:
+                continue
+            # (one call unless the backend is a sliced one: the cap past any query's bytes)
+            _launch.ATTN_BWD_SLICE_BYTES = slice_cap if name in SLICED else 1 << 62
             try:
                 fwd, both, extra = _measure(name, fn, T, nh, ng, hs, reps)
             except Exception as e:  # noqa: BLE001 - a backend that cannot take the shape
@@ -112,6 +136,7 @@ def main(argv: list[str]) -> None:
                 rows.append({"backend": name, "tokens": T, "error": str(e).splitlines()[0][:300]})
                 continue
             finally:
+                _launch.ATTN_BWD_SLICE_BYTES = slice_cap
                 torch.cuda.empty_cache()
             row = {"backend": name, "tokens": T, "fwd_s": fwd, "fwd_tflops": flops_fwd / fwd / 1e12, "fwd_bwd_s": both,
                    "fwd_bwd_tflops": 3.5 * flops_fwd / both / 1e12, "bwd_extra_gib": extra}
