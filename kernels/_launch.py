@@ -265,8 +265,11 @@ MLP_CHUNK_BYTES = 256 * 2**20
 #: the most bytes of the query one call of the attention's backward (``lit_liger.swap.attend``'s recomputed Blocks)
 #: takes: where the query is larger, the backward runs over slices of whole key/value groups. Flash's and cuDNN's
 #: backwards hold a float32 accumulator of the query's gradient (twice the query's bytes) beside their outputs: at
-#: Llama-3.1-8B's width and 262,144 tokens 4 GiB in one call, 0.5 GiB over its 8 groups. 256 MiB keeps 32k tokens of a
-#: 4096-wide query (and every shorter one) in one call; the slices still hold thousands of row blocks each
+#: Llama-3.1-8B's width and 262,144 tokens 4 GiB in one call, 0.5 GiB over its 8 groups (measured with cuDNN's
+#: workspace: 706 MiB above the inputs in one call at 16k tokens, 280 MiB over 8 slices; at 262k a slice's call held
+#: 1.4 GiB; benchmarks/results/h200-2026-12-04d). 256 MiB keeps 32k tokens of a 4096-wide query (and every shorter one)
+#: in one call; the slices still hold thousands of row blocks each. Whether slices cost time is not measured yet
+#: (``python -m benchmarks diag long-attn``'s ``rerun-gqa`` / ``rerun-sliced-gqa``)
 ATTN_BWD_SLICE_BYTES = 256 * 2**20
 
 
@@ -278,6 +281,7 @@ def attn_bwd_slices(n_groups: int, q_bytes: int) -> int:
         if n_groups % parts == 0 and q_bytes <= ATTN_BWD_SLICE_BYTES * parts:
             return parts
     return max(1, n_groups)
+
 
 def mlp_chunk_rows(n_rows: int, row_bytes: int = 0) -> int:
     """Rows per chunk of :func:`glu_mlp` (frozen MLP, recomputed in its backward): its transient ``(rows, I)``

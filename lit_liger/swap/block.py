@@ -148,7 +148,8 @@ class _BlockMixin:
             attention_output = self.attn._liger_attend(qkv_out, cos, sin, mask)
             # the locals this forward no longer reads are dropped as it goes: held to its return, the qkv output,
             # the attention's output and norm_2's output would sit beside the MLP's output and the Block's (at
-            # 262,144 tokens of Llama-3.1-8B, 7 GiB at a recomputed Block's rerun, the backward's peak then)
+            # 262,144 tokens of Llama-3.1-8B, 5 GiB more at a recomputed Block's rerun, the backward's peak then:
+            # benchmarks/results/h200-2026-12-04d)
             del qkv_out
         else:
             x_normed = n1(x)
