@@ -277,7 +277,7 @@ def test_gpu_graphs_capture_checkpointed_steps(monkeypatch):
 
 def test_block_drops_what_it_no_longer_reads_before_its_last_add(monkeypatch):
     """Issue 68: a swapped Block's forward lets go of the qkv output and the attention's output once read (held to the
-    return, they sat beside the MLP's and the Block's outputs: 7 GiB at a 262k-token rerun of Llama-3.1-8B, the
+    return, they sat beside the MLP's and the Block's outputs: 5 GiB at a 262k-token rerun of Llama-3.1-8B, the
     backward's peak). Checked where the Block adds the MLP's output (``post_mlp_norm`` is called then), in a LoRA
     model with every Block's norm formed again (the path of a long sequence's rerun), with the loss still the same."""
     import weakref

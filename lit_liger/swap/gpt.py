@@ -388,7 +388,7 @@ class _GPTMixin:
         rt = state_of(self).runtime
         # (the recomputed Blocks above the lowest `attn` keep nothing; their reruns' backward runs over slices)
         kept = [_attend.KeptAttention(rt if i < attn_host else None, keep=i < attn)
-                for i in range(min(recompute, len(self.transformer.h)))]
+                for i in range(min(recompute, len(blocks)))]
         kept += [None] * (len(blocks) - len(kept))
         for block_idx, block in enumerate(blocks):
             if second:  # (run with the Block below it, an offloaded pair)
