@@ -37,6 +37,9 @@ __all__ = [
     "cdiv",
     "ATTN_BWD_SLICE_BYTES",
     "attn_bwd_slices",
+    "LORA_BRANCH_SMS",
+    "LORA_BRANCH_MAX_ROWS",
+    "lora_branch_sms",
     "next_pow2",
     "FastKernel",
     "fast_launch",
@@ -271,6 +274,34 @@ MLP_CHUNK_BYTES = 256 * 2**20
 #: in one call; the slices still hold thousands of row blocks each. Whether slices cost time is not measured yet
 #: (``python -m benchmarks diag long-attn``'s ``rerun-gqa`` / ``rerun-sliced-gqa``)
 ATTN_BWD_SLICE_BYTES = 256 * 2**20
+
+
+#: SMs that a LoRA layer's frozen input-gradient GEMM leaves free for the layer's LoRA branch, in a CUDA graph's
+#: backward (the branch on a second stream: ``lit_liger.swap.lora``). At a recipe's few hundred rows cuBLAS's kernel for
+#: that GEMM is one wave over every SM (gemma2-2b's fc backward: 2 x 66 tiles on the H200's 132 SMs), so the branch's
+#: small kernels (``dh``, ``dh A``, ``dB``, the dropout's backward, ``dA``) waited for its end: ``dy B`` reported 46.6 us
+#: against ~5 alone. Through cuBLASLt with 16 SMs left (PyTorch's SM carveout, which its cuBLAS path ignores) the
+#: frozen GEMM runs on 116 and the branch beside it. Measured on an H200 (torch 2.11, ``python -m benchmarks diag
+#: lora-cost``, gemma2-2b's recipe: 26 layers, 2 x 256 tokens, r 8 on every projection, dropout 0.1; one process, the
+#: variants in turns, benchmarks/results/h200-2026-12-04e): the backward graphs 9.59 -> 8.47 ms with 16 SMs (8: 9.13,
+#: 24: 8.44; cuBLASLt without a carveout 9.58). The forward with a carveout was not faster (7.07-7.14 against 6.89
+#: ms: the dropout's kernel is as long as the branch's share of the frozen GEMM). Hopper only, where it was measured.
+LORA_BRANCH_SMS = 16
+#: ... and only for GEMMs of at most this many rows: at a few thousand rows (the README's Llama-3.2-1B rows: 2,048) the
+#: frozen GEMM is several waves and the branch's kernels find SMs between them; not measured there, so left alone
+LORA_BRANCH_MAX_ROWS = 1024
+
+
+def lora_branch_sms(device: torch.device, rows: int) -> int | None:
+    """:data:`LORA_BRANCH_SMS` for a LoRA layer's frozen input-gradient GEMM of ``rows`` rows on ``device`` while its
+    branch runs beside it, or None (no carveout: another GPU than Hopper, ROCm, a torch without PyTorch's SM
+    carveout, or more than :data:`LORA_BRANCH_MAX_ROWS` rows)."""
+    if rows > LORA_BRANCH_MAX_ROWS or not hasattr(torch._C, "_set_sm_carveout_experimental"):
+        return None
+    lim = device_limits(device)
+    if lim.is_hip or lim.capability != (9, 0) or lim.sm_count <= LORA_BRANCH_SMS:
+        return None
+    return LORA_BRANCH_SMS
 
 
 def attn_bwd_slices(n_groups: int, q_bytes: int) -> int:

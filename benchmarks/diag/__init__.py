@@ -47,6 +47,8 @@ DIAGS = {
                                      "Triton, memcpy, memset, two streams, cuBLAS), the GPU idle or busy"),
     "capture-cost": ("capture_cost", "what a CUDA-graph capture costs on the host and where its recording's time goes "
                                      "(cProfile), against the same micro-batches uncaptured"),
+    "lora-cost": ("lora_cost", "what a recipe's LoRA layers cost a training iteration on the GPU (CUDA graphs, CUDA "
+                               "events), per variant of the model or of lit-liger's LoRA code, in turns (issue 66)"),
 }
 
 

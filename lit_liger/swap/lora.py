@@ -22,12 +22,15 @@ then adds: equal in fp32 up to summation order, within bf16 rounding in bf16. Pa
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels._launch import lora_branch_sms
 from ..kernels.dropout import dropout_grad_add_, dropped_from_bits, encode_dropped_, pack_kept
 from ..kernels.rms_norm import rms_norm_again
 from ._common import _called_plainly, _is_dtensor, _plain_linear
@@ -124,6 +127,33 @@ class _Branch:
     def join(self) -> None:
         if self.side is not None:
             self.main.wait_stream(self.side)
+
+
+@contextlib.contextmanager
+def _beside_branch(branch: _Branch, t: torch.Tensor):
+    """The body's GEMMs through cuBLASLt leaving :func:`lit_liger.kernels._launch.lora_branch_sms` SMs free (PyTorch's
+    SM carveout), where ``branch`` runs on a second stream beside them (a capture) and the device and the rows of ``t``
+    call for it; the body as it is elsewhere. Both settings are the process's (PyTorch has no other way to give them);
+    they are back as they were when the body ends. Inside a capture the carveout is recorded into the graph's kernels,
+    so that replays cost no host time for it."""
+    sms = lora_branch_sms(t.device, t.shape[0]) if branch.side is not None else None
+    if sms is None:
+        yield
+        return
+    blas, carve = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    with warnings.catch_warnings():  # (PyTorch warns once that the carveout is experimental)
+        warnings.simplefilter("ignore")
+        torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(carve)
+        torch.backends.cuda.preferred_blas_library(blas)
+
+
+#: (experiment) while captured, dropout(x) and A's gradient on the branch's stream beside the frozen GEMM
+_EARLY_DA = [True]
 
 
 class _LoRAFn(torch.autograd.Function):
@@ -247,25 +277,33 @@ class _LoRAFn(torch.autograd.Function):
                         dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0,
                                                       alpha=scaling)
                         row += hi - lo
+            if _EARLY_DA[0] and branch.side is not None and ctx.bits and need_a and need_x:
+                # while captured: dropout(x) formed again and A's gradient here, beside the frozen GEMM; after the
+                # join only the dropout's backward is left to add into dx
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
+                da = dh.t() @ xd2  # (n·r, C)
         if need_x:
             if ctx.fp8:
                 from .fp8 import frozen_base_fp8_dx
 
                 dx = frozen_base_fp8_dx(dy2, weight, w_scale)  # (N, C)
             else:
-                dx = dy2 @ (dequantize(weight, dy2.dtype) if ctx.quantized else weight)  # (N, C)
+                w = dequantize(weight, dy2.dtype) if ctx.quantized else weight
+                with _beside_branch(branch, dy2):  # (leaving SMs to the branch's kernels while captured)
+                    dx = dy2 @ w  # (N, C)
         branch.join()
         if need_x:
             if ctx.same_input:
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
-                                        write_xd=need_a)
+                formed = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
+                                           write_xd=need_a and da is None)
+                xd2 = formed if da is None else xd2
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dxd_lora, xd2, 1.0 / (1.0 - ctx.p))
-        if need_a and ctx.bits:
+        if need_a and ctx.bits and da is None:
             if xd2 is None:  # (x's gradient not asked for)
                 xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
             da = dh.t() @ xd2  # (n·r, C)
