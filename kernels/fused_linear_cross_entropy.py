@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from ._checks import as_rows, check_float, check_last_dim, check_same_device, check_same_dtype
-from ._launch import cdiv, device_limits, elementwise_plan, fast_launch, next_pow2, row_plan, use_triton
+from ._launch import cdiv, elementwise_plan, fast_launch, next_pow2, row_plan, use_triton
 
 __all__ = ["fused_linear_cross_entropy", "fused_linear_cross_entropy_reference", "CHECK_TARGETS"]
 
@@ -165,8 +165,9 @@ def _tanh(x):
     """fp32 tanh as ``1 - 2 / (1 + e^2x)``: one exp and one division (no libdevice, which Triton's interpreter lacks);
     ``e^2x`` overflows to inf for large ``x`` (tanh 1) and underflows to 0 for very negative ``x`` (tanh -1). Near 0
     its error is absolute (~1e-7), not relative: the softcap multiplies it by at most a few tens, far below the
-    16-bit logits' own rounding. (A Taylor branch near 0 beside the exp form, computed for every element, made the
-    kernel's arithmetic about half again as long.)"""
+    16-bit logits' own rounding. (It replaced an odd Taylor branch near 0 computed beside the exp form for every
+    element: gemma2-2b's recipe's loss, with the head's LoRA change below, 2.52 -> 2.33 ms an iteration on an H200,
+    benchmarks/results/h200-2026-12-04e.)"""
     return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * x))
 
 
@@ -271,76 +272,6 @@ def _flce_rows_kernel(
         coef = tl.where(valid & in_range, scale, 0.0)
         _write_grad(row_ptr, row_mask, 0, n_cols, n_cols, target, lse, coef, softcap, label_smoothing, z_loss,
                     HAS_SOFTCAP, BLOCK)
-
-
-@fast_launch
-@triton.jit
-def _flce_split_stats_kernel(
-    LOGITS, TARGET, PM, PS, PZ, ZT,
-    n_rows, stride_row, n_cols, width, softcap,
-    HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """"fast" mode with the vocabulary split (few rows: :func:`_kernel_plan`), pass 1: program ``(i, j)`` scans the
-    columns ``[j * width, (j + 1) * width)`` of ROWS rows and writes their partial (max, sum of exp, sum of z) to
-    ``PM/PS/PZ[j * n_rows + row]`` (fp32), and the target's capped logit to ``ZT[row]`` where the target is in them."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    row_mask = rows < n_rows
-    col0 = tl.program_id(1).to(tl.int64) * width
-    n = tl.minimum(width, n_cols - col0)
-    m, s, zsum = _scan_stats(LOGITS + rows[:, None] * stride_row + col0, row_mask, n, softcap, HAS_SOFTCAP,
-                             HAS_SMOOTHING, ROWS, BLOCK)
-    part = tl.program_id(1).to(tl.int64) * n_rows + rows
-    tl.store(PM + part, m, mask=row_mask)
-    tl.store(PS + part, s, mask=row_mask)
-    if HAS_SMOOTHING:
-        tl.store(PZ + part, zsum, mask=row_mask)
-    target = tl.load(TARGET + rows, mask=row_mask, other=-1).to(tl.int64)
-    hit = row_mask & (target >= col0) & (target < col0 + n)
-    zt = tl.load(LOGITS + rows * stride_row + tl.where(hit, target, 0), mask=hit, other=0.0)
-    tl.store(ZT + rows, _capped(zt, softcap, HAS_SOFTCAP), mask=hit)
-
-
-@fast_launch
-@triton.jit
-def _flce_split_grad_kernel(
-    LOGITS, TARGET, PM, PS, PZ, ZT, ROW_LOSS, SCALE,
-    n_rows, stride_row, stride_scale, n_cols, width, splits, ignore_index,
-    softcap, label_smoothing, z_loss,
-    HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_GRAD: tl.constexpr, SPLITS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """"fast" mode with the vocabulary split, pass 2: program ``(i, j)`` merges its rows' ``splits`` partials (SPLITS:
-    a power of two >= ``splits``) into the log-sum-exp; ``j == 0`` writes the rows' losses to ROW_LOSS; with
-    WRITE_GRAD, every program overwrites its columns of the rows in place with ``SCALE[row * stride_scale] *
-    dloss/dlogits`` (zero for ignored rows)."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    row_mask = rows < n_rows
-    target = tl.load(TARGET + rows, mask=row_mask, other=ignore_index).to(tl.int64)
-    valid = target != ignore_index
-    in_range = (target >= 0) & (target < n_cols)
-    parts = tl.arange(0, SPLITS)
-    at = parts[None, :].to(tl.int64) * n_rows + rows[:, None]  # (ROWS, SPLITS)
-    ok = row_mask[:, None] & (parts < splits)[None, :]
-    pm = tl.load(PM + at, mask=ok, other=float("-inf"))
-    m = tl.max(pm, axis=1)  # finite for rows in range: every split has >= 1 column
-    m_safe = tl.where(row_mask, m, 0.0)
-    s = tl.sum(tl.where(ok, tl.load(PS + at, mask=ok, other=0.0) * tl.exp(pm - m_safe[:, None]), 0.0), axis=1)
-    lse = m_safe + tl.log(tl.where(row_mask, s, 1.0))  # (ROWS,)
-    if tl.program_id(1) == 0:
-        tl.device_assert(in_range | ~valid, "fused_linear_cross_entropy: target outside [0, V)")
-        zsum = tl.zeros([ROWS], tl.float32)
-        if HAS_SMOOTHING:
-            zsum = tl.sum(tl.load(PZ + at, mask=ok, other=0.0), axis=1)
-        zt = tl.where(in_range, tl.load(ZT + rows, mask=row_mask & in_range, other=0.0), 0.0)
-        loss = _row_loss(lse, zt, zsum, n_cols, valid, in_range, label_smoothing, z_loss)
-        tl.store(ROW_LOSS + rows, loss, mask=row_mask)
-    if WRITE_GRAD:
-        col0 = tl.program_id(1).to(tl.int64) * width
-        n = tl.minimum(width, n_cols - col0)
-        scale = tl.load(SCALE + rows * stride_scale, mask=row_mask, other=0.0)
-        coef = tl.where(valid & in_range, scale, 0.0)
-        _write_grad(LOGITS + rows[:, None] * stride_row + col0, row_mask, col0, n, n_cols, target, lse, coef, softcap,
-                    label_smoothing, z_loss, HAS_SOFTCAP, BLOCK)
 
 
 @fast_launch
@@ -485,10 +416,6 @@ def _grad_input_gemm(out: torch.Tensor, dlogits: torch.Tensor, weight: torch.Ten
         _mm_fp32(out, dlogits, weight, accumulate)
 
 
-#: (experiment) the LoRA head's logits update written first and the frozen head's GEMM added onto it
-_HEAD_IN_GEMM = [True]
-
-
 class _LoRAPass:
     """The LoRA head's share of one chunked pass: ``logits += xa_c B_c^T`` per chunk, its gradients from each chunk's
     dlogits, then the input-side gradients once. ``lora`` is ``(A (r, H), B (V, r), x_lora (N, H) | None, s)``
@@ -527,10 +454,6 @@ class _LoRAPass:
         """out (rows, cols) = x (rows, H) @ weight (cols, H)^T (+ bias) + xa[r0:r1] (rows, r) @ B[v0:v1]^T (r, cols), in
         the input dtype: the rank-r product written first and the frozen product added onto it inside its GEMM (an
         (rows, cols) pass fewer than adding the update after it)."""
-        if not _HEAD_IN_GEMM[0]:
-            _logits_gemm(out, x, weight, bias)
-            out.addmm_(self.xa[r0:r1], self.b[v0:v1].t())
-            return
         _logits_gemm(out, self.xa[r0:r1], self.b[v0:v1], bias)
         out.addmm_(x, weight.t())
 
@@ -656,27 +579,6 @@ def _kernel_plan(n_rows: int, n_cols: int, logits: torch.Tensor) -> dict:
     return dict(grid=(cdiv(n_rows, rows),), ROWS=rows, BLOCK=plan.block, num_warps=plan.num_warps)
 
 
-#: "fast" mode splits each row's vocabulary over several programs where the rows alone give fewer than this many
-#: programs per SM. One program walks its row's columns block after block, each block's loads waiting on the block
-#: before (an online max / sum): at a recipe's few hundred rows the GPU holds too few loads in flight for its memory.
-#: gemma2-2b's recipe (512 rows of 256,000 logits, softcap): the one-program-per-row kernel took 475 us an iteration
-#: (1.65 TB/s over its two reads and one write), h200-2026-12-04e's lora-cost traces
-SPLIT_PROGRAMS_PER_SM = 16
-
-
-def _vocab_splits(n_rows: int, n_cols: int, plan: dict, device: torch.device) -> tuple[int, int]:
-    """``(splits, width)`` of :func:`_fast`'s vocabulary split for a chunk of ``n_rows`` rows with the kernel plan
-    ``plan``: the fewest splits, each of whole blocks, that give :data:`SPLIT_PROGRAMS_PER_SM` programs per SM
-    (``(1, n_cols)``: none)."""
-    programs = plan["grid"][0]
-    want = cdiv(SPLIT_PROGRAMS_PER_SM * device_limits(device).sm_count, max(programs, 1))
-    splits = max(1, min(want, cdiv(n_cols, plan["BLOCK"])))
-    if splits == 1:
-        return 1, n_cols
-    width = cdiv(cdiv(n_cols, splits), plan["BLOCK"]) * plan["BLOCK"]
-    return cdiv(n_cols, width), width
-
-
 # ----------------------------------------------------------------------------------------------
 # The two operating points (plain functions; the custom ops below call them)
 # ----------------------------------------------------------------------------------------------
@@ -716,8 +618,13 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
             else:
                 _logits_gemm(logits, x_c, weight, bias)
             scale_c = scale[r0:r1] if per_row else scale
-            _rows_kernels(logits, target[r0:r1], row_loss[r0:r1], scale_c, per_row, ignore_index, softcap,
-                          label_smoothing, z_loss, write_grad)
+            plan = _kernel_plan(r1 - r0, vocab, logits)
+            _flce_rows_kernel[plan.pop("grid")](
+                logits, target[r0:r1], row_loss[r0:r1], scale_c,
+                r1 - r0, logits.stride(0), 1 if per_row else 0, vocab, ignore_index,
+                softcap or 1.0, label_smoothing, z_loss,
+                HAS_SOFTCAP=bool(softcap), HAS_SMOOTHING=label_smoothing > 0, WRITE_GRAD=write_grad, **plan,
+            )
             dlogits = logits  # (Nc, V), overwritten in place by the kernel
             if need_dx:
                 _grad_input_gemm(dx[r0:r1], dlogits, weight, accumulate=None)  # (Nc, H)
@@ -738,32 +645,6 @@ def _fast(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing
     if lo is None:
         return row_loss, dx, dw, db
     return (row_loss, dx, dw, db, *lo.finish(dx, accumulate32=False))
-
-
-def _rows_kernels(logits, target, row_loss, scale, per_row, ignore_index, softcap, label_smoothing, z_loss,
-                  write_grad) -> None:
-    """"fast" mode's kernels over one (Nc, V) chunk of logits: the rows' losses into ``row_loss`` and, with
-    ``write_grad``, the logits overwritten with their gradient; one program per row, or, for few rows, the vocabulary
-    split over several (:func:`_vocab_splits`: two kernels, the partial statistics between them)."""
-    n_rows, vocab = logits.shape
-    plan = _kernel_plan(n_rows, vocab, logits)
-    splits, width = _vocab_splits(n_rows, vocab, plan, logits.device)
-    common = dict(HAS_SOFTCAP=bool(softcap), HAS_SMOOTHING=label_smoothing > 0)
-    if splits == 1:
-        _flce_rows_kernel[plan.pop("grid")](
-            logits, target, row_loss, scale, n_rows, logits.stride(0), 1 if per_row else 0, vocab, ignore_index,
-            softcap or 1.0, label_smoothing, z_loss, WRITE_GRAD=write_grad, **common, **plan)
-        return
-    programs = plan.pop("grid")[0]
-    part = torch.empty((3 if label_smoothing > 0 else 2, splits, n_rows), dtype=torch.float32, device=logits.device)
-    zt = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-    _flce_split_stats_kernel[(programs, splits)](
-        logits, target, part[0], part[1], part[-1], zt, n_rows, logits.stride(0), vocab, width, softcap or 1.0,
-        **common, **plan)
-    _flce_split_grad_kernel[(programs, splits if write_grad else 1)](
-        logits, target, part[0], part[1], part[-1], zt, row_loss, scale, n_rows, logits.stride(0),
-        1 if per_row else 0, vocab, width, splits, ignore_index, softcap or 1.0, label_smoothing, z_loss,
-        WRITE_GRAD=write_grad, SPLITS=next_pow2(splits), **common, **plan)
 
 
 def _lean(x, weight, target, bias, scale, ignore_index, softcap, label_smoothing, z_loss, chunk_size,

@@ -124,28 +124,6 @@ def test_one_row_per_program(mode, device, monkeypatch):
     _check_against_fp64(x, w, b, t, torch.bfloat16, opts)
 
 
-@pytest.mark.parametrize("programs_per_sm", [0, 1000])
-def test_vocabulary_split_and_one_program_per_row(programs_per_sm, device, monkeypatch):
-    """"fast" mode with each row's vocabulary over several programs (few rows) and without (one program per row):
-    both against fp64, every option on, rows of one chunk and of two."""
-    seen = []
-    split = flce._vocab_splits
-    monkeypatch.setattr(flce, "_vocab_splits", lambda *a: seen.append(split(*a)) or seen[-1])
-    monkeypatch.setattr(flce, "SPLIT_PROGRAMS_PER_SM", programs_per_sm)
-    monkeypatch.setattr(flce, "_MAX_V_BLOCK", 32)  # (V = 301: 10 blocks, the last partly masked)
-    monkeypatch.setattr(flce, "_INTERPRET_ROWS", 4)
-    x, w, b, t = _inputs(device, torch.float32, bias=True)
-    opts = dict(softcap=5.0, label_smoothing=0.1, z_loss=1e-3, mode="fast", chunk_size=CHUNK["fast"])
-    _check_against_fp64(x, w, b, t, torch.float32, opts)
-    x, w, b, t = _inputs(device, torch.bfloat16, seed=1)
-    _check_against_fp64(x, w, None, t, torch.bfloat16, dict(mode="fast", softcap=30.0))
-    assert seen and all(width * (splits - 1) < V <= width * splits for splits, width in seen)
-    if programs_per_sm == 0:
-        assert all(s == (1, V) for s in seen)
-    elif torch.device(device).type == "cpu":  # (4 SMs for the interpreter: the most splits the 10 blocks allow)
-        assert all(splits == 10 and width == 32 for splits, width in seen)
-
-
 @pytest.mark.parametrize("mode", ["fast", "lean"])
 def test_fp16(mode, device):
     x, w, b, t = _inputs(device, torch.float16, bias=True)

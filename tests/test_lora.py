@@ -333,3 +333,53 @@ def test_gpu_branch_on_a_second_stream_is_bit_for_bit(case):
     for name, got, ref in zip(("y", "dx", "dA", "dB"), captured, eager):
         assert torch.equal(got, ref), (case, name, (got.float() - ref.float()).abs().max())
     assert captured[1].abs().sum() > 0 and captured[2].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The SM carveout of a captured LoRA layer's frozen input-gradient GEMM (kernels._launch.lora_branch_sms)
+# ------------------------------------------------------------------------------------------------
+def test_lora_branch_sms_only_on_hopper_and_for_few_rows(monkeypatch):
+    """The carveout where it was measured (Hopper, CUDA, at most LORA_BRANCH_MAX_ROWS rows), nowhere else."""
+    from lit_liger.kernels import _launch
+
+    limits = {"h200": _launch.DeviceLimits("h200", 32, 1024, 132, (9, 0), False),
+              "a100": _launch.DeviceLimits("a100", 32, 1024, 108, (8, 0), False),
+              "mi300": _launch.DeviceLimits("mi300", 64, 1024, 304, (9, 4), True)}
+    for name, lim in limits.items():
+        monkeypatch.setattr(_launch, "device_limits", lambda device, lim=lim: lim)
+        got = _launch.lora_branch_sms(torch.device("cuda"), 512)
+        assert got == (_launch.LORA_BRANCH_SMS if name == "h200" else None), name
+        assert _launch.lora_branch_sms(torch.device("cuda"), _launch.LORA_BRANCH_MAX_ROWS + 1) is None
+    monkeypatch.delattr(torch._C, "_set_sm_carveout_experimental")  # (a torch without PyTorch's carveout)
+    assert _launch.lora_branch_sms(torch.device("cuda"), 512) is None
+
+
+def test_gemm_beside_the_branch_sets_and_restores_the_blas_settings(monkeypatch):
+    """``_beside_branch``: cuBLASLt and the carveout for the body where the branch runs beside it (a side stream) and
+    the rows call for it, both back as they were after it (an error inside included); untouched otherwise."""
+    from types import SimpleNamespace
+
+    from lit_liger.swap import lora as lora_mod
+
+    state = {"blas": "cublas", "carve": 4}
+
+    def preferred(backend=None):
+        if backend is not None:
+            state["blas"] = backend
+        return state["blas"]
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", lambda v: state.__setitem__("carve", v))
+    monkeypatch.setattr(torch._C, "_get_sm_carveout_experimental", lambda: state["carve"])
+    monkeypatch.setattr(lora_mod, "lora_branch_sms", lambda device, rows: 16 if rows <= 8 else None)
+    side, alone = SimpleNamespace(side=object()), SimpleNamespace(side=None)
+    with lora_mod._beside_branch(side, torch.zeros(8, 3)):
+        assert state == {"blas": "cublaslt", "carve": 16}
+    assert state == {"blas": "cublas", "carve": 4}
+    with pytest.raises(RuntimeError, match="inside"):
+        with lora_mod._beside_branch(side, torch.zeros(8, 3)):
+            raise RuntimeError("inside")
+    assert state == {"blas": "cublas", "carve": 4}
+    for branch, rows in ((side, 9), (alone, 8)):
+        with lora_mod._beside_branch(branch, torch.zeros(rows, 3)):
+            assert state == {"blas": "cublas", "carve": 4}

@@ -25,9 +25,6 @@ or the recipe with ``+``-separated changes (``llt+bcarve16``):
   forward and backward / forward / backward run (``_LoRAFn``);
 * ``no-carve``: the LoRA layers' frozen input-gradient GEMMs without the SM carveout lit-liger gives them while
   captured (``kernels._launch.LORA_BRANCH_MAX_ROWS`` 0);
-* ``late-da``: A's gradient after the frozen GEMM's join (``lora._EARLY_DA`` off);
-* ``head-after``: the LoRA head's update added after the frozen head's GEMM (``_HEAD_IN_GEMM`` off);
-* ``no-split``: the fused loss's kernel one program per row (``SPLIT_PROGRAMS_PER_SM`` 0);
 * ``carveN``: every cuBLASLt GEMM leaves N SMs free (``torch._C._set_sm_carveout_experimental``), for the LoRA
   branch's kernels beside the frozen GEMM; ``lcarveN`` / ``fcarveN`` / ``bcarveN``: only while the LoRA layers'
   forward and backward / forward / backward run.
@@ -38,7 +35,6 @@ Prints a table and writes the rows to OUT.json.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import statistics
@@ -68,18 +64,13 @@ def _variant(name: str):
     from lit_liger.kernels import _launch
     from lit_liger.swap import lora
 
-    flce = importlib.import_module("lit_liger.kernels.fused_linear_cross_entropy")  # (the package's name: a function)
     saved = (lora._branch_stream, lora._LoRAFn.forward, lora._LoRAFn.backward)
-    knobs = [(_launch, "LORA_BRANCH_MAX_ROWS", 0, "no-carve"), (lora._EARLY_DA, 0, False, "late-da"),
-             (flce._HEAD_IN_GEMM, 0, False, "head-after"), (flce, "SPLIT_PROGRAMS_PER_SM", 0, "no-split")]
-    kept = [(obj, key, obj[key] if isinstance(obj, list) else getattr(obj, key)) for obj, key, _, _ in knobs]
+    knobs = [(_launch, "LORA_BRANCH_MAX_ROWS", 0, "no-carve")]
+    kept = [(obj, key, getattr(obj, key)) for obj, key, _, _ in knobs]
     tokens = set(name.split("+"))
     for obj, key, value, token in knobs:
         if token in tokens:
-            if isinstance(obj, list):
-                obj[key] = value
-            else:
-                setattr(obj, key, value)
+            setattr(obj, key, value)
     whole = {"lt": "lt" in tokens, "carve": None}
     fn_set = {"forward": [False, None], "backward": [False, None]}  # LoRA layers' forward / backward: (lt, carve)
     for t in tokens:
@@ -110,10 +101,7 @@ def _variant(name: str):
             yield
     finally:
         for obj, key, value in kept:
-            if isinstance(obj, list):
-                obj[key] = value
-            else:
-                setattr(obj, key, value)
+            setattr(obj, key, value)
         lora._branch_stream = saved[0]
         lora._LoRAFn.forward, lora._LoRAFn.backward = staticmethod(saved[1]), staticmethod(saved[2])
 

@@ -23,7 +23,8 @@ then adds: equal in fp32 up to summation order, within bf16 rounding in bf16. Pa
 from __future__ import annotations
 
 import contextlib
-import warnings
+import os
+import sys
 from typing import Any
 
 import torch
@@ -129,6 +130,33 @@ class _Branch:
             self.main.wait_stream(self.side)
 
 
+_QUIETED: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def _quiet_once():
+    """The body with the process's stderr closed, the first time only: PyTorch's C++ prints, once a process, that its
+    SM carveout is experimental (to stderr, not through Python's warnings), a notice for lit-liger's developers (who
+    read it in :func:`lit_liger.kernels._launch.lora_branch_sms`) that would puzzle a user in the middle of a run."""
+    if _QUIETED[0]:
+        yield
+        return
+    _QUIETED[0] = True
+    sys.stderr.flush()
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # (no fd 2 to speak of)
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 @contextlib.contextmanager
 def _beside_branch(branch: _Branch, t: torch.Tensor):
     """The body's GEMMs through cuBLASLt leaving :func:`lit_liger.kernels._launch.lora_branch_sms` SMs free (PyTorch's
@@ -142,18 +170,13 @@ def _beside_branch(branch: _Branch, t: torch.Tensor):
         return
     blas, carve = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
     torch.backends.cuda.preferred_blas_library("cublaslt")
-    with warnings.catch_warnings():  # (PyTorch warns once that the carveout is experimental)
-        warnings.simplefilter("ignore")
+    with _quiet_once():
         torch._C._set_sm_carveout_experimental(sms)
     try:
         yield
     finally:
         torch._C._set_sm_carveout_experimental(carve)
         torch.backends.cuda.preferred_blas_library(blas)
-
-
-#: (experiment) while captured, dropout(x) and A's gradient on the branch's stream beside the frozen GEMM
-_EARLY_DA = [True]
 
 
 class _LoRAFn(torch.autograd.Function):
@@ -277,11 +300,6 @@ class _LoRAFn(torch.autograd.Function):
                         dlb[row:row + hi - lo].addmm_(dy2[:, lo:hi].t(), h[:, i * r:(i + 1) * r], beta=0,
                                                       alpha=scaling)
                         row += hi - lo
-            if _EARLY_DA[0] and branch.side is not None and ctx.bits and need_a and need_x:
-                # while captured: dropout(x) formed again and A's gradient here, beside the frozen GEMM; after the
-                # join only the dropout's backward is left to add into dx
-                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
-                da = dh.t() @ xd2  # (n·r, C)
         if need_x:
             if ctx.fp8:
                 from .fp8 import frozen_base_fp8_dx
@@ -297,13 +315,12 @@ class _LoRAFn(torch.autograd.Function):
                 dx.addmm_(dh, lora_a)  # the LoRA branch read x itself: one gradient
             elif ctx.bits:  # the dropout's backward from the bits, dropout(x) formed again in the same pass
                 dx = dx.contiguous()
-                formed = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
-                                           write_xd=need_a and da is None)
-                xd2 = formed if da is None else xd2
+                xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu, dx=dx, dxd=dxd_lora,
+                                        write_xd=need_a)
             elif ctx.p > 0:  # the dropout's backward (its mask read back from xd) added in the same pass
                 dx = dx.contiguous()  # (a no-op for the GEMMs' outputs)
                 dropout_grad_add_(dx, dxd_lora, xd2, 1.0 / (1.0 - ctx.p))
-        if need_a and ctx.bits and da is None:
+        if need_a and ctx.bits:
             if xd2 is None:  # (x's gradient not asked for)
                 xd2 = dropped_from_bits(bits, 1.0 / (1.0 - ctx.p), x=x2, glu=glu)
             da = dh.t() @ xd2  # (n·r, C)
