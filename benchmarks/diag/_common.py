@@ -45,6 +45,26 @@ def recipe_model(name: str = "Llama-3.2-1B", block_size: int = 512, n_layer: int
     return cfg, m
 
 
+def gemma2_recipe_model(name: str = "gemma-2-2b", n_layer: int = 26, dropout: float = 0.1, head: bool = True,
+                        block_size: int = 512):
+    """A random bf16 model of ``name`` with gemma2-2b's shipped LoRA recipe's LoRA (r 8, alpha 16, every projection
+    and, with ``head``, the head; ``dropout``), only the LoRA parameters trainable, lit-liger applied with CUDA graphs,
+    in training mode, on the GPU. Returns (config, model)."""
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    from lit_liger import LigerConfig, apply_liger
+
+    cfg = Config.from_name(name, n_layer=n_layer, block_size=block_size, lora_r=8, lora_alpha=16, lora_dropout=dropout,
+                           lora_query=True, lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True,
+                           lora_head=head)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(cfg).to(torch.bfloat16)
+    mark_only_lora_as_trainable(model)
+    apply_liger(model, LigerConfig(cuda_graphs=True))
+    model.train()
+    return cfg, model
+
+
 def lora_llama_1b(device="cuda"):
     """Full-depth Llama-3.2-1B with litgpt's recipe LoRA at max_seq_length 512 (:func:`recipe_model`)."""
     return recipe_model("Llama-3.2-1B", 512, device=device)

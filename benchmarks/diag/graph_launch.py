@@ -134,20 +134,14 @@ def _time_replays(graph: torch.cuda.CUDAGraph, reps: int) -> tuple[float, float]
 
 def measure_real(name: str, reps: int) -> list[dict]:
     """Each of lit-liger's captured graphs of a recipe-like LoRA model (see the module's docstring), replay timed."""
-    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
-    from lit_liger import LigerConfig, apply_liger, chunked_cross_entropy
+    from lit_liger import chunked_cross_entropy
     from lit_liger.runtime.graphs import runner_for
 
+    from ._common import gemma2_recipe_model
+
     model_name = {"gemma": "gemma-2-2b", "gemma-nodrop": "gemma-2-2b", "llama": "Llama-3.2-1B"}[name]
-    cfg = Config.from_name(model_name, n_layer=int(os.environ.get("LAYERS", "26")), block_size=512, lora_r=8,
-                           lora_alpha=16, lora_dropout=0.0 if name == "gemma-nodrop" else 0.1, lora_query=True,
-                           lora_key=True, lora_value=True, lora_projection=True, lora_mlp=True, lora_head=True)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(cfg).to(torch.bfloat16)
-    mark_only_lora_as_trainable(model)
-    apply_liger(model, LigerConfig(cuda_graphs=True))
-    model.train()
+    cfg, model = gemma2_recipe_model(model_name, int(os.environ.get("LAYERS", "26")),
+                                     dropout=0.0 if name == "gemma-nodrop" else 0.1)
     for _ in range(4):
         x = torch.randint(0, cfg.vocab_size, (2, 256), device="cuda")
         out = model(x, lm_head_chunk_size=128)

@@ -107,18 +107,11 @@ def _variant(name: str):
 
 
 def _model(name: str, model_name: str, layers: int, T: int):
-    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
-    from lit_liger import LigerConfig, apply_liger
+    from ._common import gemma2_recipe_model
 
-    cfg = Config.from_name(model_name, n_layer=layers, block_size=max(T, 512), lora_r=8, lora_alpha=16,
-                           lora_dropout=0.0 if "nodrop" in name.split("+") else 0.1, lora_query=True, lora_key=True,
-                           lora_value=True, lora_projection=True, lora_mlp=True, lora_head="nohead" not in name.split("+"))
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(cfg).to(torch.bfloat16)
-    mark_only_lora_as_trainable(model)
-    apply_liger(model, LigerConfig(cuda_graphs=True))
-    model.train()
+    tokens = name.split("+")
+    cfg, model = gemma2_recipe_model(model_name, layers, dropout=0.0 if "nodrop" in tokens else 0.1,
+                                     head="nohead" not in tokens, block_size=max(T, 512))
     return model, cfg
 
 
@@ -132,15 +125,9 @@ def _step(model, x):
 
 def _events_ms(fn, n: int) -> float:
     """The median GPU milliseconds of ``fn()`` over ``n`` calls, each between two CUDA events."""
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    from ._common import cuda_median_ms
+
+    return cuda_median_ms(fn, n, warmup=0)
 
 
 _TRACED: dict[str, bool] = {}
