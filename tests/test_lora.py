@@ -1,6 +1,7 @@
 """LitGPT's LoRA layers in one autograd function (``lit_liger.swap.lora``) against LitGPT's own LoRA forward."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -383,3 +384,14 @@ def test_gemm_beside_the_branch_sets_and_restores_the_blas_settings(monkeypatch)
     for branch, rows in ((side, 9), (alone, 8)):
         with lora_mod._beside_branch(branch, torch.zeros(rows, 3)):
             assert state == {"blas": "cublas", "carve": 4}
+
+
+def test_quiet_stderr_hides_only_its_body(capfd):
+    """What the body writes to file descriptor 2 (PyTorch's C++ notice) is dropped; stderr works as before after it."""
+    from lit_liger.swap.lora import _quiet_stderr
+
+    os.write(2, b"before ")
+    with _quiet_stderr():
+        os.write(2, b"hidden ")
+    os.write(2, b"after")
+    assert capfd.readouterr().err == "before after"

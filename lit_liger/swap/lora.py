@@ -130,22 +130,16 @@ class _Branch:
             self.main.wait_stream(self.side)
 
 
-_QUIETED: list[bool] = [False]
-
-
 @contextlib.contextmanager
-def _quiet_once():
-    """The body with the process's stderr closed, the first time only: PyTorch's C++ prints, once a process, that its
-    SM carveout is experimental (to stderr, not through Python's warnings), a notice for lit-liger's developers (who
-    read it in :func:`lit_liger.kernels._launch.lora_branch_sms`) that would puzzle a user in the middle of a run."""
-    if _QUIETED[0]:
-        yield
-        return
-    _QUIETED[0] = True
+def _quiet_stderr():
+    """The body with the process's stderr (file descriptor 2) pointed at the null device: PyTorch's C++ prints, once a
+    process, that its SM carveout is experimental (to stderr, not through Python's warnings), a notice for lit-liger's
+    developers (who read it in :func:`lit_liger.kernels._launch.lora_branch_sms`) that would puzzle a user in the
+    middle of a run. The body is one call that sets a value."""
     sys.stderr.flush()
     try:
         saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:  # (no fd 2 to speak of)
+    except OSError:  # (no file descriptor 2 to speak of)
         yield
         return
     os.dup2(null, 2)
@@ -170,7 +164,7 @@ def _beside_branch(branch: _Branch, t: torch.Tensor):
         return
     blas, carve = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
     torch.backends.cuda.preferred_blas_library("cublaslt")
-    with _quiet_once():
+    with _quiet_stderr():
         torch._C._set_sm_carveout_experimental(sms)
     try:
         yield
