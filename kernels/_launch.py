@@ -287,8 +287,10 @@ ATTN_BWD_SLICE_BYTES = 256 * 2**20
 #: 24: 8.44; cuBLASLt without a carveout 9.58). The forward with a carveout was not faster (7.07-7.14 against 6.89
 #: ms: the dropout's kernel is as long as the branch's share of the frozen GEMM). Hopper only, where it was measured.
 LORA_BRANCH_SMS = 16
-#: ... and only for GEMMs of at most this many rows: at a few thousand rows (the README's Llama-3.2-1B rows: 2,048) the
-#: frozen GEMM is several waves and the branch's kernels find SMs between them; not measured there, so left alone
+#: ... and only for GEMMs of at most this many rows (about one wave of tiles at 2-4k wide outputs): at several thousand
+#: rows the frozen GEMM is several waves and the branch's kernels find SMs between them; not measured there, so left
+#: alone. The README's Llama-3.2-1B LoRA row (packed micro-batches of ~1,000 rows, LoRA on q and v) gets the carveout
+#: for its micro-batches of up to 1,024 rows: not re-measured yet
 LORA_BRANCH_MAX_ROWS = 1024
 
 
