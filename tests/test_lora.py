@@ -381,6 +381,17 @@ def test_gemm_beside_the_branch_sets_and_restores_the_blas_settings(monkeypatch)
         with lora_mod._beside_branch(side, torch.zeros(8, 3)):
             raise RuntimeError("inside")
     assert state == {"blas": "cublas", "carve": 4}
+    def refuse(value):  # (a carveout PyTorch refuses: the backend already switched is put back too)
+        if value == 16:
+            raise RuntimeError("refused")
+        state["carve"] = value
+
+    monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        with lora_mod._beside_branch(side, torch.zeros(8, 3)):
+            pass
+    assert state == {"blas": "cublas", "carve": 4}
+    monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", lambda v: state.__setitem__("carve", v))
     for branch, rows in ((side, 9), (alone, 8)):
         with lora_mod._beside_branch(branch, torch.zeros(rows, 3)):
             assert state == {"blas": "cublas", "carve": 4}

@@ -163,14 +163,14 @@ def _beside_branch(branch: _Branch, t: torch.Tensor):
         yield
         return
     blas, carve = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    with _quiet_stderr():
-        torch._C._set_sm_carveout_experimental(sms)
     try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        with _quiet_stderr():
+            torch._C._set_sm_carveout_experimental(sms)
         yield
     finally:
-        torch._C._set_sm_carveout_experimental(carve)
         torch.backends.cuda.preferred_blas_library(blas)
+        torch._C._set_sm_carveout_experimental(carve)
 
 
 class _LoRAFn(torch.autograd.Function):
