@@ -54,8 +54,8 @@ def _settings(lt: bool, carve: int | None):
     try:
         yield
     finally:
-        torch._C._set_sm_carveout_experimental(old)
         torch.backends.cuda.preferred_blas_library(blas)
+        torch._C._set_sm_carveout_experimental(old)
 
 
 @contextlib.contextmanager

@@ -83,8 +83,9 @@ def part_tables(parts: tuple[tuple[int, int], ...], device: torch.device | str,
 # runs on a second stream beside the frozen projection's GEMM, forked from and joined to the capturing stream around
 # it. At recipe sizes (a few hundred rows) that GEMM fills a fraction of the GPU's SMs and the branch's ~10 small
 # kernels a layer, each a few microseconds, ran after it one by one (gemma2-2b's recipe: +2.8%, h200-2026-12-03f). The
-# kernels, their inputs and the order of the random draws are the same either way: the results are bit for bit the
-# same. Outside a capture the branch stays on the current stream (a fork and a join cost the host more than they win).
+# kernels, their inputs and the order of the random draws are the same either way, but for the backward's frozen
+# input-gradient GEMM, which a capture on Hopper runs through cuBLASLt with SMs left to the branch (``_beside_branch``):
+# bit for bit the same as cuBLAS's at the GPU test's shapes on an H200, which the test checks. Outside a capture the branch stays on the current stream (a fork and a join cost the host more than they win).
 # One second stream per device, shared by every model: a stream holds no data, and one stream (not a new one per
 # layer or model) lets PyTorch's allocator, whose free blocks are kept per stream, reuse the branch's blocks.
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
