@@ -29,7 +29,7 @@ from ._checks import as_rows, check_float, check_last_dim, check_same_device, ch
 from ._grad_into import target_for, weight_grad
 from ._launch import fast_launch, partial_rows, row_plan, use_triton
 
-__all__ = ["rms_norm", "rms_norm_again", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
+__all__ = ["rms_norm", "rms_norm_add", "rms_norm_again", "rms_norm_residual", "rms_norm_linear", "rms_norm_reference"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,6 +301,194 @@ def rms_norm_again(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, off
         if not use_triton(x):
             return rms_norm_reference(x, weight, eps, offset)
         return _rms_norm_fwd_impl(x, None, weight, float(eps), float(offset))[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# A post-norm's output added to the residual stream, and the next norm of the sum (Gemma-2/3, OLMo-2)
+# ----------------------------------------------------------------------------------------------
+def rms_norm_add_reference(a: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                           next_norm: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``s = rms_norm(a) + x`` (both rounded to ``x.dtype``, as LitGPT's ``post_norm(a) + x``) and, with
+    ``next_norm = (weight, eps, offset)``, ``rms_norm(s)``; else None."""
+    s = rms_norm_reference(a, weight, eps, offset) + x
+    return s, (rms_norm_reference(s, *next_norm) if next_norm is not None else None)
+
+
+@fast_launch
+@triton.jit
+def _rms_add_fwd_kernel(
+    A, X, S, Y, WA, W, RSTD_A, RSTD,
+    stride_a, stride_x, stride_s, stride_y,
+    n_cols, eps_a, offset_a, eps, offset,
+    HAS_NORM: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per row: ``p = a * rstd_a * (wa + offset_a)`` rounded to the dtype, ``s = p + x`` rounded, and
+    with HAS_NORM ``y = s * rstd * (w + offset)``: the same operations, in the same order, as
+    :func:`_rms_fwd_kernel` for the post-norm and then with a residual for the next norm (bit for bit)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    a = tl.load(A + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd_a = 1.0 / tl.sqrt(tl.sum(a * a, axis=0) / n_cols + eps_a)
+    wa = tl.load(WA + cols, mask=mask, other=0.0).to(tl.float32) + offset_a
+    p = (a * rstd_a * wa).to(S.dtype.element_ty)
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    s = (p.to(tl.float32) + x.to(tl.float32)).to(S.dtype.element_ty)
+    tl.store(S + row * stride_s + cols, s, mask=mask)
+    tl.store(RSTD_A + row, rstd_a)
+    if HAS_NORM:
+        sf = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n_cols + eps)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        tl.store(Y + row * stride_y + cols, (sf * rstd * w).to(Y.dtype.element_ty), mask=mask)
+        tl.store(RSTD + row, rstd)
+
+
+@fast_launch
+@triton.jit
+def _rms_add_bwd_kernel(
+    DY, DS, S, A, W, WA, RSTD, RSTD_A, DX, DA, DW_PARTIAL,
+    stride_dy, stride_ds, stride_s, stride_a, stride_dx, stride_da,
+    n_rows, n_cols, offset, offset_a,
+    HAS_DY: tl.constexpr, HAS_DS: tl.constexpr, NEED_DW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Persistent over rows (as :func:`_rms_bwd_kernel`). The sum's gradient ``g = ds`` plus, with HAS_DY, the next
+    norm's backward of ``dy``, rounded to the dtype: ``dx`` (the residual's gradient, and the post-norm output's);
+    then the post-norm's backward of it, ``da``. With NEED_DW, fp32 partial rows of both weights' gradients:
+    ``DW_PARTIAL[0, p]`` the post-norm's, ``DW_PARTIAL[1, p]`` the next norm's. The operations and their order are
+    :func:`_rms_bwd_kernel`'s for each norm, so ``dx`` and ``da`` are bit for bit the two kernels' results."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    wa = tl.load(WA + cols, mask=mask, other=0.0).to(tl.float32) + offset_a
+    dwa_acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    if HAS_DY:
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        dw_acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        row64 = tl.cast(row, tl.int64)
+        if HAS_DY:
+            s = tl.load(S + row64 * stride_s + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + row64)
+            s_hat = s * rstd
+            gy = dy * w
+            g = rstd * (gy - s_hat * (tl.sum(gy * s_hat, axis=0) / n_cols))
+            if HAS_DS:
+                g += tl.load(DS + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+            if NEED_DW:
+                dw_acc += dy * s_hat
+        else:
+            g = tl.load(DS + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+        g = g.to(DX.dtype.element_ty)
+        tl.store(DX + row64 * stride_dx + cols, g, mask=mask)
+        gf = g.to(tl.float32)
+        a = tl.load(A + row64 * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd_a = tl.load(RSTD_A + row64)
+        a_hat = a * rstd_a
+        ga = gf * wa
+        da = rstd_a * (ga - a_hat * (tl.sum(ga * a_hat, axis=0) / n_cols))
+        tl.store(DA + row64 * stride_da + cols, da.to(DA.dtype.element_ty), mask=mask)
+        if NEED_DW:
+            dwa_acc += gf * a_hat
+    if NEED_DW:
+        tl.store(DW_PARTIAL + pid * n_cols + cols, dwa_acc, mask=mask)
+        if HAS_DY:
+            tl.store(DW_PARTIAL + (n_prog + pid) * n_cols + cols, dw_acc, mask=mask)
+
+
+class _RMSNormAddFn(torch.autograd.Function):
+    """``(s, y)`` of :func:`rms_norm_add` (``y`` an empty placeholder without a next norm) in one kernel each way;
+    keeps ``a``, ``s`` (for the next norm) and the two ``rstd``."""
+
+    @staticmethod
+    def forward(ctx, a, x, weight, eps, offset, next_weight, next_eps, next_offset):
+        a2, x2 = as_rows(a), as_rows(x)
+        n_rows, n_cols = a2.shape
+        has_norm = next_weight is not None
+        s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape if has_norm else (0,), dtype=x.dtype, device=x.device)
+        rstd_a = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(n_rows if has_norm else 0, dtype=torch.float32, device=x.device)
+        if n_rows > 0:
+            plan = row_plan(n_cols, x.element_size(), x.device)
+            _rms_add_fwd_kernel[(n_rows,)](
+                a2, x2, s, y, weight, next_weight if has_norm else weight, rstd_a, rstd,
+                a2.stride(0), x2.stride(0), n_cols, n_cols,
+                n_cols, eps, offset, next_eps, next_offset,
+                HAS_NORM=has_norm, BLOCK=plan.block, num_warps=plan.num_warps,
+            )
+        ctx.set_materialize_grads(False)
+        ctx.offsets = (offset, next_offset)
+        ctx.save_for_backward(a, s if has_norm else None, weight, next_weight, rstd_a, rstd if has_norm else None)
+        if not has_norm:
+            ctx.mark_non_differentiable(y)
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        a, s, weight, next_weight, rstd_a, rstd = ctx.saved_tensors
+        offset, next_offset = ctx.offsets
+        need_dwa = ctx.needs_input_grad[2]
+        need_dw = next_weight is not None and ctx.needs_input_grad[5]
+        if ds is None and dy is None:
+            return (None,) * 8
+        has_dy = dy is not None and next_weight is not None
+        a2 = as_rows(a)
+        n_rows, n_cols = a2.shape
+        dx = torch.empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+        da = torch.empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+        n_prog = partial_rows(n_rows, a.device)
+        need_partials = need_dwa or (need_dw and has_dy)
+        partial = torch.empty((2 if has_dy else 1, n_prog, n_cols) if need_partials else (0,), dtype=torch.float32,
+                              device=a.device)
+        dy2 = as_rows(dy) if has_dy else a2
+        ds2 = as_rows(ds) if ds is not None else a2
+        s2 = as_rows(s) if has_dy else a2
+        if n_rows > 0:
+            plan = row_plan(n_cols, a.element_size(), a.device)
+            _rms_add_bwd_kernel[(n_prog,)](
+                dy2, ds2, s2, a2, next_weight if has_dy else weight, weight, rstd if has_dy else rstd_a, rstd_a,
+                dx, da, partial,
+                dy2.stride(0), ds2.stride(0), s2.stride(0), a2.stride(0), dx.stride(0), da.stride(0),
+                n_rows, n_cols, next_offset if has_dy else 0.0, offset,
+                HAS_DY=has_dy, HAS_DS=ds is not None, NEED_DW=need_partials, BLOCK=plan.block,
+                num_warps=plan.num_warps,
+            )
+        dwa = dw = None
+        if need_partials:
+            sums = partial.sum(1) if n_rows > 0 else partial.new_zeros(partial.shape[0], n_cols)  # (1 | 2, C)
+            dwa = sums[0].to(weight.dtype) if need_dwa else None
+            if need_dw:
+                dw = sums[1].to(next_weight.dtype) if has_dy else torch.zeros_like(next_weight)
+        elif need_dw:  # (only the sum was used downstream: the next norm's weight gets a zero gradient)
+            dw = torch.zeros_like(next_weight)
+        return da.view(a.shape), dx.view(a.shape), dwa, None, None, dw, None, None
+
+
+def rms_norm_add(
+    a: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
+    next_norm: tuple[torch.Tensor, float, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``s = rms_norm(a, weight) + x`` and, with ``next_norm = (weight, eps, offset)``, ``rms_norm(s, *next_norm)``
+    (else None): LitGPT's ``x = post_attention_norm(attn) + x; norm_2(x)`` (Gemma-2/3) or ``post_mlp_norm(mlp) +
+    x`` (Gemma, OLMo-2) in one kernel each way, each intermediate rounded to ``x.dtype`` where LitGPT rounds it, so
+    ``s``, the next norm's output and the gradients of ``a`` and ``x`` are bit for bit those of :func:`rms_norm`
+    followed by :func:`rms_norm_residual` (or by the add). ``torch.compile`` traces that composition."""
+    _check(a, weight, x)
+    if next_norm is not None:
+        _check(x, next_norm[0])
+    if not use_triton(x):
+        return rms_norm_add_reference(a, x, weight, eps, offset, next_norm)
+    if torch.compiler.is_compiling():
+        p = rms_norm(a, weight, eps, offset)
+        if next_norm is None:
+            return p + x, None
+        return rms_norm_residual(p, x, *next_norm)
+    nw, ne, no = next_norm if next_norm is not None else (None, 0.0, 0.0)
+    s, y = _RMSNormAddFn.apply(a, x, weight, float(eps), float(offset), nw, float(ne), float(no))
+    return s, (y if next_norm is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------

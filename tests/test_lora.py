@@ -337,6 +337,49 @@ def test_gpu_branch_on_a_second_stream_is_bit_for_bit(case):
     assert captured[1].abs().sum() > 0 and captured[2].abs().sum() > 0
 
 
+def test_forward_waits_for_h_not_for_the_dropout_bits(monkeypatch):
+    """The forward's order around the LoRA branch (on a second stream while captured): the branch marks what the
+    update's addmm waits for after ``h`` and before the dropout's bits are packed; the addmm follows the wait for that
+    mark, and the whole branch is joined after it, before the function returns. A recording stand-in for ``_Branch``
+    (no GPU here; the GPU test above checks the captured results bit for bit)."""
+    from lit_liger.swap import lora as lora_mod
+
+    log = []
+
+    class Recording:
+        def __init__(self, side):
+            self.side = None  # (_beside_branch: no carveout)
+            log.append("fork")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+        def mark(self):
+            log.append("mark")
+
+        def join_marked(self):
+            log.append("join_marked")
+
+        def join(self):
+            log.append("join")
+
+    real_pack, real_mm = lora_mod.pack_kept, torch.Tensor.addmm_
+    monkeypatch.setattr(lora_mod, "_Branch", Recording)
+    monkeypatch.setattr(lora_mod, "pack_kept", lambda m: log.append("pack") or real_pack(m))
+    monkeypatch.setattr(torch.Tensor, "addmm_", lambda self, *a, **k: log.append("addmm") or real_mm(self, *a, **k))
+    torch.manual_seed(0)
+    x = torch.randn(6, 16, requires_grad=True)
+    w, a, b = torch.randn(12, 16), torch.randn(4, 16, requires_grad=True), torch.randn(12, 4, requires_grad=True)
+    y = lora_linear(x, w, None, a, b, 2.0, ((0, 12),), dropout=0.25, keep_input=True)
+    forward = log[:log.index("join") + 1]
+    assert forward == ["fork", "mark", "pack", "exit", "join_marked", "addmm", "join"], forward
+    y.sum().backward()
+    assert x.grad is not None and a.grad is not None and b.grad is not None
+
+
 # ------------------------------------------------------------------------------------------------
 # The SM carveout of a captured LoRA layer's frozen input-gradient GEMM (kernels._launch.lora_branch_sms)
 # ------------------------------------------------------------------------------------------------

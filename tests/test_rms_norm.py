@@ -198,3 +198,87 @@ def test_rms_norm_reference_path_without_interpreter(monkeypatch):
     with torch.no_grad():
         m.weight.copy_(w)
     assert rel_err(rms_norm(x, w), m(x)) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("next_norm", [True, False])
+@pytest.mark.parametrize("used", ["both", "sum", "norm"])
+def test_rms_norm_add_equals_the_two_kernels_and_litgpt(dtype, next_norm, used, device):
+    """``rms_norm_add`` (a Block's post-norm, the residual add and the next norm in one kernel each way) against the
+    same steps as separate kernels (bit for bit: the same operations and roundings) and LitGPT's modules; the
+    gradients of both weights and both inputs, with the sum and / or the next norm's output read downstream."""
+    if used == "norm" and not next_norm:
+        pytest.skip("without a next norm the sum is the only output")
+    from lit_liger.kernels.rms_norm import rms_norm_add
+
+    torch.manual_seed(3)
+    H = 72
+    post, n2 = _litgpt_norm(H, 1.0, 1e-6, device, dtype), _litgpt_norm(H, 1.0, 1e-5, device, dtype)
+    a0 = torch.randn(2, 5, H, device=device, dtype=dtype) * 3
+    x0 = torch.randn(2, 5, H, device=device, dtype=dtype)
+    ds, dy = torch.randn_like(x0), torch.randn_like(x0)
+
+    def run(fn):
+        a, x = a0.clone().requires_grad_(True), x0.clone().requires_grad_(True)
+        wa, w = post.weight.detach().clone().requires_grad_(True), n2.weight.detach().clone().requires_grad_(True)
+        s, y = fn(a, x, wa, w)
+        outs = [(s, ds)] if used in ("both", "sum") or not next_norm else []
+        if next_norm and used in ("both", "norm"):
+            outs.append((y, dy))
+        grads = torch.autograd.grad([o for o, _ in outs], (a, x, wa, w) if next_norm else (a, x, wa),
+                                    [g for _, g in outs], allow_unused=True)
+        return s, y, grads
+
+    def fused(a, x, wa, w):
+        return rms_norm_add(a, x, wa, 1e-6, 1.0, (w, 1e-5, 1.0) if next_norm else None)
+
+    def separate(a, x, wa, w):
+        p = rms_norm(a, wa, 1e-6, 1.0)
+        # (the sum alone: rms_norm_residual's, whose kernel rounds as the fused one does; PyTorch's bf16 add rounds
+        # to nearest, as Triton does on a GPU but not under its interpreter, which truncates)
+        s, y = rms_norm_residual(p, x, w, 1e-5, 1.0)
+        return (s, y) if next_norm else (s, None)
+
+    def litgpt(a, x, wa, w):
+        p = post.__class__.forward(_Weighted(post, wa), a)
+        s = p + x
+        return s, (n2.__class__.forward(_Weighted(n2, w), s) if next_norm else None)
+
+    s, y, g = run(fused)
+    s_sep, y_sep, g_sep = run(separate)
+    s_ref, y_ref, g_ref = run(litgpt)
+    assert s.dtype == dtype and s.shape == x0.shape
+    assert torch.equal(s, s_sep) and rel_err(s, s_ref) <= TOL[dtype]
+    if next_norm:
+        assert torch.equal(y, y_sep) and rel_err(y, y_ref) <= TOL[dtype]
+    else:
+        assert y is None and y_sep is None
+    for i, (got, sep, ref) in enumerate(zip(g, g_sep, g_ref)):
+        if ref is None:
+            assert got is None or not got.any()
+            continue
+        if i < 2:  # the inputs' gradients: the same kernels' operations
+            assert torch.equal(got, sep), i
+        assert rel_err(got, sep) <= 1e-6 and rel_err(got, ref) <= max(TOL[dtype], 1e-5), i
+
+
+class _Weighted(torch.nn.Module):
+    """A LitGPT RMSNorm's settings with another weight tensor (for autograd through LitGPT's own forward)."""
+
+    def __init__(self, norm, weight):
+        super().__init__()
+        self.eps, self.dim, self.add_unit_offset, self.weight = norm.eps, norm.dim, norm.add_unit_offset, weight
+
+
+def test_rms_norm_add_bad_inputs(device):
+    from lit_liger.kernels.rms_norm import rms_norm_add
+
+    a, x, w = torch.randn(3, 8, device=device), torch.randn(3, 8, device=device), torch.randn(8, device=device)
+    with pytest.raises(ValueError, match="shape"):
+        rms_norm_add(a, x[:2], w)
+    with pytest.raises(ValueError):
+        rms_norm_add(a, x, torch.randn(7, device=device))
+    with pytest.raises(ValueError):
+        rms_norm_add(a, x, w, next_norm=(torch.randn(9, device=device), 1e-6, 0.0))
+    with pytest.raises((TypeError, ValueError)):
+        rms_norm_add(a, x.to(torch.bfloat16), w)

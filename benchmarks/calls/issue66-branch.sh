@@ -1,15 +1,23 @@
-# Issue 66: the LoRA branch on a second stream inside the captures (lit_liger.swap.lora.OVERLAP_BRANCH) against the
-# code before (.base): the GPU tests of the LoRA layer and the graphs, then gemma2-2b's shipped LoRA recipe (lit-liger
-# only) alternated before / after, then the README's Llama-3.2-1B LoRA row after and before.
+# Issue 66: this checkout's code against the code before it (.base: `git archive` of the commit before, without results
+# and docs): the GPU tests of the LoRA layer, the norms and the graphs; `diag lora-cost` per code (COST_ROWS, with
+# VARIANTS in this checkout); gemma2-2b's shipped LoRA recipe (lit-liger only) alternated before / after (ROWS); the
+# README's Llama-3.2-1B LoRA row (LLAMA_ROWS) and full fine-tuning row (FULL_ROWS).
 #   run: CALL=b1 bash benchmarks/calls/issue66-branch.sh     (carry: .whl .base)
 #        CALL=b3 NO_TESTS=1 ROWS=new LLAMA_ROWS=new FULL_ROWS="new base" bash benchmarks/calls/issue66-branch.sh
-#        CALL=b2 NO_TESTS=1 ROWS="new base" LLAMA_ROWS= CUBLAS_WORKSPACE_CONFIG=:4096:4 bash benchmarks/calls/issue66-branch.sh
+#        CALL=b7 COST_ROWS="base new" VARIANTS=recipe,no-postfuse ROWS=" " LLAMA_ROWS="new base" bash ...
 CALL=${CALL:-b} . benchmarks/calls.sh
 if [ -z "$NO_TESTS" ]; then
   timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_lora.py tests/test_buckets.py \
-    > "/tmp/o/$NAME-pytest.log" 2>&1
+    ${TESTS:-} > "/tmp/o/$NAME-pytest.log" 2>&1
   echo "gpu tests rc=$? ($(( $(date +%s) - S )) s)"; grep -E "passed|failed|FAILED|Error" "/tmp/o/$NAME-pytest.log" | tail -8
 fi
+for row in ${COST_ROWS:-}; do  # diag lora-cost (the recipe's graphs, the loss) per code; VARIANTS only for new
+  use_code "$row" || continue
+  dir=.; v=${VARIANTS:-recipe}; [ "$row" = base ] && { dir=.base; v=recipe; }
+  (cd "$dir" && VARIANTS=$v ROUNDS=${ROUNDS:-2} timeout ${COST_S:-200} python3 -m benchmarks diag lora-cost \
+     "/tmp/o/$NAME-$row-cost.json" > "/tmp/o/$NAME-$row-cost.log" 2>&1)
+  echo "$row lora-cost rc=$? ($(( $(date +%s) - S )) s)"; tail -${TAIL:-6} "/tmp/o/$NAME-$row-cost.log"
+done
 i=0
 for row in ${ROWS:-base new base new}; do
   i=$((i + 1))

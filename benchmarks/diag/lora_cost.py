@@ -20,6 +20,8 @@ or the recipe with ``+``-separated changes (``llt+bcarve16``):
 * ``nodrop``: LoRA dropout 0 (what the dropout's draw, bits and backward pass cost on the critical path);
 * ``nohead``: no LoRA on the head (what the head's LoRA costs the fused loss);
 * ``one-stream``: the LoRA branch on the capturing stream (``lora._branch_stream`` off);
+* ``no-postfuse``: Gemma-2's post-norms as separate kernels (a norm, then the add, or the add and the next norm:
+  ``kernels.rms_norm.rms_norm_add`` not used, ``Block._liger_post_rms`` false);
 * ``lt``: cuBLASLt preferred for every GEMM (``torch.backends.cuda.preferred_blas_library``: the path where PyTorch
   applies an SM carveout; cuBLAS's own path ignores it); ``llt`` / ``flt`` / ``blt``: only while the LoRA layers'
   forward and backward / forward / backward run (``_LoRAFn``);
@@ -62,9 +64,10 @@ def _settings(lt: bool, carve: int | None):
 def _variant(name: str):
     """The variant's settings: ``+``-separated tokens (see the module's docstring)."""
     from lit_liger.kernels import _launch
-    from lit_liger.swap import lora
+    from lit_liger.swap import block, lora
 
     saved = (lora._branch_stream, lora._LoRAFn.forward, lora._LoRAFn.backward)
+    post_rms = block._BlockMixin._liger_post_rms
     knobs = [(_launch, "LORA_BRANCH_MAX_ROWS", 0, "no-carve")]
     kept = [(obj, key, getattr(obj, key)) for obj, key, _, _ in knobs]
     tokens = set(name.split("+"))
@@ -76,6 +79,8 @@ def _variant(name: str):
     for t in tokens:
         if t == "one-stream":
             lora._branch_stream = lambda x: None
+        elif t == "no-postfuse":
+            block._BlockMixin._liger_post_rms = lambda self, norm: False
         elif t.startswith("carve"):
             whole["carve"] = int(t[5:])
         elif t in ("llt", "flt", "blt"):  # cuBLASLt in the LoRA layers' forward and backward / forward / backward
@@ -103,6 +108,7 @@ def _variant(name: str):
         for obj, key, value in kept:
             setattr(obj, key, value)
         lora._branch_stream = saved[0]
+        block._BlockMixin._liger_post_rms = post_rms
         lora._LoRAFn.forward, lora._LoRAFn.backward = staticmethod(saved[1]), staticmethod(saved[2])
 
 

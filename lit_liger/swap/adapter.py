@@ -171,11 +171,20 @@ def _block_what(block: nn.Module, cfg: LigerConfig) -> str:
             return "parallel residual, norm_1 shared with the MLP: LitGPT's adds, nothing to fuse"
         return "parallel residual: norm_1 and norm_2 called one by one (not two LayerNorms of one eps); LitGPT's adds"
     n2 = block.norm_2
+    post_attn, post_mlp = (isinstance(block.post_attention_norm, _RMSNormMixin),
+                           isinstance(block.post_mlp_norm, _RMSNormMixin))
+    post = "; post_mlp_norm + residual add fused (rms_norm_add)" if post_mlp else ""
     if isinstance(n2, _LayerNormMixin):
-        return "residual add + norm_2 fused (layer_norm_residual)"
+        return "residual add + norm_2 fused (layer_norm_residual)" + post
     if not isinstance(n2, _RMSNormMixin):
-        return f"no norm_2 ({type(n2).__name__}; post-attention / post-MLP norms): LitGPT's residual adds, nothing to fuse"
-    what = "residual add + norm_2 fused (rms_norm_residual)"
+        if post_attn or post_mlp:  # (OLMo-2)
+            fused = " and ".join(n for n, ok in (("post_attention_norm", post_attn), ("post_mlp_norm", post_mlp)) if ok)
+            return f"no norm_2 ({type(n2).__name__}): {fused} + residual add fused (rms_norm_add)"
+        return f"no norm_2 ({type(n2).__name__}): LitGPT's residual adds, nothing to fuse"
+    if post_attn and not block._liger_fuse_norm_2(structure_only=True):  # (Gemma-2/3 with LoRA or frozen MLPs)
+        what = "post_attention_norm + residual add + norm_2 fused (rms_norm_add)" + post
+    else:  # (with a post_attention_norm before it: Gemma-2/3's full fine-tuning)
+        what = "residual add + norm_2 fused (rms_norm_residual)" + post
     recomputed = [n for n, ok in (("norm_1", block._liger_fuse_norm_1(structure_only=True)),
                                   ("norm_2", block._liger_fuse_norm_2(structure_only=True))) if ok]
     if recomputed:

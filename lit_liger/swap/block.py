@@ -8,7 +8,7 @@ from torch import nn
 
 from ..kernels._launch import use_triton
 from ..kernels.layer_norm import layer_norm_dual, layer_norm_residual
-from ..kernels.rms_norm import rms_norm_linear, rms_norm_residual
+from ..kernels.rms_norm import rms_norm_add, rms_norm_linear, rms_norm_residual
 from ..kernels.swiglu import rms_norm_glu_mlp
 from ._common import (_called_plainly, _CHECKPOINTED, _in_scope, _MLP_RECOMPUTED, _plain_linear, _stock_under_compile,
                       mlp_tile)
@@ -126,6 +126,19 @@ class _BlockMixin:
         :func:`tiled_mlp`)."""
         return tiled_mlp(self.mlp, x_normed, self._liger_tile(x_normed), norm=norm)
 
+    def _liger_post_rms(self, norm: nn.Module) -> bool:
+        """A post-norm (``post_attention_norm``, ``post_mlp_norm``: Gemma-2/3, OLMo-2) that runs inside
+        :func:`rms_norm_add` with the add after it: a swapped RMSNorm called without hooks (LitGPT's Identity where
+        a family has none)."""
+        return isinstance(norm, _RMSNormMixin) and _called_plainly(norm)
+
+    def _liger_post_add(self, norm: nn.Module, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """LitGPT's ``norm(out) + x`` at a Block's residual add, in one kernel (:func:`rms_norm_add`) for a swapped
+        RMSNorm ``norm`` and ``out`` in ``x``'s dtype and shape."""
+        if out.dtype == x.dtype and out.shape == x.shape and self._liger_post_rms(norm):
+            return rms_norm_add(out, x, norm.weight, norm.eps, 1.0 if norm.add_unit_offset else 0.0)[0]
+        return norm(out) + x
+
     def forward(self, x, cos, sin, mask=None, input_pos=None, input_pos_maxp1=None):
         if _stock_under_compile(self, x):
             return super().forward(x, cos, sin, mask, input_pos, input_pos_maxp1)
@@ -154,40 +167,45 @@ class _BlockMixin:
         else:
             x_normed = n1(x)
             attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
-        attention_output = self.post_attention_norm(attention_output)
         if attention_output.dtype != x.dtype or attention_output.shape != x.shape:
             # mixed dtypes (autocast): keep LitGPT's promotion semantics
-            x = attention_output + x
+            x = self.post_attention_norm(attention_output) + x
             return self.post_mlp_norm(self.mlp(n2(x))) + x
+        post = self.post_attention_norm
         if not isinstance(n2, _RMSNormMixin):
             if isinstance(n2, _LayerNormMixin) and _called_plainly(n2):  # (LayerNorm: OLMo-1, StableLM-3B)
-                x, x_normed = layer_norm_residual(attention_output, x, n2.weight, n2.bias, n2.eps)  # (B, T, C) x2
-            else:  # no norm_2 (OLMo-2's Identity) or one left to LitGPT: LitGPT's add
-                x = attention_output + x
+                x, x_normed = layer_norm_residual(post(attention_output), x, n2.weight, n2.bias, n2.eps)  # (B,T,C) x2
+            else:  # no norm_2 (OLMo-2's Identity) or one left to LitGPT: LitGPT's add (with a post-norm: one kernel)
+                x = self._liger_post_add(post, attention_output, x)
                 x_normed = n2(x)
-            return self.post_mlp_norm(self._liger_mlp(x_normed)) + x
+            return self._liger_post_add(self.post_mlp_norm, self._liger_mlp(x_normed), x)
         offset = 1.0 if n2.add_unit_offset else 0.0
         if self._liger_fuse_norm_2(x=x) and not self._liger_tile(x):  # (a tiled MLP reads norm_2's output)
+            attention_output = post(attention_output)
             mlp = self.mlp
             if is_float8_linear(mlp.fc_1):  # LigerConfig.fp8 (see norm_1); a, b as below
                 if is_float8_linear(mlp.proj) and tensorwise_fusable(x, mlp.fc_1, mlp.fc_2, mlp.proj) \
                         and _fp8_fusable(x, mlp.proj):  # the whole MLP on lit-liger's casts
                     x, mlp_out = norm_mlp_fp8(attention_output, x, n2, mlp, mlp._liger_activation)
-                    return self.post_mlp_norm(mlp_out) + x
+                    return self._liger_post_add(self.post_mlp_norm, mlp_out, x)
                 x, (a, b) = norm_linear_fp8(attention_output, n2, [mlp.fc_1, mlp.fc_2], residual=x)
                 mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=False)
-                return self.post_mlp_norm(mlp_out) + x
+                return self._liger_post_add(self.post_mlp_norm, mlp_out, x)
             if self._liger_recompute_mlp_here(x):  # LigerConfig.recompute_mlp: fc_1 / fc_2 outputs not kept
                 fc_1, fc_2, proj = mlp.fc_1, mlp.fc_2, mlp.proj
                 x, mlp_out = rms_norm_glu_mlp(attention_output, x, n2.weight, n2.eps, offset, fc_1.weight, fc_1.bias,
                                               fc_2.weight, fc_2.bias, proj.weight, proj.bias, mlp._liger_activation)
-                return self.post_mlp_norm(mlp_out) + x
+                return self._liger_post_add(self.post_mlp_norm, mlp_out, x)
             x, (a, b) = rms_norm_linear(attention_output, n2.weight, [(mlp.fc_1.weight, mlp.fc_1.bias),
                                         (mlp.fc_2.weight, mlp.fc_2.bias)], n2.eps, offset, residual=x)
             # a, b (B, T, I): new outputs of the fused function, which keeps neither for its backward
             mlp_out = _glu_proj(mlp.proj, a, b, mlp._liger_activation, reuse=True)
         else:
-            x, x_normed = rms_norm_residual(attention_output, x, n2.weight, n2.eps, offset)  # (B, T, C) x2
+            if self._liger_post_rms(post):  # Gemma-2/3: post_attention_norm, the add and norm_2 in one kernel
+                x, x_normed = rms_norm_add(attention_output, x, post.weight, post.eps, 1.0 if post.add_unit_offset
+                                           else 0.0, next_norm=(n2.weight, n2.eps, offset))  # (B, T, C) x2
+            else:
+                x, x_normed = rms_norm_residual(post(attention_output), x, n2.weight, n2.eps, offset)  # (B, T, C) x2
             del attention_output
             mlp, norm = self.mlp, None
             if isinstance(mlp, (_SwiGLUMixin, _GeGLUMixin)) \
@@ -195,7 +213,7 @@ class _BlockMixin:
                 norm = (x, n2.weight, n2.eps, offset)  # LoRA fc_1 / fc_2: norm_2's output formed again from x
             mlp_out = self._liger_mlp(x_normed, norm)
             del x_normed
-        return self.post_mlp_norm(mlp_out) + x
+        return self._liger_post_add(self.post_mlp_norm, mlp_out, x)
 
 
     def _liger_dual_norm(self) -> bool:

@@ -113,6 +113,7 @@ class _Branch:
         self.side = side
         self.main = torch.cuda.current_stream() if side is not None else None
         self._ctx: Any = None
+        self._marked: torch.cuda.Event | None = None
 
     def __enter__(self) -> _Branch:
         if self.side is not None:
@@ -125,6 +126,18 @@ class _Branch:
         if self._ctx is not None:
             self._ctx.__exit__(*exc)
             self._ctx = None
+
+    def mark(self) -> None:
+        """Inside the body: what the body has queued so far is what :meth:`join_marked` waits for."""
+        if self.side is not None:
+            self._marked = torch.cuda.Event()
+            self._marked.record(self.side)
+
+    def join_marked(self) -> None:
+        """The current stream waits for the body's work up to :meth:`mark` (the rest of it still running beside
+        what comes next); :meth:`join` must still follow, for the rest."""
+        if self.side is not None:
+            self.main.wait_event(self._marked)
 
     def join(self) -> None:
         if self.side is not None:
@@ -193,13 +206,12 @@ class _LoRAFn(torch.autograd.Function):
         bits = None
         branch = _Branch(_branch_stream(x2))
         with branch:  # (on a second stream beside the frozen GEMM while a graph is captured: _branch_stream)
+            mask = None
             if p > 0:  # the LoRA branch's dropout drawn here (nn.Dropout's call: the same random draws)
                 xd2, mask = torch.native_dropout(x2, p, True)
-                if keep_input:
-                    bits = pack_kept(mask)  # 1/8 byte an element
-                else:
+                if not keep_input:
                     encode_dropped_(xd2, mask)  # its mask kept inside xd (2 bytes an element)
-                del mask
+                    mask = None
                 xd = xd2
             else:
                 xd2 = x2 if xd is None else xd.reshape(-1, C)
@@ -209,6 +221,12 @@ class _LoRAFn(torch.autograd.Function):
                 lo, hi = parts[0][0], parts[-1][1]
                 bt = lora_b.new_empty(len(parts), r, hi - lo)  # (n, r, W), row-major (B^T is a strided view)
                 bt = torch.mul(lora_b.t().unsqueeze(0), tables[0].unsqueeze(1), out=bt).view(-1, hi - lo)  # (n·r, W)
+            branch.mark()  # (what the update's addmm waits for)
+            if mask is not None:
+                # the mask as bits for the backward (1/8 byte an element), after h: beside the frozen GEMM the
+                # branch gets SMs only as the GEMM's tiles finish, and the bits are not what the addmm waits for
+                bits = pack_kept(mask)
+            del mask
         ctx.quantized = is_quantized(weight)  # QLoRA: dequantized here and again in backward, never kept
         ctx.fp8 = fp8  # LigerConfig.fp8 tensorwise: the frozen base's GEMMs in float8 (lit_liger.swap.fp8)
         w_scale = None
@@ -220,7 +238,7 @@ class _LoRAFn(torch.autograd.Function):
             y, w_scale = frozen_base_fp8(x2, weight, bias)
         else:
             y = F.linear(x2, dequantize(weight, x.dtype) if ctx.quantized else weight, bias)  # (N, out)
-        branch.join()
+        branch.join_marked()  # (h and B's blocks; the bits may still be packed beside the addmm)
         if bt is not None:
             y[:, lo:hi].addmm_(h, bt, alpha=scaling)  # the zeros off the diagonal add exact zeros
         else:
@@ -229,6 +247,7 @@ class _LoRAFn(torch.autograd.Function):
                 # (N, r) @ (r, hi - lo) accumulated into the part's columns of y: no zero-padded update tensor
                 y[:, lo:hi].addmm_(h[:, i * r:(i + 1) * r], lora_b[row:row + hi - lo].t(), alpha=scaling)
                 row += hi - lo
+        branch.join()
         ctx.bits = bits is not None
         ctx.same_input = xd is None
         # x: for W's gradient, for lora_A's where the LoRA branch reads x itself, and for dropout(x) from the bits
