@@ -84,6 +84,11 @@ def exercise_kernels(H: int, dtype: torch.dtype = torch.float32, variants: bool 
         return
     s, n = rms_norm_residual(x, leaf(3, H), w, 1e-5, offset=1.0)
     (s.sum() + n.sum()).backward()
+    from lit_liger.kernels.rms_norm import rms_norm_add
+
+    for next_norm, used in ((True, "both"), (True, "norm"), (False, "sum")):  # (both kernels' constexpr paths)
+        s, n = rms_norm_add(x, leaf(3, H), w, 1e-5, 1.0, (leaf(H), 1e-6, 1.0) if next_norm else None)
+        ((s.sum() if used != "norm" else 0) + (n.sum() if n is not None else 0)).backward()
     layer_norm(x, None, None, 1e-5).sum().backward()
     geglu(a, b, approximate="none").sum().backward()
     glu_linear(a, b, leaf(5, H)).sum().backward()

@@ -10,6 +10,11 @@ if [ -z "$NO_TESTS" ]; then
   timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_lora.py tests/test_buckets.py \
     ${TESTS:-} > "/tmp/o/$NAME-pytest.log" 2>&1
   echo "gpu tests rc=$? ($(( $(date +%s) - S )) s)"; grep -E "passed|failed|FAILED|Error" "/tmp/o/$NAME-pytest.log" | tail -8
+  if [ -n "$PLAIN_TESTS" ]; then  # tests that take the GPU through the `device` fixture (not marked gpu), e.g.
+    # PLAIN_TESTS=tests/test_rms_norm.py
+    timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider $PLAIN_TESTS > "/tmp/o/$NAME-plain.log" 2>&1
+    echo "plain tests rc=$?"; grep -E "passed|failed|FAILED|Error" "/tmp/o/$NAME-plain.log" | tail -8
+  fi
 fi
 for row in ${COST_ROWS:-}; do  # diag lora-cost (the recipe's graphs, the loss) per code; VARIANTS only for new
   use_code "$row" || continue
