@@ -24,7 +24,9 @@ class _BlockMixin:
 
     Non-parallel residual: ``x = attn + x; norm_2(x)`` in one kernel, :func:`rms_norm_residual` for an RMSNorm
     ``norm_2`` (Llama-like), :func:`layer_norm_residual` for a LayerNorm one (OLMo-1, StableLM-3B); without a
-    ``norm_2`` (OLMo-2: Identity, with post-attention / post-MLP norms) LitGPT's adds, its swapped norms and MLP.
+    ``norm_2`` (OLMo-2: Identity) LitGPT's add. A swapped RMSNorm post-norm before a residual add (Gemma-2/3's and
+    OLMo-2's ``post_attention_norm`` and ``post_mlp_norm``) runs with the add in one kernel, :func:`rms_norm_add`, and
+    with ``norm_2`` after it too where the MLP's input is not formed by :func:`rms_norm_linear` (Gemma-2's LoRA).
 
     Parallel residual (``parallel_residual``: Pythia, Falcon, phi, StableLM-alpha, RedPajama-INCITE):
     ``x = mlp(norm_2(x)) + attn(norm_1(x)) + x`` with the adds in LitGPT's order; where ``norm_1`` and ``norm_2``
