@@ -77,6 +77,14 @@ def _rms_fwd_kernel(
     tl.store(RSTD + row, rstd)
 
 
+@triton.jit
+def _rms_row_grad(x_hat, dy, w, rstd, n_cols):
+    """One row's RMSNorm input gradient (fp32) from its normalized input ``x_hat``, ``dy``, the weight (offset
+    added) and ``rstd``; every backward kernel here forms it with this function."""
+    g = dy * w
+    return rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+
+
 @fast_launch
 @triton.jit
 def _rms_bwd_kernel(
@@ -100,8 +108,7 @@ def _rms_bwd_kernel(
         dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + row64)
         x_hat = x * rstd
-        g = dy * w
-        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+        dx = _rms_row_grad(x_hat, dy, w, rstd, n_cols)
         if HAS_DS:
             dx += tl.load(DS + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
@@ -355,8 +362,8 @@ def _rms_add_bwd_kernel(
     """Persistent over rows (as :func:`_rms_bwd_kernel`). The sum's gradient ``g = ds`` plus, with HAS_DY, the next
     norm's backward of ``dy``, rounded to the dtype: ``dx`` (the residual's gradient, and the post-norm output's);
     then the post-norm's backward of it, ``da``. With NEED_DW, fp32 partial rows of both weights' gradients:
-    ``DW_PARTIAL[0, p]`` the post-norm's, ``DW_PARTIAL[1, p]`` the next norm's. The operations and their order are
-    :func:`_rms_bwd_kernel`'s for each norm, so ``dx`` and ``da`` are bit for bit the two kernels' results."""
+    ``DW_PARTIAL[0, p]`` the post-norm's, ``DW_PARTIAL[1, p]`` the next norm's. Each norm's gradient is
+    :func:`_rms_row_grad`'s, as in :func:`_rms_bwd_kernel`, so ``dx`` and ``da`` are bit for bit the two kernels'."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -373,8 +380,7 @@ def _rms_add_bwd_kernel(
             dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
             rstd = tl.load(RSTD + row64)
             s_hat = s * rstd
-            gy = dy * w
-            g = rstd * (gy - s_hat * (tl.sum(gy * s_hat, axis=0) / n_cols))
+            g = _rms_row_grad(s_hat, dy, w, rstd, n_cols)
             if HAS_DS:
                 g += tl.load(DS + row64 * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
             if NEED_DW:
@@ -387,8 +393,7 @@ def _rms_add_bwd_kernel(
         a = tl.load(A + row64 * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
         rstd_a = tl.load(RSTD_A + row64)
         a_hat = a * rstd_a
-        ga = gf * wa
-        da = rstd_a * (ga - a_hat * (tl.sum(ga * a_hat, axis=0) / n_cols))
+        da = _rms_row_grad(a_hat, gf, wa, rstd_a, n_cols)
         tl.store(DA + row64 * stride_da + cols, da.to(DA.dtype.element_ty), mask=mask)
         if NEED_DW:
             dwa_acc += gf * a_hat
