@@ -32,11 +32,12 @@ leftovers() {
 
 logs() { python3 -m benchmarks.logtimes --warmup "${WARMUP:-0}" "$@"; }
 
-# use_code base|new: install the code before (.base: a `git archive` of the commit before, without results and docs,
-# where carried; status 1 where not) or this checkout, for before/after rows in one call (run the row inside .base)
+# use_code new|NAME: install this checkout or the code of a commit before (.NAME, e.g. .base: a `git archive` of it
+# without results and docs, where carried; status 1 where not), for before/after rows in one call (run the row inside
+# .NAME)
 use_code() {
   local dir=.
-  if [ "$1" = base ]; then dir=.base; [ -d .base ] || return 1; fi
+  if [ "$1" != new ]; then dir=.$1; [ -d "$dir" ] || return 1; fi
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$dir" >/dev/null 2>&1 && echo "$1 installed"
 }
 
