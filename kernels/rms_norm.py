@@ -478,9 +478,10 @@ def rms_norm_add(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``s = rms_norm(a, weight) + x`` and, with ``next_norm = (weight, eps, offset)``, ``rms_norm(s, *next_norm)``
     (else None): LitGPT's ``x = post_attention_norm(attn) + x; norm_2(x)`` (Gemma-2/3) or ``post_mlp_norm(mlp) +
-    x`` (Gemma, OLMo-2) in one kernel each way, each intermediate rounded to ``x.dtype`` where LitGPT rounds it, so
-    ``s``, the next norm's output and the gradients of ``a`` and ``x`` are bit for bit those of :func:`rms_norm`
-    followed by :func:`rms_norm_residual` (or by the add). ``torch.compile`` traces that composition."""
+    x`` (Gemma-2/3, OLMo-2) in one kernel each way, each intermediate rounded to ``x.dtype`` where LitGPT rounds it,
+    so ``s``, the next norm's output and the gradients of ``a`` and ``x`` are bit for bit those of :func:`rms_norm`
+    followed by :func:`rms_norm_residual` (or, on a GPU, by PyTorch's add: Triton's interpreter truncates to 16 bits
+    where PyTorch rounds to nearest). ``torch.compile`` traces that composition."""
     _check(a, weight, x)
     if next_norm is not None:
         _check(x, next_norm[0])
