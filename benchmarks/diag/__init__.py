@@ -49,6 +49,8 @@ DIAGS = {
                                      "(cProfile), against the same micro-batches uncaptured"),
     "lora-cost": ("lora_cost", "what a recipe's LoRA layers cost a training iteration on the GPU (CUDA graphs, CUDA "
                                "events), per variant of the model or of lit-liger's LoRA code, in turns (issue 66)"),
+    "trace-layer": ("trace_layer", "one Block's kernels in order, forward and backward, with their starts, durations "
+                                   "and streams, from a torch.profiler trace (CPU only: reads lora-cost's traces)"),
 }
 
 
