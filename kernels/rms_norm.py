@@ -264,18 +264,21 @@ def _fwd(x, residual, weight, eps, offset):
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
-def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
-    check_float("x", x)
-    check_float("weight", weight)
+def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
+           names: tuple[str, str, str] = ("x", "residual", "weight")) -> None:
+    """The inputs' checks, the errors naming them as the caller's arguments (``names``: x's, residual's, weight's)."""
+    nx, nr, nw = names
+    check_float(nx, x)
+    check_float(nw, weight)
     if weight.dim() != 1:
-        raise ValueError(f"weight must be 1-D (H,), got shape {tuple(weight.shape)}")
-    check_last_dim("x", x, weight.shape[0], "the normalized size, weight.shape[0]")
-    check_same_device(x=x, weight=weight, residual=residual)
+        raise ValueError(f"{nw} must be 1-D (H,), got shape {tuple(weight.shape)}")
+    check_last_dim(nx, x, weight.shape[0], f"the normalized size, {nw}.shape[0]")
+    check_same_device(**{nx: x, nw: weight, nr: residual})
     if residual is not None:
-        check_float("residual", residual)
-        check_same_dtype(x=x, residual=residual)
+        check_float(nr, residual)
+        check_same_dtype(**{nx: x, nr: residual})
         if residual.shape != x.shape:
-            raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
+            raise ValueError(f"{nr} shape {tuple(residual.shape)} must equal {nx} shape {tuple(x.shape)}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
@@ -482,9 +485,9 @@ def rms_norm_add(
     so ``s``, the next norm's output and the gradients of ``a`` and ``x`` are bit for bit those of :func:`rms_norm`
     followed by :func:`rms_norm_residual` (or, on a GPU, by PyTorch's add: Triton's interpreter truncates to 16 bits
     where PyTorch rounds to nearest). ``torch.compile`` traces that composition."""
-    _check(a, weight, x)
+    _check(a, weight, x, names=("a", "x", "weight"))
     if next_norm is not None:
-        _check(x, next_norm[0])
+        _check(x, next_norm[0], names=("x", "", "next_norm's weight"))
     if not use_triton(x):
         return rms_norm_add_reference(a, x, weight, eps, offset, next_norm)
     if torch.compiler.is_compiling():

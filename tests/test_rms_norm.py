@@ -274,11 +274,11 @@ def test_rms_norm_add_bad_inputs(device):
     from lit_liger.kernels.rms_norm import rms_norm_add
 
     a, x, w = torch.randn(3, 8, device=device), torch.randn(3, 8, device=device), torch.randn(8, device=device)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match=r"x shape \(2, 8\) must equal a shape \(3, 8\)"):
         rms_norm_add(a, x[:2], w)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"a has shape \(3, 8\); its last dimension must be 7 .*weight.shape\[0\]"):
         rms_norm_add(a, x, torch.randn(7, device=device))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"x has shape \(3, 8\); its last dimension must be 9 .*next_norm's weight"):
         rms_norm_add(a, x, w, next_norm=(torch.randn(9, device=device), 1e-6, 0.0))
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(TypeError, match="x has dtype torch.bfloat16 but a has torch.float32"):
         rms_norm_add(a, x.to(torch.bfloat16), w)
